@@ -1,0 +1,48 @@
+"""asyncgraph: reverse-mode autodiff for slow functions, asyncio- and trio-native.
+
+``await loss.backward()`` turns every node's backward into an async task that
+starts as soon as its inputs are ready, in-process or on a Redis-fed worker
+fleet, and joins the gradients into the leaves exactly as a sequential run would.
+"""
+
+from ._accumulate import accumulate, register_accumulator
+from ._autodiff import backward, grad
+from ._engine import NodeEvent
+from ._exceptions import AsyncGraphError, BackwardError, GraphError, RemoteError, WireError
+from ._function import Function, FunctionCtx
+from ._grad_manager import GradManager, GradManagerGroup
+from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from ._graph import Node, RemovableHandle
+from ._variable import Parameter, Variable
+from .executors import Executor, LocalExecutor, current_executor, use_executor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncGraphError",
+    "BackwardError",
+    "Executor",
+    "Function",
+    "FunctionCtx",
+    "GradManager",
+    "GradManagerGroup",
+    "GraphError",
+    "LocalExecutor",
+    "Node",
+    "NodeEvent",
+    "Parameter",
+    "RemoteError",
+    "RemovableHandle",
+    "Variable",
+    "WireError",
+    "accumulate",
+    "backward",
+    "current_executor",
+    "enable_grad",
+    "grad",
+    "is_grad_enabled",
+    "no_grad",
+    "register_accumulator",
+    "set_grad_enabled",
+    "use_executor",
+]

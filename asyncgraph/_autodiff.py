@@ -1,0 +1,196 @@
+"""``backward()`` and ``grad()``: the public entry points of the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ._engine import Engine, Listener
+from ._exceptions import GraphError
+from ._graph import Edge, Node
+from ._variable import Variable
+from .executors import Executor, current_executor
+
+__all__ = ["backward", "grad"]
+
+Variables = Variable | Sequence[Variable]
+
+
+def _as_variables(value: Variables, what: str) -> list[Variable]:
+    items = [value] if isinstance(value, Variable) else list(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, Variable):
+            raise TypeError(f"{what}[{i}] must be a Variable, got {type(item).__name__} ({item!r:.60})")
+    return items
+
+
+def implicit_grad(var: Variable, index: int, what: str) -> Variable:
+    """The gradient of a scalar output with respect to itself.
+
+    A single number gets 1 (of its own type), a single string gets the empty
+    feedback ``""`` (no criticism yet: the text functions' backwards read it
+    as "no specific feedback"), a one-element numpy array gets ones.
+    """
+    data = var.data
+    if isinstance(data, bool):
+        pass
+    elif isinstance(data, int):
+        return Variable(1)
+    elif isinstance(data, float):
+        return Variable(1.0)
+    elif isinstance(data, str):
+        return Variable("")
+    elif type(data).__module__ == "numpy" and getattr(data, "size", 0) == 1:
+        import numpy
+
+        return Variable(numpy.ones_like(data))
+    raise GraphError(
+        f"grad can be implicitly created only for scalar outputs (a single number or a "
+        f"single string), but {what}[{index}] ({var!r}) holds {type(data).__name__}; pass "
+        f"its gradient explicitly (grad_variables / grad_outputs)"
+    )
+
+
+def _grad_list(grads: Any, n: int) -> list[Any]:
+    """One gradient per output. A tuple is always a sequence of gradients; a list is
+    one too unless it is the text data of a single output's gradient."""
+    if grads is None:
+        return [None] * n
+    if isinstance(grads, tuple):
+        return list(grads)
+    if isinstance(grads, list) and (
+        n > 1 or all(g is None or isinstance(g, Variable) for g in grads)
+    ):
+        return list(grads)
+    return [grads]
+
+
+def _roots(
+    outputs: list[Variable], grads: Any, what: str, grads_name: str
+) -> list[tuple[Edge, Variable | None]]:
+    grad_list = _grad_list(grads, len(outputs))
+    if len(grad_list) != len(outputs):
+        raise ValueError(
+            f"{grads_name} has {len(grad_list)} entries but {what} has {len(outputs)}; "
+            f"give one gradient (or None for an implicit one) per output"
+        )
+    roots: list[tuple[Edge, Variable | None]] = []
+    for i, (out, g) in enumerate(zip(outputs, grad_list, strict=True)):
+        if not out.requires_grad:
+            raise GraphError(
+                f"element {i} of {what} ({out!r}) does not require grad and does not have "
+                f"a grad_fn: nothing to differentiate. Did you build it under no_grad(), "
+                f"or from leaves without requires_grad=True?"
+            )
+        if g is None:
+            g = implicit_grad(out, i, what)
+        elif not isinstance(g, Variable):
+            g = Variable(g)
+        edge: Edge = (out.grad_fn, out.output_nr) if out.grad_fn is not None else (out, 0)
+        roots.append((edge, g))
+    return roots
+
+
+async def backward(
+    variables: Variables,
+    grad_variables: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Variables | None = None,
+    *,
+    executor: Executor | None = None,
+    listeners: Iterable[Listener] = (),
+) -> None:
+    """Accumulate the gradients of ``variables`` into the ``.grad`` of the leaves.
+
+    ``grad_variables``: one gradient per variable (Variable, raw data or None);
+    None is allowed for scalar outputs only (1 for a number, ``""`` for text).
+    ``retain_graph`` (default: ``create_graph``) keeps the graph for another
+    backward. ``create_graph`` records the backward's own operations, so the
+    gradients can be differentiated again. ``inputs`` restricts accumulation to
+    these leaves. ``executor`` chooses where backwards run (default:
+    ``use_executor``'s, else in-process). ``listeners`` get a ``NodeEvent`` when
+    each node starts, finishes or fails.
+
+    Raises ``BackwardError`` naming the failing node (others are cancelled and
+    no ``.grad`` is changed), ``GraphError`` for a freed graph or bad inputs.
+    """
+    outputs = _as_variables(variables, "variables")
+    roots = _roots(outputs, grad_variables, "variables", "grad_variables")
+    capture: list[Variable] | None = None
+    if inputs is not None:
+        capture = _as_variables(inputs, "inputs")
+        if not capture:
+            raise GraphError("backward(inputs=...) got an empty sequence; pass None for all leaves")
+        for i, var in enumerate(capture):
+            if not var.is_leaf:
+                raise GraphError(
+                    f"inputs[{i}] ({var!r}) is not a leaf: backward(inputs=...) accumulates "
+                    f"into leaves only; use asyncgraph.grad() for intermediate variables"
+                )
+            if not var.requires_grad:
+                raise GraphError(f"inputs[{i}] ({var!r}) does not require grad")
+    engine = Engine(
+        executor or current_executor(),
+        create_graph=create_graph,
+        keep_graph=create_graph if retain_graph is None else retain_graph,
+        listeners=listeners,
+    )
+    await engine.run(roots, capture_leaves=capture)
+    engine.commit()
+
+
+async def grad(
+    outputs: Variables,
+    inputs: Variables,
+    grad_outputs: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool = False,
+    *,
+    executor: Executor | None = None,
+    listeners: Iterable[Listener] = (),
+) -> tuple[Variable | None, ...]:
+    """Return the gradients of ``outputs`` with respect to ``inputs``; ``.grad`` is untouched.
+
+    ``inputs`` may be leaves or intermediate variables. An input that the
+    outputs do not depend on gets None with ``allow_unused=True`` and raises
+    ``GraphError`` otherwise. Other arguments as in :func:`backward`.
+    """
+    outs = _as_variables(outputs, "outputs")
+    ins = _as_variables(inputs, "inputs")
+    if not ins:
+        raise GraphError("grad() needs at least one input")
+    roots = _roots(outs, grad_outputs, "outputs", "grad_outputs")
+    leaves: list[Variable] = []
+    node_outputs: list[tuple[Node, int]] = []
+    for i, var in enumerate(ins):
+        if not var.requires_grad:
+            raise GraphError(
+                f"inputs[{i}] ({var!r}) does not require grad: one of the differentiated "
+                f"Variables does not require grad"
+            )
+        if var.grad_fn is None:
+            leaves.append(var)
+        else:
+            node_outputs.append((var.grad_fn, var.output_nr))
+    engine = Engine(
+        executor or current_executor(),
+        create_graph=create_graph,
+        keep_graph=create_graph if retain_graph is None else retain_graph,
+        listeners=listeners,
+    )
+    await engine.run(roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False)
+    result: list[Variable | None] = []
+    for i, var in enumerate(ins):
+        key: Variable | tuple[Node, int] = (
+            var if var.grad_fn is None else (var.grad_fn, var.output_nr)
+        )
+        g = engine.captured.get(key)
+        if g is None and not allow_unused:
+            raise GraphError(
+                f"inputs[{i}] ({var!r}) appears to not have been used in the graph (no "
+                f"gradient reached it). Set allow_unused=True if this is the desired behavior."
+            )
+        result.append(g)
+    return tuple(result)

@@ -1,0 +1,446 @@
+"""The async backward engine: find what is ready, run it, hand its gradients on.
+
+One pass owns one task group. Dependency counts over the graph reachable from
+the roots say when a node has all of its incoming gradients; at that moment it
+is ready. Ready nodes whose backward is cheap and synchronous run inline in
+the task that made them ready (no task, microseconds); the others run as tasks
+of the pass's task group, so independent slow backwards overlap. Gradients
+flowing into one place are summed in graph order (consumer creation order,
+then input position), never in completion order. Leaves' ``.grad`` are
+written only after the whole pass succeeded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.lowlevel
+
+from ._accumulate import accumulate
+from ._exceptions import BackwardError, GraphError
+from ._function import Function
+from ._grad_mode import _GRAD_ENABLED
+from ._graph import Edge, Hook, Node
+from ._variable import Variable
+
+if TYPE_CHECKING:
+    from .executors import Executor
+
+__all__ = ["Engine", "NodeEvent"]
+
+_SEED_SEQ = sys.maxsize
+_YIELD_EVERY = 1024  # inline nodes between checkpoints, so a long chain never starves the loop
+_key = itemgetter(0)
+
+Target = Node | Variable
+Contribution = tuple[tuple[int, int], int, Variable | None]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """What listeners of a backward pass receive for every node that runs."""
+
+    kind: Literal["started", "finished", "failed"]
+    function: str
+    input_roles: tuple[str, ...]
+    output_roles: tuple[str, ...]
+    seq: int
+    time_s: float
+    error: BaseException | None = None
+
+
+Listener = Callable[[NodeEvent], object]
+
+
+class _GradSum(Function):
+    """The engine's sum of several incoming gradients, recorded under create_graph."""
+
+    @staticmethod
+    def forward(ctx: Any, *grads: Variable) -> Variable:
+        data = grads[0].data
+        for g in grads[1:]:
+            data = accumulate(data, g.data)
+        return Variable(data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable | None) -> tuple[Variable | None, ...]:
+        return tuple(grad if needs else None for needs in ctx.needs_input_grad)
+
+
+def sum_grads(grads: Sequence[Variable | None], create_graph: bool) -> Variable | None:
+    """Sum gradients left to right, skipping None; differentiable under create_graph."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    if create_graph:
+        return _GradSum.apply(*present)  # type: ignore[no-any-return]
+    data = present[0].data
+    for g in present[1:]:
+        data = accumulate(data, g.data)
+    return Variable(data)
+
+
+def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:
+    """Check a backward's return value against the node's inputs; wrap raw data."""
+    n = len(node.next_edges)
+    if not isinstance(result, tuple):
+        result = (result,)
+    if len(result) != n:
+        raise GraphError(
+            f"{node.name}.backward returned {len(result)} gradient(s) but forward had "
+            f"{n} input(s) (roles: {list(node.input_roles)!r}); return one gradient "
+            f"or None per forward input, positional arguments first, then keyword arguments"
+        )
+    out: list[Variable | None] = []
+    for i, g in enumerate(result):
+        if g is None:
+            out.append(None)
+            continue
+        if not node.requires_input_grad[i]:
+            raise GraphError(
+                f"{node.name}.backward returned a gradient for input {i} "
+                f"(role {node.input_roles[i]!r}), which does not require grad; return None "
+                f"for it (ctx.needs_input_grad[{i}] is False)"
+            )
+        out.append(g if isinstance(g, Variable) else Variable(g))
+    return tuple(out)
+
+
+async def run_hooks(hooks: dict[int, Hook], grad: Variable, role: str) -> Variable:
+    """Run gradient hooks in registration order; a returned value replaces the gradient."""
+    for fn in list(hooks.values()):
+        try:
+            result = fn(grad)
+            if hasattr(result, "__await__"):
+                result = await result
+        except Exception as exc:
+            raise BackwardError(
+                f"gradient hook {getattr(fn, '__qualname__', fn)!r} on variable "
+                f"{role!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if result is not None:
+            grad = result if isinstance(result, Variable) else Variable(result)
+    return grad
+
+
+class Engine:
+    """One backward pass. Create, ``await run(...)``, read the results.
+
+    ``captures``: when given, only gradients reaching these leaves or these
+    ``(node, output_nr)`` pairs are computed (nodes that lead nowhere useful
+    never run). ``accumulate``: stage leaves' gradients to be committed into
+    ``.grad`` (and retained non-leaves'); committing is the caller's choice.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        create_graph: bool,
+        keep_graph: bool,
+        listeners: Iterable[Listener] = (),
+    ) -> None:
+        self.executor = executor
+        self.create_graph = create_graph
+        self.keep_graph = keep_graph
+        self.listeners = tuple(listeners)
+        self.staged: dict[Variable, Variable] = {}
+        self.retained: dict[Variable, Variable] = {}
+        self.captured: dict[Variable | tuple[Node, int], Variable | None] = {}
+        self._pending: dict[Target, int] = {}
+        self._buffers: dict[Target, list[Contribution]] = {}
+        self._ready: deque[tuple[Target, list[Contribution]]] = deque()
+        self._receives: set[Target] | None = None
+        self._capture_nodes: set[Node] = set()
+        self._execute: set[Node] | None = None
+        self._accumulate = True
+        self._error: BaseException | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- planning -------------------------------------------------------------
+    def _plan(
+        self,
+        roots: Sequence[tuple[Edge, Variable | None]],
+        capture_leaves: Sequence[Variable] | None,
+        capture_outputs: Sequence[tuple[Node, int]],
+    ) -> None:
+        deps: dict[Target, int] = {}
+        nodes: list[Node] = []
+        stack: list[Node] = []
+        seen: set[Node] = set()
+        for (target, _), _grad in roots:
+            deps[target] = deps.get(target, 0) + 1
+            if target.__class__ is Node and target not in seen:
+                seen.add(target)  # type: ignore[arg-type]
+                stack.append(target)  # type: ignore[arg-type]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            for edge in node.next_edges:
+                if edge is None:
+                    continue
+                target = edge[0]
+                deps[target] = deps.get(target, 0) + 1
+                if target.__class__ is Node and target not in seen:
+                    seen.add(target)  # type: ignore[arg-type]
+                    stack.append(target)  # type: ignore[arg-type]
+        self._pending = deps
+
+        executing: Iterable[Node] = nodes
+        if capture_leaves is not None:
+            self._capture_nodes = {node for node, _ in capture_outputs}
+            wanted: set[Target] = set(capture_leaves) | self._capture_nodes
+            execute = self._nodes_leading_to(roots, deps, wanted)
+            self._receives = wanted | execute
+            self._execute = execute
+            executing = execute
+        for node in executing:
+            if node.freed:
+                raise GraphError(
+                    f"Trying to backward through the graph a second time: the graph "
+                    f"through {node.describe()} was freed by an earlier backward. Specify "
+                    f"retain_graph=True on the first backward (or call backward once)."
+                )
+
+    @staticmethod
+    def _nodes_leading_to(
+        roots: Sequence[tuple[Edge, Variable | None]],
+        deps: dict[Target, int],
+        wanted: set[Target],
+    ) -> set[Node]:
+        """Nodes with a path to a wanted target, found in reverse topological order."""
+        counts = dict(deps)
+        order: list[Node] = []
+        queue: list[Node] = []
+        for (target, _), _grad in roots:
+            counts[target] -= 1
+            if counts[target] == 0 and target.__class__ is Node:
+                queue.append(target)  # type: ignore[arg-type]
+        while queue:
+            node = queue.pop()
+            order.append(node)
+            for edge in node.next_edges:
+                if edge is None:
+                    continue
+                target = edge[0]
+                counts[target] -= 1
+                if counts[target] == 0 and target.__class__ is Node:
+                    queue.append(target)  # type: ignore[arg-type]
+        execute: set[Node] = set()
+        for node in reversed(order):
+            for edge in node.next_edges:
+                if edge is not None and (edge[0] in wanted or edge[0] in execute):
+                    execute.add(node)
+                    break
+        return execute
+
+    # -- running ----------------------------------------------------------------
+    async def run(
+        self,
+        roots: Sequence[tuple[Edge, Variable | None]],
+        *,
+        capture_leaves: Sequence[Variable] | None = None,
+        capture_outputs: Sequence[tuple[Node, int]] = (),
+        accumulate: bool = True,
+    ) -> None:
+        """Run the pass; raise BackwardError naming the node if any backward failed."""
+        self._plan(roots, capture_leaves, capture_outputs)
+        self._accumulate = accumulate
+        token = _GRAD_ENABLED.set(self.create_graph)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for i, ((target, nr), grad) in enumerate(roots):
+                    self._deliver(target, nr, (_SEED_SEQ, i), grad)
+                await self._drain()
+        finally:
+            _GRAD_ENABLED.reset(token)
+            self._tg = None
+        if self._error is not None:
+            raise self._error
+
+    def _deliver(self, target: Target, nr: int, key: tuple[int, int], grad: Variable | None) -> None:
+        receives = self._receives
+        if receives is not None and target not in receives:
+            return
+        remaining = self._pending[target] - 1
+        entry = (key, nr, grad)
+        if remaining == 0:
+            buffered = self._buffers.pop(target, None)
+            if buffered is None:
+                self._ready.append((target, [entry]))
+            else:
+                buffered.append(entry)
+                self._ready.append((target, buffered))
+        else:
+            self._pending[target] = remaining
+            buffered = self._buffers.get(target)
+            if buffered is None:
+                self._buffers[target] = [entry]
+            else:
+                buffered.append(entry)
+
+    def _deliver_edges(self, node: Node, grads: Sequence[Variable | None]) -> None:
+        seq = node.seq
+        deliver = self._deliver
+        for i, edge in enumerate(node.next_edges):
+            if edge is not None:
+                deliver(edge[0], edge[1], (seq, i), grads[i])
+
+    async def _drain(self) -> None:
+        """Process ready targets: inline nodes now, slow ones as tasks."""
+        ready = self._ready
+        inline = self.executor.inline
+        since_yield = 0
+        while ready and self._error is None:
+            target, contributions = ready.popleft()
+            if target.__class__ is not Node:
+                await self._complete_leaf(target, contributions)  # type: ignore[arg-type]
+                continue
+            node: Node = target  # type: ignore[assignment]
+            grads = await self._node_grads(node, contributions)
+            if grads is None:
+                continue
+            if all(g is None for g in grads):
+                self._deliver_edges(node, (None,) * len(node.next_edges))
+                continue
+            if not inline(node):
+                assert self._tg is not None
+                self._tg.start_soon(self._run_task, node, grads, name=node.name)
+                continue
+            if self.listeners:
+                self._emit("started", node)
+            try:
+                grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
+            except Exception as exc:
+                self._fail(node, exc)
+                return
+            self._finish(node, grads_in)
+            since_yield += 1
+            if since_yield >= _YIELD_EVERY:
+                since_yield = 0
+                await anyio.lowlevel.checkpoint()
+
+    async def _run_task(self, node: Node, grads: tuple[Variable | None, ...]) -> None:
+        if self.listeners:
+            self._emit("started", node)
+        try:
+            grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
+        except Exception as exc:
+            self._fail(node, exc)
+            return
+        self._finish(node, grads_in)
+        await self._drain()
+
+    def _finish(self, node: Node, grads_in: tuple[Variable | None, ...]) -> None:
+        if self.listeners:
+            self._emit("finished", node)
+        if not self.keep_graph:
+            node.release()
+        self._deliver_edges(node, grads_in)
+
+    async def _node_grads(
+        self, node: Node, contributions: list[Contribution]
+    ) -> tuple[Variable | None, ...] | None:
+        """Sum a node's incoming gradients per output; run hooks, retain, capture."""
+        n = node.num_outputs
+        if len(contributions) > 1:
+            contributions.sort(key=_key)
+        if n == 1:
+            if len(contributions) == 1:
+                grads: list[Variable | None] = [contributions[0][2]]
+            else:
+                grads = [sum_grads([c[2] for c in contributions], self.create_graph)]
+        else:
+            per_output: list[list[Variable | None]] = [[] for _ in range(n)]
+            for _, nr, g in contributions:
+                per_output[nr].append(g)
+            grads = [sum_grads(gs, self.create_graph) for gs in per_output]
+        if node.output_hooks:
+            for nr, hooks in node.output_hooks.items():
+                g = grads[nr]
+                if g is not None and hooks:
+                    role = node.output_roles[nr] if nr < len(node.output_roles) else ""
+                    try:
+                        grads[nr] = await run_hooks(hooks, g, role)
+                    except BackwardError as exc:
+                        self._fail(node, exc)
+                        return None
+        if node.retained and self._accumulate:
+            for nr, ref in node.retained.items():
+                var = ref()
+                if var is not None and grads[nr] is not None:
+                    self.retained[var] = grads[nr]  # type: ignore[assignment]
+        if node in self._capture_nodes:
+            for nr in range(n):
+                self.captured[(node, nr)] = grads[nr]
+        if self._execute is not None and node not in self._execute:
+            return None  # captured only: nothing downstream needs its backward
+        return tuple(grads)
+
+    async def _complete_leaf(self, leaf: Variable, contributions: list[Contribution]) -> None:
+        if len(contributions) == 1:
+            grad = contributions[0][2]
+        else:
+            contributions.sort(key=_key)
+            grad = sum_grads([c[2] for c in contributions], self.create_graph)
+        if grad is None:
+            return
+        if leaf._hooks:
+            try:
+                grad = await run_hooks(leaf._hooks, grad, leaf.role)
+            except BackwardError as exc:
+                self._fail_leaf(leaf, exc)
+                return
+        self.captured[leaf] = grad
+        if self._accumulate:
+            self.staged[leaf] = grad
+
+    # -- failure and events ---------------------------------------------------
+    def _fail(self, node: Node, exc: Exception) -> None:
+        if self._error is not None:
+            return
+        if isinstance(exc, BackwardError) and exc.function:
+            error: BackwardError = exc
+        else:
+            error = BackwardError(
+                f"backward of {node.describe()} failed: {type(exc).__name__}: {exc}",
+                function=node.name,
+                input_roles=node.input_roles,
+                output_roles=node.output_roles,
+            )
+            error.__cause__ = exc
+        self._error = error
+        if self.listeners:
+            self._emit("failed", node, exc)
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def _fail_leaf(self, leaf: Variable, exc: BackwardError) -> None:
+        if self._error is None:
+            self._error = exc
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+
+    def _emit(self, kind: Literal["started", "finished", "failed"], node: Node,
+              error: BaseException | None = None) -> None:
+        event = NodeEvent(
+            kind, node.name, node.input_roles, node.output_roles, node.seq, time.perf_counter(), error
+        )
+        for listener in self.listeners:
+            listener(event)
+
+    # -- committing -------------------------------------------------------------
+    def commit(self) -> None:
+        """Write staged gradients into ``.grad`` (existing gradient first, then new)."""
+        for var, grad in (*self.staged.items(), *self.retained.items()):
+            var.grad = grad if var.grad is None else sum_grads([var.grad, grad], self.create_graph)

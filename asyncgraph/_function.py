@@ -1,0 +1,230 @@
+"""Function: the extension point. Subclass it with a forward and a backward."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, Literal
+
+from ._exceptions import GraphError
+from ._grad_mode import _GRAD_ENABLED
+from ._graph import Edge, Node
+from ._variable import Variable
+
+__all__ = ["Function", "FunctionCtx"]
+
+
+class FunctionCtx:
+    """The ``ctx`` that forward fills and backward reads.
+
+    ``ctx.save_for_backward(*variables)`` keeps Variables for backward
+    (``ctx.saved_variables``; freed after a backward without
+    ``retain_graph=True``). ``ctx.needs_input_grad[i]`` tells whether input
+    ``i`` needs a gradient. Any other attribute may be set freely.
+    """
+
+    def __init__(self) -> None:
+        self._saved: tuple[Any, ...] | None = ()
+        self._non_differentiable: tuple[Variable, ...] = ()
+        self._function_name = ""
+        self.needs_input_grad: tuple[bool, ...] = ()
+
+    def save_for_backward(self, *variables: Any) -> None:
+        for i, item in enumerate(variables):
+            if item is not None and not isinstance(item, Variable):
+                raise TypeError(
+                    f"save_for_backward expects Variables or None; argument {i} is "
+                    f"{type(item).__name__} ({item!r:.60}). Store plain values as ctx attributes."
+                )
+        self._saved = variables
+
+    @property
+    def saved_variables(self) -> tuple[Any, ...]:
+        if self._saved is None:
+            raise GraphError(
+                f"Trying to backward through the graph a second time (or to access saved "
+                f"variables of {self._function_name} after they were freed). Saved "
+                f"variables are freed after backward; specify retain_graph=True on the "
+                f"first backward if you need to backward through the graph again."
+            )
+        return self._saved
+
+    def mark_non_differentiable(self, *outputs: Variable) -> None:
+        """Declare outputs that get no gradient (backward receives None for them)."""
+        for out in outputs:
+            if not isinstance(out, Variable):
+                raise TypeError(f"mark_non_differentiable expects outputs, got {out!r:.60}")
+        self._non_differentiable = self._non_differentiable + tuple(outputs)
+
+    def _free(self) -> None:
+        self._saved = None
+
+
+class Function:
+    """Base class of differentiable operations.
+
+    Subclass and define static methods:
+
+    - ``forward(ctx, *args, **kwargs)``, or ``forward(*args, **kwargs)`` plus
+      ``setup_context(ctx, inputs, output)``, returning one Variable or a tuple
+      (raw data is wrapped in a Variable);
+    - ``backward(ctx, *grad_outputs)``: one gradient (Variable or None) per
+      forward output in, one gradient (Variable, raw data or None) per forward
+      input out, inputs being the positional arguments followed by the keyword
+      arguments' values in call order.
+
+    Any of them may be ``async def``. ``apply`` returns the output directly
+    when forward (and setup_context) are synchronous, an awaitable otherwise.
+    Forward runs with grad disabled. Class attributes tune where backward runs:
+    ``blocking = True`` runs a synchronous backward in a worker thread (sync I/O,
+    heavy CPU); ``dispatch = "remote"`` lets a distributed executor send it to a
+    worker.
+
+    Example::
+
+        class Double(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return Variable(x.data * 2)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return Variable(grad.data * 2)
+
+        y = Double.apply(x)
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "local"
+    blocking: ClassVar[bool] = False
+    remote_name: ClassVar[str | None] = None
+
+    _forward_is_async: ClassVar[bool] = False
+    _setup_is_async: ClassVar[bool] = False
+    _uses_setup_context: ClassVar[bool] = False
+    _backward_is_async: ClassVar[bool] = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Function:
+        raise TypeError(
+            f"{cls.__name__} is a Function and is not instantiated; "
+            f"call {cls.__name__}.apply(...) instead"
+        )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.dispatch not in ("local", "remote"):
+            raise ValueError(
+                f"{cls.__name__}.dispatch must be 'local' or 'remote', got {cls.dispatch!r}"
+            )
+        cls._uses_setup_context = cls.setup_context is not Function.setup_context
+        cls._forward_is_async = inspect.iscoroutinefunction(cls.forward)
+        cls._setup_is_async = inspect.iscoroutinefunction(cls.setup_context)
+        cls._backward_is_async = inspect.iscoroutinefunction(cls.backward)
+
+    @staticmethod
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a Function subclass must define a static forward()")
+
+    @staticmethod
+    def setup_context(ctx: FunctionCtx, inputs: tuple[Any, ...], output: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        raise NotImplementedError("a Function subclass must define a static backward()")
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """Run forward and, when grad mode is on and an input requires grad, record it."""
+        if cls is Function:
+            raise TypeError("Function.apply is called on a subclass: MyFunction.apply(...)")
+        if cls._forward_is_async or cls._setup_is_async:
+            return cls._apply_async(args, kwargs)
+        inputs = args + tuple(kwargs.values()) if kwargs else args
+        ctx, record = cls._prepare(inputs)
+        token = _GRAD_ENABLED.set(False)
+        try:
+            if cls._uses_setup_context:
+                output = cls.forward(*args, **kwargs)
+                cls.setup_context(ctx, inputs, output)
+            else:
+                output = cls.forward(ctx, *args, **kwargs)
+        finally:
+            _GRAD_ENABLED.reset(token)
+        return cls._record(ctx, inputs, output, record)
+
+    @classmethod
+    async def _apply_async(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        inputs = args + tuple(kwargs.values()) if kwargs else args
+        ctx, record = cls._prepare(inputs)
+        token = _GRAD_ENABLED.set(False)
+        try:
+            if cls._uses_setup_context:
+                output = await _maybe_await(cls.forward(*args, **kwargs))
+                await _maybe_await(cls.setup_context(ctx, inputs, output))
+            else:
+                output = await _maybe_await(cls.forward(ctx, *args, **kwargs))
+        finally:
+            _GRAD_ENABLED.reset(token)
+        return cls._record(ctx, inputs, output, record)
+
+    @classmethod
+    def _prepare(cls, inputs: tuple[Any, ...]) -> tuple[FunctionCtx, bool]:
+        ctx = FunctionCtx()
+        ctx._function_name = cls.__name__
+        needs = tuple(isinstance(v, Variable) and v._requires_grad for v in inputs)
+        record = _GRAD_ENABLED.get() and any(needs)
+        ctx.needs_input_grad = needs if record else (False,) * len(inputs)
+        return ctx, record
+
+    @classmethod
+    def _record(cls, ctx: FunctionCtx, inputs: tuple[Any, ...], output: Any, record: bool) -> Any:
+        is_tuple = isinstance(output, tuple)
+        outputs = output if is_tuple else (output,)
+        if not outputs:
+            raise TypeError(f"{cls.__name__}.forward returned an empty tuple; return a Variable")
+        if not record:
+            wrapped = tuple(o if isinstance(o, Variable) else Variable(o) for o in outputs)
+            return wrapped if is_tuple else wrapped[0]
+
+        non_diff = ctx._non_differentiable
+        edges: list[Edge | None] = []
+        for v in inputs:
+            if isinstance(v, Variable) and v._requires_grad:
+                fn = v.grad_fn
+                edges.append((fn, v._output_nr) if fn is not None else (v, 0))
+            else:
+                edges.append(None)
+        node = Node(
+            cls,
+            ctx,
+            tuple(edges),
+            ctx.needs_input_grad,
+            tuple(v.role if isinstance(v, Variable) else "" for v in inputs),
+            len(outputs),
+        )
+        result: list[Variable] = []
+        for i, out in enumerate(outputs):
+            if not isinstance(out, Variable):
+                out = Variable(out)
+            elif out.grad_fn is not None or out._requires_grad or any(out is v for v in inputs):
+                # Returning an input (or a variable with its own history) as an output:
+                # give the output its own identity so the input keeps its history.
+                differentiable = not any(out is nd for nd in non_diff)
+                out = Variable(out.data, role=out.role)
+                if not differentiable:
+                    result.append(out)
+                    continue
+            if any(out is nd for nd in non_diff):
+                result.append(out)
+                continue
+            out.grad_fn = node
+            out._output_nr = i
+            out._requires_grad = True
+            result.append(out)
+        node.output_roles = tuple(o.role for o in result)
+        return tuple(result) if is_tuple else result[0]
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value

@@ -1,0 +1,222 @@
+"""GradManager: MegEngine's way to say which variables get gradients, and when.
+
+Example::
+
+    gm = GradManager().attach(model_params, callbacks=[clip])
+    with gm:                      # record()
+        loss = await model(x)
+        await gm.backward(loss)   # grads into attached .grad, then release()
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._autodiff import _as_variables, _roots
+from ._engine import Engine, Listener, sum_grads
+from ._exceptions import GraphError
+from ._graph import Node
+from ._variable import Variable
+from .executors import Executor, current_executor
+
+__all__ = ["GradManager", "GradManagerGroup"]
+
+Callback = Callable[[Variable, Variable], Any]
+
+
+class _Attached:
+    __slots__ = ("callbacks", "ref")
+
+    def __init__(self, var: Variable, callbacks: list[Callback]) -> None:
+        self.ref = weakref.ref(var)
+        self.callbacks = callbacks
+
+
+class GradManager:
+    """Attach variables, record a forward, and backward into the attached ones only.
+
+    - ``attach(variables, callbacks=None)``: track these (weakly: a variable
+      that dies is forgotten); each callback ``(variable, grad) -> grad`` may be
+      sync or async and they run in order on the variable's gradient before it
+      is accumulated into ``.grad``. Attaching again adds callbacks.
+    - ``record()`` / ``release()``, or ``with gm:`` / ``async with gm:``.
+    - ``await backward(y=None, dy=None)``: requires recording (else
+      ``RuntimeError``); accumulates into the ``.grad`` of attached variables
+      only, then releases. ``y=None`` only releases.
+    - ``gm1 | gm2`` makes a :class:`GradManagerGroup` that records together.
+    """
+
+    def __init__(self, *, executor: Executor | None = None,
+                 listeners: Iterable[Listener] = ()) -> None:
+        self._attached: dict[int, _Attached] = {}
+        self._recording = False
+        self.executor = executor
+        self.listeners = tuple(listeners)
+
+    def attach(
+        self, variables: Variable | Sequence[Variable], callbacks: Callback | Sequence[Callback] | None = None
+    ) -> GradManager:
+        """Track ``variables`` (setting ``requires_grad`` on leaves); returns self."""
+        vars_ = _as_variables(variables, "variables")
+        if callbacks is None:
+            cbs: list[Callback] = []
+        elif callable(callbacks):
+            cbs = [callbacks]
+        else:
+            cbs = list(callbacks)
+        for cb in cbs:
+            if not callable(cb):
+                raise TypeError(f"GradManager callbacks must be callables (variable, grad) -> grad, got {cb!r}")
+        for var in vars_:
+            if var.is_leaf and not var.requires_grad:
+                var.requires_grad = True
+            if not var.requires_grad:
+                raise GraphError(f"cannot attach {var!r}: it does not require grad")
+            key = id(var)
+            entry = self._attached.get(key)
+            if entry is not None and entry.ref() is var:
+                entry.callbacks.extend(cbs)
+            else:
+                self._attached[key] = _Attached(var, list(cbs))
+                weakref.finalize(var, self._attached.pop, key, None)
+        return self
+
+    def attached_variables(self) -> list[Variable]:
+        """The attached variables that are still alive, in attach order."""
+        alive = []
+        for entry in self._attached.values():
+            var = entry.ref()
+            if var is not None:
+                alive.append(var)
+        return alive
+
+    @property
+    def is_recording(self) -> bool:
+        return self._recording
+
+    def record(self) -> None:
+        """Start recording: a later ``backward`` may differentiate what runs now."""
+        self._recording = True
+
+    def release(self) -> None:
+        """Stop recording and forget the history."""
+        self._recording = False
+
+    async def backward(self, y: Variable | Sequence[Variable] | None = None, dy: Any = None) -> None:
+        """Accumulate d(y)/d(attached) into the attached variables' ``.grad``, then release."""
+        if not self._recording:
+            raise RuntimeError(
+                "no computation history: call gm.record() (or use `with gm:`) before the "
+                "forward pass, and call gm.backward() only once per recording"
+            )
+        try:
+            if y is None:
+                return
+            outputs = _as_variables(y, "y")
+            attached = [(e.ref(), e.callbacks) for e in self._attached.values()]
+            live = [(v, cbs) for v, cbs in attached if v is not None]
+            if not live:
+                return
+            roots = _roots(outputs, dy, "y", "dy")
+            leaves = [v for v, _ in live if v.grad_fn is None]
+            node_outputs: list[tuple[Node, int]] = [
+                (v.grad_fn, v.output_nr) for v, _ in live if v.grad_fn is not None
+            ]
+            engine = Engine(
+                self.executor or current_executor(),
+                create_graph=False,
+                keep_graph=False,
+                listeners=self.listeners,
+            )
+            await engine.run(
+                roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False
+            )
+            updates: list[tuple[Variable, Variable]] = []
+            for var, cbs in live:
+                key = var if var.grad_fn is None else (var.grad_fn, var.output_nr)
+                g = engine.captured.get(key)
+                if g is None:
+                    continue
+                for cb in cbs:
+                    result = cb(var, g)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    if result is not None:
+                        g = result if isinstance(result, Variable) else Variable(result)
+                updates.append((var, g))
+            for var, g in updates:  # commit only once every callback succeeded
+                var.grad = g if var.grad is None else sum_grads([var.grad, g], False)
+        finally:
+            self.release()
+
+    def __or__(self, other: GradManager | GradManagerGroup) -> GradManagerGroup:
+        return GradManagerGroup([self]) | other
+
+    def __enter__(self) -> GradManager:
+        self.record()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    async def __aenter__(self) -> GradManager:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class GradManagerGroup:
+    """Several GradManagers that record and release together: ``with gm1 | gm2:``."""
+
+    def __init__(self, managers: Iterable[GradManager] = ()) -> None:
+        self._managers: list[GradManager] = []
+        for gm in managers:
+            self._add(gm)
+
+    def _add(self, gm: GradManager) -> None:
+        if not isinstance(gm, GradManager):
+            raise TypeError(f"a GradManagerGroup holds GradManagers, got {gm!r}")
+        if all(gm is not m for m in self._managers):
+            self._managers.append(gm)
+
+    @property
+    def managers(self) -> tuple[GradManager, ...]:
+        return tuple(self._managers)
+
+    def __or__(self, other: GradManager | GradManagerGroup) -> GradManagerGroup:
+        group = GradManagerGroup(self._managers)
+        for gm in other._managers if isinstance(other, GradManagerGroup) else [other]:
+            group._add(gm)
+        return group
+
+    __ror__ = __or__
+
+    def record(self) -> None:
+        for gm in self._managers:
+            gm.record()
+
+    def release(self) -> None:
+        for gm in self._managers:
+            gm.release()
+
+    def __enter__(self) -> GradManagerGroup:
+        self.record()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    async def __aenter__(self) -> GradManagerGroup:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.__exit__(exc_type, exc, tb)

@@ -1,0 +1,132 @@
+"""Nodes of the backward graph.
+
+A :class:`Node` is one application of a Function: it holds the ctx that
+forward filled, one edge per forward input and the hooks of its outputs. An
+edge is ``(target, output_nr)`` where ``target`` is the Node that produced the
+input or, for a leaf that requires grad, the leaf Variable itself; an input that
+needs no gradient has the edge ``None``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from ._function import Function, FunctionCtx
+    from ._variable import Variable
+
+__all__ = ["Edge", "Hook", "Node", "RemovableHandle"]
+
+Target = Union["Node", "Variable"]
+Edge = tuple[Target, int]
+Hook = Callable[[Any], Any]
+
+# Creation order of nodes: gradients flowing into one variable are summed in
+# the order their edges were created, i.e. by (consumer seq, input position).
+_SEQ = itertools.count()
+
+
+class RemovableHandle:
+    """Returned by ``register_hook``; ``handle.remove()`` unregisters the hook."""
+
+    __slots__ = ("_hooks", "_key")
+
+    def __init__(self, hooks: dict[int, Hook], key: int) -> None:
+        self._hooks = weakref.ref(hooks)
+        self._key = key
+
+    def remove(self) -> None:
+        hooks = self._hooks()
+        if hooks is not None:
+            hooks.pop(self._key, None)
+
+
+class _HookDict(dict[int, Hook]):
+    """A dict that can be weakly referenced (plain dicts cannot)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_HOOK_KEYS = itertools.count()
+
+
+def add_hook(hooks: dict[int, Hook], fn: Hook) -> RemovableHandle:
+    if not callable(fn):
+        raise TypeError(f"register_hook expects a callable taking the gradient, got {fn!r}")
+    key = next(_HOOK_KEYS)
+    hooks[key] = fn
+    return RemovableHandle(hooks, key)
+
+
+def new_hook_dict() -> dict[int, Hook]:
+    return _HookDict()
+
+
+class Node:
+    """One recorded Function application (the ``grad_fn`` of its outputs)."""
+
+    __slots__ = (
+        "__weakref__",
+        "ctx",
+        "freed",
+        "function",
+        "input_roles",
+        "next_edges",
+        "num_outputs",
+        "output_hooks",
+        "output_roles",
+        "requires_input_grad",
+        "retained",
+        "seq",
+    )
+
+    def __init__(
+        self,
+        function: type[Function],
+        ctx: FunctionCtx,
+        next_edges: tuple[Edge | None, ...],
+        requires_input_grad: tuple[bool, ...],
+        input_roles: tuple[str, ...],
+        num_outputs: int,
+    ) -> None:
+        self.function = function
+        self.ctx = ctx
+        self.next_edges = next_edges
+        self.requires_input_grad = requires_input_grad
+        self.input_roles = input_roles
+        self.output_roles: tuple[str, ...] = ()
+        self.num_outputs = num_outputs
+        self.seq = next(_SEQ)
+        self.freed = False
+        # Filled lazily: most nodes never get hooks or retained outputs.
+        self.output_hooks: dict[int, dict[int, Hook]] | None = None
+        self.retained: dict[int, weakref.ref[Variable]] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.function.__name__
+
+    def describe(self) -> str:
+        """``Name(inputs: 'a', 'b' -> outputs: 'y')`` for error messages."""
+        ins = ", ".join(repr(r) for r in self.input_roles) or "-"
+        outs = ", ".join(repr(r) for r in self.output_roles) or "-"
+        return f"{self.name}(inputs: {ins} -> outputs: {outs})"
+
+    def hooks_for(self, output_nr: int) -> dict[int, Hook]:
+        if self.output_hooks is None:
+            self.output_hooks = {}
+        hooks = self.output_hooks.get(output_nr)
+        if hooks is None:
+            hooks = self.output_hooks[output_nr] = new_hook_dict()
+        return hooks
+
+    def release(self) -> None:
+        """Free what forward saved; a later backward through this node raises."""
+        self.freed = True
+        self.ctx._free()
+
+    def __repr__(self) -> str:
+        return f"<Node {self.describe()} seq={self.seq}>"

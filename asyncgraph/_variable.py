@@ -1,0 +1,194 @@
+"""Variable and Parameter: the values that flow through a graph."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._graph import Hook, Node, RemovableHandle, add_hook, new_hook_dict
+
+if TYPE_CHECKING:
+    from .executors import Executor
+
+__all__ = ["Parameter", "Variable"]
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _check_data(data: Any, depth: int = 0) -> None:
+    kind = type(data)
+    if kind in _SCALARS or isinstance(data, _SCALARS):
+        return
+    if depth > 64:
+        raise TypeError("Variable data is nested more than 64 levels deep")
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            _check_data(item, depth + 1)
+        return
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise TypeError(f"Variable data dict keys must be str, got {key!r}")
+            _check_data(value, depth + 1)
+        return
+    if kind.__module__ == "numpy":  # ndarray and numpy scalars, without importing numpy
+        return
+    raise TypeError(
+        f"Variable data must be str, int, float, bool, None, a list or dict of these, "
+        f"or a numpy array; got {kind.__name__} ({data!r:.80}). "
+        f"Wrap it in one of those types or keep it as a non-Variable argument."
+    )
+
+
+class Variable:
+    """A value in the graph: text, numbers, or structures of them.
+
+    ``requires_grad=True`` on a leaf asks ``backward`` to accumulate a gradient
+    into ``.grad`` (itself a Variable). Outputs of recorded Functions carry the
+    node that made them in ``.grad_fn``.
+
+    Example::
+
+        x = Variable("a draft answer", role="answer", requires_grad=True)
+        await loss.backward()
+        print(x.grad.data)
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_hooks",
+        "_output_nr",
+        "_requires_grad",
+        "data",
+        "grad",
+        "grad_fn",
+        "role",
+    )
+
+    def __init__(self, data: Any = None, role: str = "", requires_grad: bool = False) -> None:
+        if type(data) not in _SCALARS:
+            if isinstance(data, Variable):
+                raise TypeError(
+                    "Variable(data) got a Variable; use .detach() to copy one or pass .data"
+                )
+            _check_data(data)
+        if not isinstance(role, str):
+            raise TypeError(f"role must be a str, got {role!r}")
+        self.data = data
+        self.role = role
+        self._requires_grad = bool(requires_grad)
+        self.grad: Variable | None = None
+        self.grad_fn: Node | None = None
+        self._output_nr = 0
+        self._hooks: dict[int, Hook] | None = None
+
+    # -- graph properties -------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                f"requires_grad can only be changed on leaf variables; {self!r} was "
+                f"computed by {self.grad_fn.name}. Use .detach() to get a leaf."
+            )
+        self._requires_grad = bool(value)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def output_nr(self) -> int:
+        return self._output_nr
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf's gradient in ``.grad`` after backward (leaves always do)."""
+        node = self.grad_fn
+        if node is None:
+            if not self._requires_grad:
+                raise RuntimeError(
+                    f"retain_grad() on {self!r}, which does not require grad"
+                )
+            return
+        if node.retained is None:
+            node.retained = {}
+        node.retained[self._output_nr] = weakref.ref(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        node = self.grad_fn
+        if node is None or node.retained is None:
+            return False
+        ref = node.retained.get(self._output_nr)
+        return ref is not None and ref() is self
+
+    def register_hook(self, fn: Hook) -> RemovableHandle:
+        """Call ``fn(grad)`` when this variable's gradient is computed.
+
+        ``fn`` may be sync or ``async def``; returning a value (Variable or raw
+        data) replaces the gradient, returning None keeps it. Hooks run in the
+        order they were registered. ``handle.remove()`` unregisters.
+        """
+        if not self._requires_grad:
+            raise RuntimeError(
+                f"cannot register a hook on {self!r}: it does not require grad"
+            )
+        if self.grad_fn is not None:
+            return add_hook(self.grad_fn.hooks_for(self._output_nr), fn)
+        if self._hooks is None:
+            self._hooks = new_hook_dict()
+        return add_hook(self._hooks, fn)
+
+    def detach(self) -> Variable:
+        """A new leaf with the same data and role, cut from the graph."""
+        return Variable(self.data, role=self.role)
+
+    async def backward(
+        self,
+        grad: Any = None,
+        retain_graph: bool | None = None,
+        create_graph: bool = False,
+        inputs: Variable | Sequence[Variable] | None = None,
+        *,
+        executor: Executor | None = None,
+    ) -> None:
+        """``await y.backward()``: accumulate d(y)/d(leaf) into every leaf's ``.grad``.
+
+        Same as ``await asyncgraph.backward(self, grad, ...)``; see there.
+        """
+        from ._autodiff import backward
+
+        await backward(
+            self,
+            None if grad is None else (grad,),
+            retain_graph=retain_graph,
+            create_graph=create_graph,
+            inputs=inputs,
+            executor=executor,
+        )
+
+    def __repr__(self) -> str:
+        parts = [repr(self.data) if len(repr(self.data)) <= 60 else repr(self.data)[:57] + "..."]
+        if self.role:
+            parts.append(f"role={self.role!r}")
+        if self.grad_fn is not None:
+            parts.append(f"grad_fn={self.grad_fn.name}")
+        elif self._requires_grad:
+            parts.append("requires_grad=True")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+class Parameter(Variable):
+    """A leaf that requires grad: what an optimizer updates.
+
+    Not affected by ``no_grad()``, like creating any leaf.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data: Any = None, role: str = "", requires_grad: bool = True) -> None:
+        super().__init__(data, role=role, requires_grad=requires_grad)

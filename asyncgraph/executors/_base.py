@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .._graph import Node
+    from .._variable import Variable
+
+__all__ = ["Executor", "current_executor", "use_executor"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs one node's backward.
+
+    ``inline(node)``: True when the engine may call the node's (synchronous,
+    cheap) backward itself, in the task that made it ready; no task is created.
+    ``run_backward(node, grad_outputs)``: run it (async, threaded, remote...)
+    and return what the Function's backward returned: one gradient or a tuple,
+    one per forward input. Raising fails the pass; the engine names the node.
+    """
+
+    def inline(self, node: Node) -> bool: ...
+
+    async def run_backward(
+        self, node: Node, grad_outputs: tuple[Variable | None, ...]
+    ) -> Any: ...
+
+
+_CURRENT: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+    "asyncgraph_executor", default=None
+)
+
+
+def current_executor() -> Executor:
+    """The executor selected by ``use_executor`` in this task, else a LocalExecutor."""
+    executor = _CURRENT.get()
+    if executor is None:
+        from ._local import DEFAULT_EXECUTOR
+
+        return DEFAULT_EXECUTOR
+    return executor
+
+
+@contextmanager
+def use_executor(executor: Executor) -> Iterator[Executor]:
+    """Make ``executor`` the default of ``backward()`` inside the block (this task only)."""
+    if not isinstance(executor, Executor):
+        raise TypeError(
+            f"use_executor expects an Executor (methods inline and run_backward), got {executor!r}"
+        )
+    token = _CURRENT.set(executor)
+    try:
+        yield executor
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,130 @@
+"""Exceptions raised by the model clients (``asyncgraph.models``).
+
+Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
+
+    AsyncGraphError
+    └── ModelError                        a model call failed
+        ├── ModelStatusError              the server answered with an HTTP error status
+        │   ├── ModelRequestError         4xx other than 429: the request is wrong; never retried
+        │   ├── ModelRateLimitedError     429: retried, honouring Retry-After
+        │   └── ModelServerError          5xx: retried
+        ├── ModelConnectionError          could not connect / connection lost: retried
+        ├── ModelTimeoutError             the per-attempt deadline (timeout_s) passed: retried
+        ├── ModelResponseError            2xx, but the body is not a chat completion; not retried
+        ├── ModelRetryError               every attempt failed; ``__cause__`` is the last error
+        ├── RateLimitWaitError            the rate limiter's wait would exceed ``max_wait_s``
+        └── ModelBackendError             Redis or disk failed under a limiter or a cache
+
+``retryable`` on every ``ModelError`` says whether the retry middleware tries
+again. Cancellation is never wrapped: it propagates untouched.
+"""
+
+from __future__ import annotations
+
+from asyncgraph._exceptions import AsyncGraphError
+
+__all__ = [
+    "ModelBackendError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelRateLimitedError",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelRetryError",
+    "ModelServerError",
+    "ModelStatusError",
+    "ModelTimeoutError",
+    "RateLimitWaitError",
+]
+
+
+class ModelError(AsyncGraphError):
+    """A model call failed. ``model`` names the model, ``retryable`` says if retrying may help."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, model: str = "") -> None:
+        super().__init__(message)
+        self.model = model
+
+
+class ModelStatusError(ModelError):
+    """The server answered with HTTP ``status_code``; ``server_message`` is its error text."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str = "",
+        status_code: int,
+        server_message: str = "",
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, model=model)
+        self.status_code = status_code
+        self.server_message = server_message
+        self.retry_after_s = retry_after_s
+
+
+class ModelRequestError(ModelStatusError):
+    """A 4xx answer other than 429 (bad request, bad key, unknown model): not retried."""
+
+    retryable = False
+
+
+class ModelRateLimitedError(ModelStatusError):
+    """A 429 answer; ``retry_after_s`` is the server's Retry-After, if it sent one."""
+
+    retryable = True
+
+
+class ModelServerError(ModelStatusError):
+    """A 5xx answer: the server failed, retrying may help."""
+
+    retryable = True
+
+
+class ModelConnectionError(ModelError):
+    """The connection could not be opened or was lost before an answer arrived."""
+
+    retryable = True
+
+
+class ModelTimeoutError(ModelError):
+    """One attempt did not finish within its deadline (``timeout_s``)."""
+
+    retryable = True
+
+
+class ModelResponseError(ModelError):
+    """The server answered 2xx with a body that is not a chat completion."""
+
+    retryable = False
+
+
+class ModelRetryError(ModelError):
+    """Every one of ``attempts`` attempts failed; ``__cause__`` / ``last_error`` is the last one."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, model: str = "", attempts: int, last_error: ModelError):
+        super().__init__(message, model=model)
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+class RateLimitWaitError(ModelError):
+    """The rate limiter would make this call wait ``wait_s`` > ``max_wait_s``; nothing was reserved."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, model: str = "", wait_s: float, max_wait_s: float):
+        super().__init__(message, model=model)
+        self.wait_s = wait_s
+        self.max_wait_s = max_wait_s
+
+
+class ModelBackendError(ModelError):
+    """A shared backend (Redis for a rate limit or cache, a cache directory) failed or timed out."""
+
+    retryable = False
