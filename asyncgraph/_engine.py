@@ -261,7 +261,7 @@ class Engine:
                 self._tg = tg
                 for i, ((target, nr), grad) in enumerate(roots):
                     self._deliver(target, nr, (_SEED_SEQ, i), grad)
-                await self._drain()
+                await self._work(await self._drain())
         finally:
             _GRAD_ENABLED.reset(token)
             self._tg = None
@@ -296,10 +296,16 @@ class Engine:
             if edge is not None:
                 deliver(edge[0], edge[1], (seq, i), grads[i])
 
-    async def _drain(self) -> None:
-        """Process ready targets: inline nodes now, slow ones as tasks."""
+    async def _drain(self) -> tuple[Node, tuple[Variable | None, ...]] | None:
+        """Process ready targets: inline nodes now, slow ones as tasks.
+
+        Returns one slow node for the calling task to run itself (work-first:
+        a chain of async nodes then costs no task spawn per node); every other
+        slow node gets a task of its own.
+        """
         ready = self._ready
         inline = self.executor.inline
+        keep: tuple[Node, tuple[Variable | None, ...]] | None = None
         since_yield = 0
         while ready and self._error is None:
             target, contributions = ready.popleft()
@@ -314,8 +320,11 @@ class Engine:
                 self._deliver_edges(node, (None,) * len(node.next_edges))
                 continue
             if not inline(node):
-                assert self._tg is not None
-                self._tg.start_soon(self._run_task, node, grads, name=node.name)
+                if keep is None:
+                    keep = (node, grads)
+                else:
+                    assert self._tg is not None
+                    self._tg.start_soon(self._work, (node, grads), name=node.name)
                 continue
             if self.listeners:
                 self._emit("started", node)
@@ -323,23 +332,31 @@ class Engine:
                 grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
             except Exception as exc:
                 self._fail(node, exc)
-                return
+                return None
             self._finish(node, grads_in)
             since_yield += 1
             if since_yield >= _YIELD_EVERY:
                 since_yield = 0
                 await anyio.lowlevel.checkpoint()
+        return keep if self._error is None else None
 
-    async def _run_task(self, node: Node, grads: tuple[Variable | None, ...]) -> None:
-        if self.listeners:
-            self._emit("started", node)
-        try:
-            grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
-        except Exception as exc:
-            self._fail(node, exc)
-            return
-        self._finish(node, grads_in)
-        await self._drain()
+    async def _work(self, item: tuple[Node, tuple[Variable | None, ...]] | None) -> None:
+        """Run slow nodes one after another, as long as each makes another one ready."""
+        ran = 0
+        while item is not None:
+            node, grads = item
+            ran += 1
+            if ran % _YIELD_EVERY == 0:
+                await anyio.lowlevel.checkpoint()  # async backwards that never suspend
+            if self.listeners:
+                self._emit("started", node)
+            try:
+                grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
+            except Exception as exc:
+                self._fail(node, exc)
+                return
+            self._finish(node, grads_in)
+            item = await self._drain()
 
     def _finish(self, node: Node, grads_in: tuple[Variable | None, ...]) -> None:
         if self.listeners:
