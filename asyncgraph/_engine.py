@@ -372,16 +372,28 @@ class Engine:
         n = node.num_outputs
         if len(contributions) > 1:
             contributions.sort(key=_key)
-        if n == 1:
-            if len(contributions) == 1:
-                grads: list[Variable | None] = [contributions[0][2]]
+        try:
+            if n == 1:
+                if len(contributions) == 1:
+                    grads: list[Variable | None] = [contributions[0][2]]
+                else:
+                    grads = [sum_grads([c[2] for c in contributions], self.create_graph)]
             else:
-                grads = [sum_grads([c[2] for c in contributions], self.create_graph)]
-        else:
-            per_output: list[list[Variable | None]] = [[] for _ in range(n)]
-            for _, nr, g in contributions:
-                per_output[nr].append(g)
-            grads = [sum_grads(gs, self.create_graph) for gs in per_output]
+                per_output: list[list[Variable | None]] = [[] for _ in range(n)]
+                for _, nr, g in contributions:
+                    per_output[nr].append(g)
+                grads = [sum_grads(gs, self.create_graph) for gs in per_output]
+        except Exception as exc:  # e.g. text and numbers flowing into one output
+            error = BackwardError(
+                f"cannot sum the gradients flowing into the outputs of {node.describe()}: "
+                f"{type(exc).__name__}: {exc}",
+                function=node.name,
+                input_roles=node.input_roles,
+                output_roles=node.output_roles,
+            )
+            error.__cause__ = exc
+            self._fail(node, error)
+            return None
         if node.output_hooks:
             for nr, hooks in node.output_hooks.items():
                 g = grads[nr]
@@ -409,7 +421,16 @@ class Engine:
             grad = contributions[0][2]
         else:
             contributions.sort(key=_key)
-            grad = sum_grads([c[2] for c in contributions], self.create_graph)
+            try:
+                grad = sum_grads([c[2] for c in contributions], self.create_graph)
+            except Exception as exc:  # e.g. text and numbers flowing into one leaf
+                error = BackwardError(
+                    f"cannot sum the gradients flowing into leaf {leaf!r} (role "
+                    f"{leaf.role!r}): {type(exc).__name__}: {exc}"
+                )
+                error.__cause__ = exc
+                self._fail_leaf(leaf, error)
+                return
         if grad is None:
             return
         if leaf._hooks:
@@ -459,5 +480,10 @@ class Engine:
     # -- committing -------------------------------------------------------------
     def commit(self) -> None:
         """Write staged gradients into ``.grad`` (existing gradient first, then new)."""
-        for var, grad in (*self.staged.items(), *self.retained.items()):
-            var.grad = grad if var.grad is None else sum_grads([var.grad, grad], self.create_graph)
+        # Sum everything first: if one sum fails, no .grad has changed.
+        updates = [
+            (var, grad if var.grad is None else sum_grads([var.grad, grad], self.create_graph))
+            for var, grad in (*self.staged.items(), *self.retained.items())
+        ]
+        for var, total in updates:
+            var.grad = total

@@ -136,10 +136,11 @@ class Function:
         """Run forward and, when grad mode is on and an input requires grad, record it."""
         if cls is Function:
             raise TypeError("Function.apply is called on a subclass: MyFunction.apply(...)")
-        if cls._forward_is_async or cls._setup_is_async:
-            return cls._apply_async(args, kwargs)
         inputs = args + tuple(kwargs.values()) if kwargs else args
+        # Grad mode is read here, when apply is called, even if the result is awaited later.
         ctx, record = cls._prepare(inputs)
+        if cls._forward_is_async or cls._setup_is_async:
+            return cls._apply_async(args, kwargs, ctx, record)
         token = _GRAD_ENABLED.set(False)
         try:
             if cls._uses_setup_context:
@@ -152,9 +153,10 @@ class Function:
         return cls._record(ctx, inputs, output, record)
 
     @classmethod
-    async def _apply_async(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _apply_async(
+        cls, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: FunctionCtx, record: bool
+    ) -> Any:
         inputs = args + tuple(kwargs.values()) if kwargs else args
-        ctx, record = cls._prepare(inputs)
         token = _GRAD_ENABLED.set(False)
         try:
             if cls._uses_setup_context:

@@ -1,0 +1,356 @@
+"""Function: forward/backward styles, ctx, multiple outputs, and misuse errors."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import pytest
+
+import asyncgraph
+from asyncgraph import BackwardError, Function, FunctionCtx, GraphError, Variable, is_grad_enabled
+
+from ._ops import Add, Mul
+
+
+class Double(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data * 2)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return Variable(g.data * 2)
+
+
+def test_instantiating_a_function_raises_pointing_to_apply() -> None:
+    with pytest.raises(TypeError, match=r"Double.apply"):
+        Double()
+
+
+def test_apply_on_the_base_class_raises() -> None:
+    with pytest.raises(TypeError, match="subclass"):
+        Function.apply(Variable(1.0))
+
+
+def test_sync_forward_apply_returns_the_output_directly() -> None:
+    x = Variable(2.0, requires_grad=True)
+    y = Double.apply(x)
+    assert isinstance(y, Variable)
+    assert y.data == 4.0
+    assert y.grad_fn is not None and y.grad_fn.name == "Double"
+    assert y.requires_grad and not y.is_leaf
+
+
+def test_apply_without_inputs_that_require_grad_records_nothing() -> None:
+    y = Double.apply(Variable(2.0))
+    assert y.is_leaf and not y.requires_grad
+
+
+class AsyncForward(Function):
+    @staticmethod
+    async def forward(ctx: Any, x: Variable) -> Variable:
+        ctx.scale = 3
+        return Variable(x.data * 3)
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> Variable:
+        return Variable(g.data * ctx.scale)
+
+
+@pytest.mark.anyio
+async def test_async_forward_apply_returns_an_awaitable() -> None:
+    x = Variable(2.0, requires_grad=True)
+    pending = AsyncForward.apply(x)
+    assert inspect.isawaitable(pending)
+    y = await pending
+    assert y.data == 6.0 and y.grad_fn is not None
+    await y.backward()
+    assert x.grad is not None and x.grad.data == 3.0
+
+
+class WithSetupContext(Function):
+    @staticmethod
+    def forward(x: Variable, y: Variable) -> Variable:
+        assert not is_grad_enabled()
+        return Variable(x.data * y.data)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Variable) -> None:
+        x, y = inputs
+        ctx.save_for_backward(x, y)
+        ctx.output_data = output.data
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
+        x, y = ctx.saved_variables
+        assert ctx.output_data == x.data * y.data
+        return Variable(g.data * y.data), Variable(g.data * x.data)
+
+
+class AsyncSetupContext(Function):
+    @staticmethod
+    def forward(x: Variable) -> Variable:
+        return Variable(x.data + 1)
+
+    @staticmethod
+    async def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Variable) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        assert len(ctx.saved_variables) == 1
+        return Variable(g.data * 10)
+
+
+@pytest.mark.anyio
+async def test_forward_with_setup_context_style() -> None:
+    x = Variable(2.0, requires_grad=True)
+    y = Variable(5.0, requires_grad=True)
+    z = WithSetupContext.apply(x, y)
+    assert isinstance(z, Variable) and z.data == 10.0
+    await z.backward()
+    assert x.grad is not None and x.grad.data == 5.0
+    assert y.grad is not None and y.grad.data == 2.0
+
+
+@pytest.mark.anyio
+async def test_async_setup_context_makes_apply_awaitable() -> None:
+    x = Variable(2.0, requires_grad=True)
+    pending = AsyncSetupContext.apply(x)
+    assert inspect.isawaitable(pending)
+    y = await pending
+    await y.backward()
+    assert x.grad is not None and x.grad.data == 10.0
+
+
+class Inspect(Function):
+    """Records what forward and backward see."""
+
+    seen: ClassVar[dict[str, Any]] = {}
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, a: Variable, n: int, *, b: Variable, c: Variable) -> Variable:
+        Inspect.seen["forward_grad_enabled"] = is_grad_enabled()
+        ctx.save_for_backward(a, None, b)
+        ctx.note = "free-form attribute"
+        ctx.n = n
+        return Variable(a.data * n + b.data + c.data)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, g: Variable) -> tuple[Any, ...]:
+        Inspect.seen["needs"] = ctx.needs_input_grad
+        Inspect.seen["saved"] = ctx.saved_variables
+        Inspect.seen["note"] = ctx.note  # type: ignore[attr-defined]
+        Inspect.seen["backward_grad_enabled"] = is_grad_enabled()
+        return g.data * ctx.n, None, g.data, None  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_ctx_saves_variables_needs_input_grad_and_attributes() -> None:
+    a = Variable(1.0, role="a", requires_grad=True)
+    b = Variable(2.0, role="b", requires_grad=True)
+    c = Variable(3.0, role="c")
+    y = Inspect.apply(a, 4, b=b, c=c)
+    assert y.data == 9.0
+    assert y.grad_fn is not None
+    assert y.grad_fn.input_roles == ("a", "", "b", "c")
+    await y.backward()
+    assert Inspect.seen["forward_grad_enabled"] is False
+    assert Inspect.seen["backward_grad_enabled"] is False
+    assert Inspect.seen["needs"] == (True, False, True, False)
+    saved = Inspect.seen["saved"]
+    assert saved[0] is a and saved[1] is None and saved[2] is b
+    assert Inspect.seen["note"] == "free-form attribute"
+    # raw data returned from backward is wrapped in a Variable
+    assert a.grad is not None and a.grad.data == 4.0
+    assert b.grad is not None and b.grad.data == 1.0
+    assert c.grad is None
+
+
+def test_save_for_backward_rejects_non_variables() -> None:
+    ctx = FunctionCtx()
+    with pytest.raises(TypeError, match="save_for_backward"):
+        ctx.save_for_backward(Variable(1.0), 3.0)
+
+
+class SplitHalves(Function):
+    """Two outputs: (2x, 3x)."""
+
+    grads_seen: ClassVar[list[tuple[Any, Any]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> tuple[Variable, Variable]:
+        return Variable(x.data * 2.0, role="double"), Variable(x.data * 3.0, role="triple")
+
+    @staticmethod
+    def backward(ctx: Any, g2: Variable | None, g3: Variable | None) -> float:
+        SplitHalves.grads_seen.append(
+            (None if g2 is None else g2.data, None if g3 is None else g3.data)
+        )
+        return (0.0 if g2 is None else 2.0 * g2.data) + (0.0 if g3 is None else 3.0 * g3.data)
+
+
+@pytest.mark.anyio
+async def test_multiple_outputs_get_one_gradient_each() -> None:
+    SplitHalves.grads_seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    d, t = SplitHalves.apply(x)
+    assert (d.data, t.data) == (2.0, 3.0)
+    assert d.grad_fn is t.grad_fn
+    assert (d.output_nr, t.output_nr) == (0, 1)
+    assert (d.role, t.role) == ("double", "triple")
+    await asyncgraph.backward([d, t], [10.0, 100.0])
+    assert SplitHalves.grads_seen == [(10.0, 100.0)]
+    assert x.grad is not None and x.grad.data == 320.0
+
+
+@pytest.mark.anyio
+async def test_backward_gets_none_for_outputs_no_gradient_flowed_into() -> None:
+    SplitHalves.grads_seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    _, t = SplitHalves.apply(x)
+    await Mul.apply(t, t).backward()
+    assert SplitHalves.grads_seen == [(None, 6.0)]
+    assert x.grad is not None and x.grad.data == 18.0
+
+
+class WithIndex(Function):
+    seen: ClassVar[list[Any]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> tuple[Variable, Variable]:
+        index = Variable(7)
+        ctx.mark_non_differentiable(index)
+        return Variable(x.data * 2), index
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable | None, g_index: Variable | None) -> Variable | None:
+        WithIndex.seen.append(g_index)
+        return None if g is None else Variable(g.data * 2)
+
+
+@pytest.mark.anyio
+async def test_mark_non_differentiable_outputs_have_no_history_and_get_none() -> None:
+    WithIndex.seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    y, index = WithIndex.apply(x)
+    assert y.requires_grad and not y.is_leaf
+    assert index.is_leaf and not index.requires_grad
+    await y.backward()
+    assert WithIndex.seen == [None]
+    assert x.grad is not None and x.grad.data == 2.0
+
+
+class Identity(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+@pytest.mark.anyio
+async def test_returning_an_input_from_forward_keeps_the_input_a_leaf() -> None:
+    x = Variable(1.0, role="x", requires_grad=True)
+    y = Identity.apply(x)
+    assert y is not x
+    assert x.is_leaf and y.grad_fn is not None
+    assert y.role == "x"
+    await y.backward()
+    assert x.grad is not None and x.grad.data == 1.0
+
+
+class RawForward(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> tuple[str, float]:
+        return "text", 1.0
+
+    @staticmethod
+    def backward(ctx: Any, g_text: Variable | None, g_num: Variable | None) -> str:
+        return "feedback"
+
+
+@pytest.mark.anyio
+async def test_raw_data_from_forward_and_backward_is_wrapped() -> None:
+    x = Variable("in", requires_grad=True)
+    text, num = RawForward.apply(x)
+    assert isinstance(text, Variable) and text.data == "text" and text.requires_grad
+    assert isinstance(num, Variable) and num.data == 1.0
+    await text.backward()
+    assert x.grad is not None and x.grad.data == "feedback"
+
+
+class TooFew(Function):
+    @staticmethod
+    def forward(ctx: Any, a: Variable, b: Variable) -> Variable:
+        return Variable(a.data + b.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+class GradForConstant(Function):
+    @staticmethod
+    def forward(ctx: Any, a: Variable, b: Variable) -> Variable:
+        return Variable(a.data + b.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
+        return g, g
+
+
+@pytest.mark.anyio
+async def test_wrong_number_of_gradients_is_an_error_naming_the_function() -> None:
+    a = Variable(1.0, role="a", requires_grad=True)
+    y = TooFew.apply(a, Variable(2.0, role="b"))
+    with pytest.raises(BackwardError, match="TooFew") as info:
+        await y.backward()
+    assert info.value.function == "TooFew"
+    assert isinstance(info.value.__cause__, GraphError)
+    assert "returned 1 gradient(s)" in str(info.value)
+    assert "2 input(s)" in str(info.value)
+    assert a.grad is None
+
+
+@pytest.mark.anyio
+async def test_gradient_for_an_input_that_needs_none_is_an_error_naming_the_function() -> None:
+    a = Variable(1.0, role="a", requires_grad=True)
+    y = GradForConstant.apply(a, Variable(2.0, role="const"))
+    with pytest.raises(BackwardError, match="GradForConstant") as info:
+        await y.backward()
+    assert isinstance(info.value.__cause__, GraphError)
+    assert "'const'" in str(info.value)
+    assert "does not require grad" in str(info.value)
+
+
+def test_forward_returning_an_empty_tuple_is_an_error() -> None:
+    class Empty(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> tuple[()]:
+            return ()
+
+        @staticmethod
+        def backward(ctx: Any) -> None:
+            return None
+
+    with pytest.raises(TypeError, match=r"Empty\.forward"):
+        Empty.apply(Variable(1.0, requires_grad=True))
+
+
+def test_invalid_dispatch_is_rejected_at_class_creation() -> None:
+    with pytest.raises(ValueError, match="dispatch"):
+
+        class Bad(Function):
+            dispatch = "elsewhere"  # type: ignore[assignment]
+
+
+@pytest.mark.anyio
+async def test_shared_input_gradients_from_two_consumers_are_summed() -> None:
+    x = Variable(2.0, requires_grad=True)
+    y = Add.apply(Mul.apply(x, x), x)  # x**2 + x
+    await y.backward()
+    assert x.grad is not None and x.grad.data == 5.0

@@ -1,0 +1,195 @@
+"""GradManager (MegEngine semantics): attach, callbacks, record/release, groups."""
+
+from __future__ import annotations
+
+import gc
+
+import anyio.lowlevel
+import pytest
+
+from asyncgraph import GradManager, GradManagerGroup, Parameter, Variable
+
+from ._ops import Add, Mul
+
+
+def test_attach_returns_self_and_lists_variables_in_attach_order() -> None:
+    a = Parameter(1.0, role="a")
+    b = Variable(2.0, role="b")
+    gm = GradManager()
+    assert gm.attach([a, b]) is gm
+    assert b.requires_grad  # attaching a leaf makes it require grad
+    assert gm.attached_variables() == [a, b]
+    gm.attach(a)  # attaching again does not duplicate
+    assert gm.attached_variables() == [a, b]
+
+
+def test_attach_holds_weak_references() -> None:
+    keep = Parameter(1.0)
+    gm = GradManager().attach([keep, Parameter(2.0)])  # the second one dies at once
+    gc.collect()
+    assert gm.attached_variables() == [keep]
+    dropped = Parameter(3.0)
+    gm.attach(dropped)
+    assert len(gm.attached_variables()) == 2
+    del dropped
+    gc.collect()
+    assert gm.attached_variables() == [keep]
+
+
+def test_attach_validates_variables_and_callbacks() -> None:
+    with pytest.raises(TypeError, match="Variable"):
+        GradManager().attach([1.0])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="callables"):
+        GradManager().attach(Parameter(1.0), callbacks=["nope"])  # type: ignore[list-item]
+
+
+def test_record_release_and_context_managers() -> None:
+    gm = GradManager()
+    assert not gm.is_recording
+    gm.record()
+    assert gm.is_recording
+    gm.release()
+    assert not gm.is_recording
+    with gm as entered:
+        assert entered is gm and gm.is_recording
+    assert not gm.is_recording
+
+
+@pytest.mark.anyio
+async def test_async_with_records_and_releases() -> None:
+    gm = GradManager()
+    async with gm as entered:
+        assert entered is gm and gm.is_recording
+    assert not gm.is_recording
+
+
+@pytest.mark.anyio
+async def test_backward_without_recording_raises_no_computation_history() -> None:
+    w = Parameter(2.0)
+    gm = GradManager().attach(w)
+    y = Mul.apply(w, w)
+    with pytest.raises(RuntimeError, match="no computation history"):
+        await gm.backward(y)
+    assert w.grad is None
+
+
+@pytest.mark.anyio
+async def test_backward_accumulates_only_into_attached_variables_and_releases() -> None:
+    w = Parameter(3.0, role="w")
+    other = Parameter(5.0, role="other")
+    gm = GradManager().attach(w)
+    with gm:
+        y = Mul.apply(w, other)
+        await gm.backward(y)
+        assert not gm.is_recording  # backward releases
+    assert w.grad is not None and w.grad.data == 5.0
+    assert other.grad is None
+    with pytest.raises(RuntimeError, match="no computation history"):
+        await gm.backward(y)
+
+
+@pytest.mark.anyio
+async def test_backward_accumulates_across_recordings_and_takes_dy() -> None:
+    w = Parameter(3.0)
+    gm = GradManager().attach(w)
+    for _ in range(2):
+        async with gm:
+            await gm.backward(Mul.apply(w, w), dy=0.5)
+    assert w.grad is not None and w.grad.data == 6.0
+
+
+@pytest.mark.anyio
+async def test_backward_with_several_outputs() -> None:
+    w = Parameter(2.0)
+    gm = GradManager().attach(w)
+    with gm:
+        await gm.backward([Mul.apply(w, w), Add.apply(w, w)], dy=[1.0, 10.0])
+    assert w.grad is not None and w.grad.data == 4.0 + 20.0
+
+
+@pytest.mark.anyio
+async def test_backward_without_y_only_releases() -> None:
+    gm = GradManager().attach(Parameter(1.0))
+    gm.record()
+    await gm.backward()
+    assert not gm.is_recording
+
+
+@pytest.mark.anyio
+async def test_callbacks_chain_in_order_sync_and_async() -> None:
+    w = Parameter(1.0, role="w")
+    calls: list[tuple[str, str, float]] = []
+
+    def scale(var: Variable, g: Variable) -> Variable:
+        calls.append(("scale", var.role, g.data))
+        return Variable(g.data * 10)
+
+    async def shift(var: Variable, g: Variable) -> Variable:
+        await anyio.lowlevel.checkpoint()
+        calls.append(("shift", var.role, g.data))
+        return Variable(g.data + 1)
+
+    def observe(var: Variable, g: Variable) -> None:
+        calls.append(("observe", var.role, g.data))
+
+    gm = GradManager().attach(w, callbacks=[scale, shift])
+    gm.attach(w, callbacks=observe)  # attaching again adds callbacks
+    with gm:
+        await gm.backward(Mul.apply(w, Variable(2.0)))
+    assert calls == [("scale", "w", 2.0), ("shift", "w", 20.0), ("observe", "w", 21.0)]
+    assert w.grad is not None and w.grad.data == 21.0
+
+
+@pytest.mark.anyio
+async def test_failing_callback_leaves_every_grad_untouched() -> None:
+    a = Parameter(1.0)
+    b = Parameter(1.0)
+
+    def broken(var: Variable, g: Variable) -> None:
+        raise ValueError("clip failed")
+
+    gm = GradManager().attach(a).attach(b, callbacks=broken)
+    with gm, pytest.raises(ValueError, match="clip failed"):
+        await gm.backward(Mul.apply(a, b))
+    assert a.grad is None and b.grad is None
+    assert not gm.is_recording
+
+
+@pytest.mark.anyio
+async def test_attached_non_leaf_gets_its_gradient() -> None:
+    w = Parameter(2.0)
+    h = Mul.apply(w, w)
+    gm = GradManager().attach(h)
+    with gm:
+        await gm.backward(Mul.apply(h, Variable(3.0)))
+    assert h.grad is not None and h.grad.data == 3.0
+    assert w.grad is None
+
+
+@pytest.mark.anyio
+async def test_grad_managers_grouped_with_or_record_together() -> None:
+    a = Parameter(2.0, role="a")
+    b = Parameter(3.0, role="b")
+    c = Parameter(4.0, role="c")
+    gm1 = GradManager().attach(a)
+    gm2 = GradManager().attach(b)
+    gm3 = GradManager().attach(c)
+    group = gm1 | gm2
+    assert isinstance(group, GradManagerGroup)
+    assert group.managers == (gm1, gm2)
+    bigger = group | gm3
+    assert bigger.managers == (gm1, gm2, gm3)
+    assert (group | gm1).managers == (gm1, gm2)  # no duplicates
+    with group:
+        assert gm1.is_recording and gm2.is_recording and not gm3.is_recording
+        y = Mul.apply(Mul.apply(a, b), c)
+        await gm1.backward(y)
+        assert not gm1.is_recording and gm2.is_recording
+        await gm2.backward(Mul.apply(a, b))
+    assert not gm1.is_recording and not gm2.is_recording
+    assert a.grad is not None and a.grad.data == 12.0
+    assert b.grad is not None and b.grad.data == 2.0
+    assert c.grad is None
+    async with bigger:
+        assert gm1.is_recording and gm2.is_recording and gm3.is_recording
+    assert not (gm1.is_recording or gm2.is_recording or gm3.is_recording)

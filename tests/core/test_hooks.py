@@ -1,0 +1,191 @@
+"""Gradient hooks on leaves and non-leaves; retain_grad."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from asyncgraph import BackwardError, RemovableHandle, Variable, grad
+
+from ._ops import Add, Mul, SinCos
+
+
+@pytest.mark.anyio
+async def test_leaf_hook_sees_the_gradient_and_can_replace_it() -> None:
+    x = Variable(3.0, role="x", requires_grad=True)
+    seen: list[float] = []
+
+    def hook(g: Variable) -> Variable:
+        seen.append(g.data)
+        return Variable(g.data * 10)
+
+    handle = x.register_hook(hook)
+    assert isinstance(handle, RemovableHandle)
+    await Mul.apply(x, x).backward()
+    assert seen == [6.0]  # the summed gradient, once
+    assert x.grad is not None and x.grad.data == 60.0
+
+
+@pytest.mark.anyio
+async def test_hook_returning_none_keeps_the_gradient() -> None:
+    x = Variable(3.0, requires_grad=True)
+    x.register_hook(lambda g: None)
+    await Mul.apply(x, x).backward()
+    assert x.grad is not None and x.grad.data == 6.0
+
+
+@pytest.mark.anyio
+async def test_hook_may_return_raw_data() -> None:
+    x = Variable("draft", requires_grad=True)
+    h = Add.apply(x, x)  # "draftdraft"
+    h.register_hook(lambda g: "rewritten")
+    await h.backward()
+    assert x.grad is not None and x.grad.data == ["rewritten", "rewritten"]
+
+
+@pytest.mark.anyio
+async def test_async_hooks_run_and_can_replace() -> None:
+    x = Variable(2.0, requires_grad=True)
+    started = anyio.Event()
+
+    async def hook(g: Variable) -> Variable:
+        started.set()
+        await anyio.lowlevel.checkpoint()
+        return Variable(g.data + 1)
+
+    x.register_hook(hook)
+    await Mul.apply(x, Variable(5.0)).backward()
+    assert started.is_set()
+    assert x.grad is not None and x.grad.data == 6.0
+
+
+@pytest.mark.anyio
+async def test_non_leaf_hook_changes_the_gradient_flowing_further() -> None:
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    seen: list[float] = []
+
+    def double(g: Variable) -> Variable:
+        seen.append(g.data)
+        return Variable(g.data * 2)
+
+    h.register_hook(double)
+    y = Add.apply(Mul.apply(h, Variable(3.0)), h)  # dy/dh = 4, summed before the hook
+    await y.backward()
+    assert seen == [4.0]
+    assert x.grad is not None and x.grad.data == 8.0 * 2 * 2.0
+    assert h.grad is None  # hooks do not retain
+
+
+@pytest.mark.anyio
+async def test_hooks_on_each_output_of_a_multi_output_node() -> None:
+    x = Variable(0.0, requires_grad=True)
+    s, c = SinCos.apply(x)
+    calls: list[str] = []
+    s.register_hook(lambda g: calls.append(f"sin {g.data}"))
+    c.register_hook(lambda g: calls.append(f"cos {g.data}"))
+    await Add.apply(s, c).backward()
+    assert sorted(calls) == ["cos 1.0", "sin 1.0"]
+    assert x.grad is not None and x.grad.data == 1.0  # cos(0) - sin(0)
+
+
+@pytest.mark.anyio
+async def test_hooks_run_in_registration_order_each_seeing_the_previous_result() -> None:
+    x = Variable(1.0, requires_grad=True)
+    order: list[tuple[str, float]] = []
+
+    def add_one(g: Variable) -> Variable:
+        order.append(("add_one", g.data))
+        return Variable(g.data + 1)
+
+    async def times_ten(g: Variable) -> Variable:
+        order.append(("times_ten", g.data))
+        return Variable(g.data * 10)
+
+    def observe(g: Variable) -> None:
+        order.append(("observe", g.data))
+
+    x.register_hook(add_one)
+    x.register_hook(times_ten)
+    x.register_hook(observe)
+    await Mul.apply(x, Variable(2.0)).backward()
+    assert order == [("add_one", 2.0), ("times_ten", 3.0), ("observe", 30.0)]
+    assert x.grad is not None and x.grad.data == 30.0
+
+
+@pytest.mark.anyio
+async def test_removed_hooks_are_not_called() -> None:
+    x = Variable(1.0, requires_grad=True)
+    calls: list[str] = []
+    kept = x.register_hook(lambda g: calls.append("kept"))
+    removed = x.register_hook(lambda g: calls.append("removed"))
+    removed.remove()
+    removed.remove()  # idempotent
+    h = Mul.apply(x, Variable(2.0))
+    h_handle = h.register_hook(lambda g: calls.append("non-leaf removed"))
+    h_handle.remove()
+    await h.backward()
+    assert calls == ["kept"]
+    kept.remove()
+    await Mul.apply(x, Variable(2.0)).backward()
+    assert calls == ["kept"]
+
+
+def test_register_hook_on_a_variable_that_needs_no_grad_raises() -> None:
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Variable(1.0).register_hook(lambda g: g)
+
+
+def test_register_hook_requires_a_callable() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        Variable(1.0, requires_grad=True).register_hook("not callable")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_failing_hook_fails_the_pass_naming_the_variable() -> None:
+    x = Variable(1.0, role="weights", requires_grad=True)
+
+    def broken(g: Variable) -> None:
+        raise ValueError("bad hook")
+
+    x.register_hook(broken)
+    with pytest.raises(BackwardError, match="weights") as info:
+        await Mul.apply(x, Variable(2.0)).backward()
+    assert isinstance(info.value.__cause__, ValueError)
+    assert x.grad is None
+
+
+@pytest.mark.anyio
+async def test_retain_grad_keeps_a_non_leaf_gradient() -> None:
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    other = Mul.apply(x, Variable(1.0))
+    h.retain_grad()
+    assert h.retains_grad and not other.retains_grad
+    y = Mul.apply(h, Variable(3.0))
+    await y.backward(retain_graph=True)
+    assert h.grad is not None and h.grad.data == 3.0
+    assert other.grad is None
+    await y.backward()  # retained gradients accumulate like leaves'
+    assert h.grad.data == 6.0
+
+
+@pytest.mark.anyio
+async def test_retained_gradient_is_the_hooked_gradient() -> None:
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    h.retain_grad()
+    h.register_hook(lambda g: Variable(g.data * 100))
+    await h.backward()
+    assert h.grad is not None and h.grad.data == 100.0
+
+
+@pytest.mark.anyio
+async def test_retain_grad_does_not_apply_to_grad_calls() -> None:
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    h.retain_grad()
+    (gx,) = await grad(Mul.apply(h, h), x)
+    assert gx is not None and gx.data == 2 * 4.0 * 2 * 2.0
+    assert h.grad is None and x.grad is None
