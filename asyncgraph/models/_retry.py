@@ -39,7 +39,7 @@ class Retry:
         """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed."""
         if retry_after_s is not None and retry_after_s >= 0:
             return min(retry_after_s, self.retry_after_max_s)
-        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2 ** (failed_attempt - 1))
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** (failed_attempt - 1))
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 
 

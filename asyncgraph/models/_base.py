@@ -1,0 +1,228 @@
+"""``BaseChatModel``: the middleware every model gets (cache, rate limit, retries, usage)."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+
+from asyncgraph.models._cache import Cache, request_key
+from asyncgraph.models._exceptions import ModelBackendError, ModelError, ModelRetryError
+from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
+from asyncgraph.models._retry import Retry
+from asyncgraph.models._types import Completion, Message, normalize_messages
+from asyncgraph.models._usage import Pricing, UsageMeter
+
+__all__ = ["BaseChatModel"]
+
+logger = logging.getLogger("asyncgraph.models")
+
+_RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
+
+
+class BaseChatModel(ABC):
+    """A ``ChatModel`` with response cache, rate limit, retries and usage totals built in.
+
+    ``await model.complete(messages, **params)`` does, in order:
+
+    1. with a ``cache`` configured (and ``cache=`` not ``False`` for this call): return the
+       stored answer for the same request (endpoint, model, messages, params), marked
+       ``cached=True``;
+    2. for each attempt: book a slot with the ``rate_limit`` (waiting for it), then call
+       the model once;
+    3. on a retryable ``ModelError`` (429, 5xx, connection lost, timeout) wait as the
+       ``retry`` policy says (Retry-After honoured) and try again, up to
+       ``retry.max_attempts``; then raise ``ModelRetryError`` chaining the last error;
+    4. add the answer to ``usage`` (a ``UsageMeter``; ``usage.snapshot()`` reads it) and
+       store it in the cache.
+
+    ``cache=True`` for a call with no cache configured raises ``ValueError``. A failing
+    cache backend is logged (logger ``asyncgraph.models``) and treated as a miss: the
+    cache never costs you an answer. ``aclose()`` (or ``async with``) releases the HTTP
+    and Redis connections.
+
+    Subclasses implement ``_complete_once(messages, params)``, one attempt that raises a
+    ``ModelError`` subclass on failure, and may override ``cache_endpoint`` and
+    ``estimate_tokens``. Example::
+
+        class Echo(BaseChatModel):
+            def __init__(self, **options):
+                super().__init__("echo", **options)
+
+            async def _complete_once(self, messages, params):
+                return Completion(messages[-1]["content"], model="echo")
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        retry: Retry | None = None,
+        rate_limit: RateLimit | RateLimiter | None = None,
+        cache: Cache | None = None,
+        pricing: Pricing | None = None,
+        usage: UsageMeter | None = None,
+    ) -> None:
+        self.name = name
+        self.retry = retry if retry is not None else Retry()
+        self.rate_limiter = (
+            make_rate_limiter(rate_limit, default_name=name) if rate_limit is not None else None
+        )
+        self.cache = cache
+        self.pricing = pricing
+        self.usage = usage if usage is not None else UsageMeter()
+
+    @property
+    def cache_endpoint(self) -> str:
+        """Where requests go, part of the cache key (the same request elsewhere is another)."""
+        return self.name
+
+    def estimate_tokens(self, messages: Sequence[Message], params: Mapping[str, Any]) -> int:
+        """Tokens a request will use, booked in a tokens-per-minute budget before the call.
+
+        About 4 characters per token for the prompt, plus ``max_tokens`` (or
+        ``max_completion_tokens``, default 256) for the answer. The booking is corrected
+        with the server's reported usage afterwards.
+        """
+        chars = sum(len(str(m.get("content", ""))) for m in messages)
+        answer = params.get("max_tokens", params.get("max_completion_tokens", 256))
+        return chars // 4 + 4 * len(messages) + (answer if isinstance(answer, int) else 256)
+
+    async def _prepare(self) -> None:
+        """Set up what an attempt needs (connections, clients); runs before the rate limit."""
+        return None
+
+    @abstractmethod
+    async def _complete_once(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> Completion:
+        """One attempt; raise a ``ModelError`` subclass (retryable or not) on failure."""
+
+    async def complete(
+        self, messages: Sequence[Message], *, cache: bool | None = None, **params: Any
+    ) -> Completion:
+        """Answer ``messages``; see the class docstring for the middleware order.
+
+        ``cache``: ``None`` uses the configured cache if any, ``False`` bypasses it for this
+        call (no read, no write), ``True`` requires one. Other keyword arguments are sent
+        to the model (``temperature=0``, ``max_tokens=200``, ...). Raises ``ModelError``
+        subclasses, ``TypeError`` / ``ValueError`` for malformed messages or params.
+        """
+        msgs = normalize_messages(messages)
+        reserved = _RESERVED_PARAMS.intersection(params)
+        if reserved:
+            raise ValueError(
+                f"{self.name!r}: params {sorted(reserved)} are set by the client and cannot be "
+                "passed to complete() (streaming is not supported)"
+            )
+        if cache and self.cache is None:
+            raise ValueError(
+                f"complete(cache=True) on {self.name!r}, which has no cache: construct it with "
+                "cache=MemoryCache() / DiskCache(dir) / RedisCache(url)"
+            )
+        store = self.cache if cache is not False else None
+        key = ""
+        if store is not None:
+            key = request_key(self.cache_endpoint, self.name, msgs, params)
+            hit = await self._cache_get(store, key)
+            if hit is not None:
+                self.usage.record_cache_hit()
+                return replace(hit, cached=True)
+        try:
+            completion = await self._complete_with_retries(msgs, params)
+        except Exception:
+            self.usage.record_error()
+            raise
+        self.usage.record_completion(completion, self.pricing)
+        if store is not None:
+            await self._cache_set(store, key, completion)
+        return completion
+
+    async def _complete_with_retries(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> Completion:
+        limiter = self.rate_limiter
+        tokens = self.estimate_tokens(messages, params) if limiter is not None else 0
+        attempt = 0
+        while True:
+            attempt += 1
+            # Whatever is slow to set up happens before the slot, not between the slot and
+            # the send: lateness after the slot eats into the rate limit's margin.
+            await self._prepare()
+            if limiter is not None:
+                await limiter.acquire(tokens)
+            try:
+                completion = await self._complete_once(messages, params)
+            except ModelError as exc:
+                if not exc.retryable:
+                    raise
+                if attempt >= self.retry.max_attempts:
+                    if attempt == 1:
+                        raise
+                    raise ModelRetryError(
+                        f"{self.name!r}: gave up after {attempt} attempts; last error: "
+                        f"{type(exc).__name__}: {exc}",
+                        model=self.name,
+                        attempts=attempt,
+                        last_error=exc,
+                    ) from exc
+                delay = self.retry.backoff_s(attempt, getattr(exc, "retry_after_s", None))
+                logger.info(
+                    "%s: attempt %d failed (%s: %s); retrying in %.2fs",
+                    self.name,
+                    attempt,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                self.usage.record_retry()
+                await anyio.sleep(delay)
+                continue
+            if limiter is not None:
+                try:
+                    await limiter.settle(tokens, completion.total_tokens)
+                except ModelBackendError:
+                    # The slot is used already; losing the paid answer over a budget
+                    # correction would be worse than a slightly off token budget.
+                    logger.warning("%s: token budget correction failed", self.name, exc_info=True)
+            return completion
+
+    async def _cache_get(self, store: Cache, key: str) -> Completion | None:
+        try:
+            return await store.get(key)
+        except ModelBackendError:
+            logger.warning("%s: cache read failed; treating as a miss", self.name, exc_info=True)
+            return None
+
+    async def _cache_set(self, store: Cache, key: str, completion: Completion) -> None:
+        try:
+            await store.set(key, completion)
+        except ModelBackendError:
+            logger.warning("%s: cache write failed; answer not cached", self.name, exc_info=True)
+
+    async def aclose(self) -> None:
+        """Release connections (HTTP, Redis). Shared limiters and caches stay usable."""
+        with anyio.CancelScope(shield=True):
+            if self.rate_limiter is not None:
+                await self.rate_limiter.aclose()
+            if self.cache is not None:
+                await self.cache.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

@@ -1,0 +1,216 @@
+"""Response caches: memory, a directory on disk, or Redis (with a TTL).
+
+A cache maps ``request_key(...)`` (the sha256 of the full request) to a ``Completion``
+stored as JSON; nothing is ever pickled. An entry that cannot be read back (corrupt
+file, foreign value) is a miss and is overwritten by the next answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import anyio.to_thread
+import redis
+
+from asyncgraph.models._exceptions import ModelBackendError
+from asyncgraph.models._keys import CACHE_PREFIX, cache_key
+from asyncgraph.models._redis import RedisHandle
+from asyncgraph.models._types import Completion
+
+__all__ = ["Cache", "DiskCache", "MemoryCache", "RedisCache", "request_key"]
+
+
+def request_key(
+    endpoint: str, model: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+) -> str:
+    """The sha256 hex digest of a request: endpoint, model, messages and params.
+
+    The request is serialized as canonical JSON (sorted keys, no spaces), so dict order
+    does not matter. Raises ``TypeError`` if a param is not JSON-serializable.
+    """
+    payload = {"endpoint": endpoint, "model": model, "messages": messages, "params": params}
+    try:
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError as exc:
+        raise TypeError(
+            f"cannot cache a request whose params are not JSON-serializable ({exc}); "
+            "pass cache=False for this call"
+        ) from exc
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _decode(raw: bytes | str) -> Completion | None:
+    try:
+        data = json.loads(raw)
+        return Completion.from_dict(data) if isinstance(data, dict) else None
+    except ValueError:
+        return None
+
+
+def _encode(completion: Completion) -> bytes:
+    return json.dumps(completion.to_dict(), ensure_ascii=False).encode()
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """A response cache backend.
+
+    ``await get(key)`` returns the stored ``Completion`` or ``None``; ``await set(key,
+    completion)`` stores it; ``await aclose()`` releases connections (the cache stays
+    usable). Backend failures raise ``ModelBackendError``.
+    """
+
+    async def get(self, key: str) -> Completion | None: ...
+
+    async def set(self, key: str, completion: Completion) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryCache:
+    """An in-process cache; with ``max_entries`` it evicts the least recently used entry."""
+
+    def __init__(self, max_entries: int | None = None) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 or None, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Completion] = OrderedDict()
+
+    async def get(self, key: str) -> Completion | None:
+        with self._lock:
+            completion = self._entries.get(key)
+            if completion is not None:
+                self._entries.move_to_end(key)
+            return completion
+
+    async def set(self, key: str, completion: Completion) -> None:
+        with self._lock:
+            self._entries[key] = completion
+            self._entries.move_to_end(key)
+            if self.max_entries is not None:
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class DiskCache:
+    """One JSON file per entry under ``directory`` (``ab/abcdef....json``).
+
+    Writes are atomic (a temporary file in the same directory, fsynced, then
+    ``os.replace``), so concurrent processes sharing the directory never read a
+    half-written entry. File I/O runs in a worker thread. Entries never expire: delete
+    the directory to clear it.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+
+    def path_for(self, key: str) -> Path:
+        if len(key) < 3 or not key.isalnum():
+            raise ValueError(f"cache keys are hex digests, got {key!r}")
+        return self.directory / key[:2] / f"{key}.json"
+
+    async def get(self, key: str) -> Completion | None:
+        path = self.path_for(key)
+
+        def read() -> bytes | None:
+            try:
+                return path.read_bytes()
+            except FileNotFoundError:
+                return None
+
+        try:
+            raw = await anyio.to_thread.run_sync(read)
+        except OSError as exc:
+            raise ModelBackendError(f"cannot read cache entry {str(path)!r}: {exc}") from exc
+        return None if raw is None else _decode(raw)
+
+    async def set(self, key: str, completion: Completion) -> None:
+        path = self.path_for(key)
+        data = _encode(completion)
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+        try:
+            await anyio.to_thread.run_sync(write)
+        except OSError as exc:
+            raise ModelBackendError(f"cannot write cache entry {str(path)!r}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"DiskCache({str(self.directory)!r})"
+
+
+class RedisCache:
+    """Entries in Redis under ``prefix + key``, expiring after ``ttl_s`` (``None`` = never).
+
+    Shared by every process using the same Redis. Each call times out after
+    ``timeout_s`` and raises ``ModelBackendError`` when Redis fails.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        ttl_s: float | None = 7 * 24 * 3600.0,
+        prefix: str = CACHE_PREFIX,
+        timeout_s: float = 5.0,
+    ) -> None:
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0 or None, got {ttl_s!r}")
+        self.ttl_s = ttl_s
+        self.prefix = prefix
+        self._redis = RedisHandle(redis_url, timeout_s=timeout_s, purpose="the response cache")
+
+    async def get(self, key: str) -> Completion | None:
+        name = cache_key(key, self.prefix)
+
+        def run(client: redis.Redis) -> bytes | None:
+            value = client.get(name)
+            return value if isinstance(value, bytes) else None
+
+        raw = await self._redis.call(run)
+        return None if raw is None else _decode(raw)
+
+    async def set(self, key: str, completion: Completion) -> None:
+        name = cache_key(key, self.prefix)
+        data = _encode(completion)
+        px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
+
+        def run(client: redis.Redis) -> None:
+            client.set(name, data, px=px)
+
+        await self._redis.call(run)
+
+    async def aclose(self) -> None:
+        self._redis.close()
+
+    def __repr__(self) -> str:
+        return f"RedisCache(ttl_s={self.ttl_s!r}, prefix={self.prefix!r})"

@@ -1,0 +1,223 @@
+"""``OpenAIChat``: a client of the OpenAI-compatible chat completions HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import httpx
+
+from asyncgraph.models._base import BaseChatModel
+from asyncgraph.models._cache import Cache
+from asyncgraph.models._exceptions import (
+    ModelConnectionError,
+    ModelRateLimitedError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelServerError,
+    ModelStatusError,
+    ModelTimeoutError,
+)
+from asyncgraph.models._ratelimit import RateLimit, RateLimiter
+from asyncgraph.models._retry import Retry, parse_retry_after
+from asyncgraph.models._types import Completion
+from asyncgraph.models._usage import Pricing, UsageMeter
+
+__all__ = ["DEFAULT_BASE_URL", "OpenAIChat"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+_STATUS_HINTS = {
+    400: "check the messages and params",
+    401: "check the API key (api_key= or OPENAI_API_KEY)",
+    403: "check the API key's permissions for this model",
+    404: "check the model name and base_url",
+    422: "check the messages and params",
+}
+
+
+class OpenAIChat(BaseChatModel):
+    """A model behind an OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint.
+
+    Works with OpenAI and with compatible servers (vLLM, Ollama, LiteLLM, llama.cpp, ...),
+    under asyncio and trio (``httpx.AsyncClient``). ``base_url`` defaults to
+    ``OPENAI_BASE_URL`` or ``https://api.openai.com/v1``; ``api_key`` to ``OPENAI_API_KEY``
+    (required for api.openai.com, optional elsewhere). Each attempt must finish within
+    ``timeout_s`` (an overall deadline, covering connect, send and read) and connect within
+    ``connect_timeout_s``. ``default_params`` are sent with every request (e.g.
+    ``{"temperature": 0}``), under the per-call params; ``headers`` are added to each
+    request. Retries, rate limit, cache, pricing and usage: see ``BaseChatModel``.
+
+    Errors: a 4xx other than 429 raises ``ModelRequestError`` with ``status_code`` and the
+    server's ``server_message``; 429 / 5xx / connection errors / timeouts are retried and
+    end in ``ModelRetryError``. Close with ``await model.aclose()`` or ``async with``::
+
+        async with OpenAIChat("gpt-4o-mini", pricing=Pricing(0.15, 0.60)) as model:
+            answer = await model.complete([{"role": "user", "content": "Hi"}], temperature=0)
+            print(answer.text, model.usage.snapshot().cost_usd)
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        retry: Retry | None = None,
+        rate_limit: RateLimit | RateLimiter | None = None,
+        cache: Cache | None = None,
+        pricing: Pricing | None = None,
+        usage: UsageMeter | None = None,
+        headers: Mapping[str, str] | None = None,
+        default_params: Mapping[str, Any] | None = None,
+        max_connections: int = 100,
+    ) -> None:
+        if not model:
+            raise ValueError("OpenAIChat needs a model name, e.g. OpenAIChat('gpt-4o-mini')")
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError(
+                f"timeouts must be > 0, got timeout_s={timeout_s!r}, "
+                f"connect_timeout_s={connect_timeout_s!r}"
+            )
+        super().__init__(
+            model, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
+        )
+        self.model = model
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
+            "/"
+        )
+        self.url = f"{self.base_url}/chat/completions"
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if not key and self.base_url == DEFAULT_BASE_URL:
+            raise ValueError(
+                "no API key for api.openai.com: pass api_key=... or set OPENAI_API_KEY "
+                "(for a local OpenAI-compatible server pass its base_url)"
+            )
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.default_params = dict(default_params or {})
+        self._headers = {"content-type": "application/json", **(headers or {})}
+        if key:
+            self._headers["authorization"] = f"Bearer {key}"
+        self._max_connections = max_connections
+        # Built now: creating an httpx client takes tens of milliseconds (SSL context).
+        self._client: httpx.AsyncClient | None = self._new_client()
+
+    @property
+    def cache_endpoint(self) -> str:
+        return self.base_url
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers=self._headers,
+            timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+            limits=httpx.Limits(max_connections=self._max_connections),
+        )
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = self._new_client()
+        return self._client
+
+    async def _prepare(self) -> None:
+        self._http()
+
+    async def _complete_once(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> Completion:
+        body = {**self.default_params, **params, "model": self.model, "messages": messages}
+        try:
+            with anyio.fail_after(self.timeout_s):
+                response = await self._http().post(self.url, json=body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise ModelTimeoutError(
+                f"{self.model!r}: no answer from {self.url} within timeout_s={self.timeout_s:g} "
+                f"(connect_timeout_s={self.connect_timeout_s:g}); raise timeout_s for long answers",
+                model=self.model,
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ModelConnectionError(
+                f"{self.model!r}: connection to {self.url} failed: "
+                f"{type(exc).__name__}: {exc or 'connection closed'}",
+                model=self.model,
+            ) from exc
+        if response.status_code >= 300:
+            raise self._status_error(response)
+        return self._parse(response)
+
+    def _status_error(self, response: httpx.Response) -> ModelStatusError:
+        status = response.status_code
+        server_message = _server_message(response)
+        retry_after_s = parse_retry_after(response.headers)
+        cls: type[ModelStatusError]
+        if status == 429:
+            cls, what = ModelRateLimitedError, "rate limited by the server"
+        elif status >= 500:
+            cls, what = ModelServerError, "server error"
+        else:
+            cls, what = ModelRequestError, "request rejected (not retried)"
+        hint = _STATUS_HINTS.get(status)
+        message = f"{self.model!r}: HTTP {status} from {self.url}, {what}: {server_message}"
+        if hint:
+            message += f" ({hint})"
+        return cls(
+            message,
+            model=self.model,
+            status_code=status,
+            server_message=server_message,
+            retry_after_s=retry_after_s,
+        )
+
+    def _parse(self, response: httpx.Response) -> Completion:
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            content = choice["message"].get("content")
+            usage = data.get("usage") or {}
+            return Completion(
+                text=content if isinstance(content, str) else "",
+                model=str(data.get("model") or self.model),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+                finish_reason=choice.get("finish_reason"),
+            )
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelResponseError(
+                f"{self.model!r}: HTTP {response.status_code} from {self.url} is not a chat "
+                f"completion ({type(exc).__name__}: {exc}); body starts {response.text[:300]!r}",
+                model=self.model,
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections (a later call opens new ones) and the middleware's."""
+        client, self._client = self._client, None
+        with anyio.CancelScope(shield=True):
+            if client is not None:
+                await client.aclose()
+            await super().aclose()
+
+    def __repr__(self) -> str:
+        return f"OpenAIChat({self.model!r}, base_url={self.base_url!r})"
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The ``error.message`` of an OpenAI-style error body, else the start of the body."""
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+    text = response.text.strip()
+    return text[:500] if text else response.reason_phrase or "(empty body)"

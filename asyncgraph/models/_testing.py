@@ -1,0 +1,336 @@
+"""A real, scriptable HTTP server speaking the OpenAI chat completions protocol.
+
+For tests and benchmarks (not for production): a threaded ``http.server`` on
+127.0.0.1 that answers ``POST /v1/chat/completions``. By default it echoes the last
+message with word-count usage; ``script(Reply(...), ...)`` queues answers such as a 429
+with Retry-After, a 500, a slow answer or a dropped connection; ``requests_per_window``
+makes it enforce a sliding-window rate limit like a provider (429 beyond it). Every
+request is recorded with its arrival time::
+
+    with OpenAITestServer() as server:
+        server.script(Reply(status=500), Reply(text="hello"))
+        model = OpenAIChat("test-model", base_url=server.url, api_key="test")
+        ...
+        assert [r.status for r in server.requests] == [500, 200]
+
+Run ``python -m asyncgraph.models._testing --port 8000`` to serve it by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+__all__ = ["OpenAITestServer", "RecordedRequest", "Reply", "echo_text"]
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer.
+
+    ``status`` 200 answers a chat completion with ``text`` (default: ``echo_text`` of the
+    request); another status answers an OpenAI-style error body whose message is
+    ``error`` (default: a generic one). ``headers`` are added (e.g. ``{"Retry-After":
+    "1"}``); ``body`` replaces the whole body (bytes, for malformed answers). The server
+    waits ``delay_s`` first (cut short when it stops); ``drop=True`` closes the connection
+    without answering.
+    """
+
+    status: int = 200
+    text: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+    body: bytes | None = None
+    delay_s: float = 0.0
+    drop: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """A request the server received: arrival ``time.monotonic()``, path, headers, JSON body,
+    and the status it answered (``0`` for a dropped connection)."""
+
+    arrived_s: float
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int
+
+
+def echo_text(body: Any) -> str:
+    """The default answer: ``"echo: "`` plus the content of the last message."""
+    try:
+        return f"echo: {body['messages'][-1]['content']}"
+    except (KeyError, IndexError, TypeError):
+        return "echo: "
+
+
+def _words(body: Any) -> int:
+    try:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+    except (KeyError, TypeError, AttributeError):
+        return 0
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: OpenAITestServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.server.owner._handle(self)
+
+    def do_GET(self) -> None:
+        self.server.owner._send_json(
+            self, 404, _error_body("not found", "invalid_request_error"), {}
+        )
+
+
+def _error_body(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class OpenAITestServer:
+    """See the module docstring. ``url`` is the ``base_url`` to give ``OpenAIChat``.
+
+    ``requests_per_window`` / ``window_s``: answer 429 (with Retry-After) to a request
+    when ``requests_per_window`` requests were already let through in the last
+    ``window_s`` seconds; the 429s it answers do not count. ``handler(body) -> Reply | None`` decides
+    answers after the scripted queue is empty (``None`` = default echo).
+    """
+
+    def __init__(
+        self,
+        *,
+        requests_per_window: int | None = None,
+        window_s: float = 60.0,
+        handler: Callable[[Any], Reply | None] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.requests_per_window = requests_per_window
+        self.window_s = window_s
+        self.handler = handler
+        self._host, self._port = host, port
+        self._cond = threading.Condition()
+        self._script: collections.deque[Reply] = collections.deque()
+        self._requests: list[RecordedRequest] = []
+        self._accepted: collections.deque[float] = collections.deque()
+        self._stopping = threading.Event()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> OpenAITestServer:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        httpd = _Server((self._host, self._port), _Handler)
+        httpd.owner = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> OpenAITestServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("OpenAITestServer is not running: call start() or use `with`")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}/v1"
+
+    # -- scripting and records ---------------------------------------------------------
+
+    def script(self, *replies: Reply) -> None:
+        """Queue answers for the next requests, in order."""
+        with self._cond:
+            self._script.extend(replies)
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, in order of arrival."""
+        with self._cond:
+            return sorted(self._requests, key=lambda r: r.arrived_s)
+
+    def statuses(self) -> list[int]:
+        return [r.status for r in self.requests]
+
+    def wait_for_requests(self, count: int, timeout_s: float = 10.0) -> bool:
+        """Block until ``count`` requests were received; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._requests) >= count, timeout_s)
+
+    def max_in_window(self, window_s: float | None = None) -> int:
+        """The most accepted (200) requests that arrived within any ``window_s`` span."""
+        span = self.window_s if window_s is None else window_s
+        times = sorted(r.arrived_s for r in self.requests if r.status == 200)
+        best, lo = 0, 0
+        for hi, t in enumerate(times):
+            while times[lo] <= t - span:
+                lo += 1
+            best = max(best, hi - lo + 1)
+        return best
+
+    # -- serving -----------------------------------------------------------------------
+
+    def _handle(self, req: _Handler) -> None:
+        length = int(req.headers.get("content-length") or 0)
+        raw = req.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        reply, arrived = self._decide(req.path, body)
+        # Recorded before answering: once the client has its answer, the record exists.
+        status = 0 if reply.drop else reply.status
+        self._record(RecordedRequest(arrived, req.path, headers, body, status))
+        if reply.delay_s > 0:
+            self._stopping.wait(reply.delay_s)
+        if reply.drop:
+            req.close_connection = True
+            return
+        if reply.body is not None:
+            self._send(req, reply.status, reply.body, reply.headers)
+        elif reply.status == 200:
+            text = reply.text if reply.text is not None else echo_text(body)
+            model = body.get("model", "test-model") if isinstance(body, dict) else "test-model"
+            prompt, completion = _words(body), len(text.split())
+            payload = {
+                "id": f"chatcmpl-test-{len(self._requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            }
+            self._send_json(req, 200, payload, reply.headers)
+        else:
+            message = reply.error or f"test server answered HTTP {reply.status}"
+            kind = "rate_limit_exceeded" if reply.status == 429 else "invalid_request_error"
+            self._send_json(req, reply.status, _error_body(message, kind), reply.headers)
+
+    def _decide(self, path: str, body: Any) -> tuple[Reply, float]:
+        """The answer to a request, and its arrival time (taken under the lock, so the
+        sliding window sees arrivals in order)."""
+        if path.rstrip("/") != CHAT_PATH:
+            missing = Reply(status=404, error=f"unknown path {path!r}; use POST {CHAT_PATH}")
+            return missing, time.monotonic()
+        with self._cond:
+            arrived = time.monotonic()
+            if self.requests_per_window is not None:
+                while self._accepted and self._accepted[0] <= arrived - self.window_s:
+                    self._accepted.popleft()
+                if len(self._accepted) >= self.requests_per_window:
+                    wait = self._accepted[0] + self.window_s - arrived
+                    limited = Reply(
+                        status=429,
+                        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                        error=(
+                            f"Rate limit reached: {self.requests_per_window} requests per "
+                            f"{self.window_s:g}s"
+                        ),
+                    )
+                    return limited, arrived
+                self._accepted.append(arrived)
+            scripted = self._script.popleft() if self._script else None
+        if scripted is None and self.handler is not None:
+            scripted = self.handler(body)
+        return scripted or Reply(), arrived
+
+    def _record(self, record: RecordedRequest) -> None:
+        with self._cond:
+            self._requests.append(record)
+            self._cond.notify_all()
+
+    def _send_json(
+        self, req: _Handler, status: int, payload: Any, headers: Mapping[str, str]
+    ) -> None:
+        self._send(req, status, json.dumps(payload).encode(), headers)
+
+    def _send(self, req: _Handler, status: int, data: bytes, headers: Mapping[str, str]) -> None:
+        try:
+            req.send_response(status)
+            req.send_header("Content-Type", "application/json")
+            req.send_header("Content-Length", str(len(data)))
+            for name, value in headers.items():
+                req.send_header(name, value)
+            req.end_headers()
+            req.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            req.close_connection = True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--requests-per-window", type=int, default=None)
+    parser.add_argument("--window-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    with OpenAITestServer(
+        port=args.port, requests_per_window=args.requests_per_window, window_s=args.window_s
+    ) as server:
+        print(f"serving the OpenAI chat protocol at {server.url} (Ctrl-C stops)", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""OpenAIChat against a real local HTTP server speaking the chat completions protocol."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from asyncgraph._redis_server import free_port
+from asyncgraph.models import (
+    ModelConnectionError,
+    ModelRateLimitedError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelRetryError,
+    ModelServerError,
+    ModelTimeoutError,
+    OpenAIChat,
+    Retry,
+)
+from asyncgraph.models._testing import OpenAITestServer, Reply
+
+pytestmark = pytest.mark.anyio
+
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+def model_for(server: OpenAITestServer, **options: object) -> OpenAIChat:
+    return OpenAIChat("test-model", base_url=server.url, api_key="sk-test", **options)  # type: ignore[arg-type]
+
+
+async def test_completion_returns_text_usage_and_model(server: OpenAITestServer) -> None:
+    async with model_for(server, default_params={"temperature": 0}) as model:
+        answer = await model.complete(
+            [{"role": "system", "content": "be brief"}, *HELLO], max_tokens=5
+        )
+    assert answer.text == "echo: hello there"
+    assert (answer.prompt_tokens, answer.completion_tokens) == (4, 3)
+    assert answer.model == "test-model"
+    assert answer.finish_reason == "stop" and not answer.cached
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-test"
+    assert request.body == {
+        "model": "test-model",
+        "messages": [{"role": "system", "content": "be brief"}, *HELLO],
+        "temperature": 0,
+        "max_tokens": 5,
+    }
+
+
+async def test_429_waits_for_retry_after_then_succeeds(server: OpenAITestServer) -> None:
+    server.script(Reply(status=429, headers={"Retry-After": "1"}))
+    async with model_for(server, retry=Retry(backoff_base_s=0.001)) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    first, second = server.requests
+    assert (first.status, second.status) == (429, 200)
+    # The backoff alone would be ~1 ms; the second attempt waited for Retry-After.
+    assert second.arrived_s - first.arrived_s >= 0.99
+    assert model.usage.snapshot().retries == 1
+
+
+async def test_retry_after_is_capped_by_retry_after_max_s(server: OpenAITestServer) -> None:
+    server.script(Reply(status=429, headers={"Retry-After": "3600"}))
+    retry = Retry(retry_after_max_s=0.01)
+    async with model_for(server, retry=retry) as model:
+        with anyio.fail_after(10):
+            answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    assert server.statuses() == [429, 200]
+
+
+async def test_500_then_success_is_retried(server: OpenAITestServer, fast_retry: Retry) -> None:
+    server.script(Reply(status=500), Reply(status=503))
+    async with model_for(server, retry=fast_retry) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    assert server.statuses() == [500, 503, 200]
+    usage = model.usage.snapshot()
+    assert (usage.requests, usage.retries, usage.errors) == (1, 2, 0)
+
+
+async def test_400_raises_request_error_with_status_and_server_message(
+    server: OpenAITestServer, fast_retry: Retry
+) -> None:
+    server.script(Reply(status=400, error="Invalid value for 'temperature': must be <= 2"))
+    async with model_for(server, retry=fast_retry) as model:
+        with pytest.raises(ModelRequestError) as info:
+            await model.complete(HELLO, temperature=7)
+    err = info.value
+    assert err.status_code == 400
+    assert err.server_message == "Invalid value for 'temperature': must be <= 2"
+    assert "HTTP 400" in str(err) and "must be <= 2" in str(err) and "test-model" in str(err)
+    assert server.statuses() == [400]  # not retried
+    assert model.usage.snapshot().errors == 1
+
+
+async def test_404_error_hints_at_model_name(server: OpenAITestServer) -> None:
+    server.script(Reply(status=404, error="The model `nope` does not exist"))
+    async with model_for(server) as model:
+        with pytest.raises(ModelRequestError, match="check the model name") as info:
+            await model.complete(HELLO)
+    assert info.value.status_code == 404
+
+
+async def test_persistent_5xx_ends_in_retry_error_chaining_the_last(
+    server: OpenAITestServer, fast_retry: Retry
+) -> None:
+    server.script(*[Reply(status=502, error="bad gateway")] * 3)
+    async with model_for(server, retry=fast_retry) as model:
+        with pytest.raises(ModelRetryError, match="gave up after 3 attempts") as info:
+            await model.complete(HELLO)
+    assert info.value.attempts == 3
+    assert isinstance(info.value.__cause__, ModelServerError)
+    assert info.value.last_error.status_code == 502  # type: ignore[attr-defined]
+    assert server.statuses() == [502, 502, 502]
+
+
+async def test_single_attempt_raises_the_error_itself(server: OpenAITestServer) -> None:
+    server.script(Reply(status=429, error="slow down"))
+    async with model_for(server, retry=Retry(max_attempts=1)) as model:
+        with pytest.raises(ModelRateLimitedError, match="slow down"):
+            await model.complete(HELLO)
+
+
+async def test_connection_refused_is_retried_then_clear_error(fast_retry: Retry) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    async with OpenAIChat("m", base_url=url, api_key="k", retry=fast_retry) as model:
+        with pytest.raises(ModelRetryError) as info:
+            await model.complete(HELLO)
+    assert info.value.attempts == 3
+    assert isinstance(info.value.last_error, ModelConnectionError)
+    assert url in str(info.value)
+    assert model.usage.snapshot().retries == 2
+
+
+async def test_dropped_connection_is_retried(server: OpenAITestServer, fast_retry: Retry) -> None:
+    server.script(Reply(drop=True))
+    async with model_for(server, retry=fast_retry) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    assert server.statuses() == [0, 200]
+
+
+async def test_timeout_deadline_raises_timeout_error(server: OpenAITestServer) -> None:
+    server.script(Reply(delay_s=30))
+    async with model_for(server, timeout_s=0.2, retry=Retry(max_attempts=1)) as model:
+        started = time.monotonic()
+        with pytest.raises(ModelTimeoutError, match=r"timeout_s=0\.2"):
+            await model.complete(HELLO)
+    assert time.monotonic() - started < 10
+
+
+async def test_timeouts_are_retried(server: OpenAITestServer, fast_retry: Retry) -> None:
+    server.script(Reply(delay_s=30))
+    async with model_for(server, timeout_s=0.2, retry=fast_retry) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    assert model.usage.snapshot().retries == 1
+
+
+async def test_malformed_body_raises_response_error(server: OpenAITestServer) -> None:
+    server.script(Reply(body=b'{"choices": []}'))
+    async with model_for(server) as model:
+        with pytest.raises(ModelResponseError, match="not a chat completion"):
+            await model.complete(HELLO)
+    assert server.statuses() == [200]
+
+
+async def test_model_is_reusable_after_aclose(server: OpenAITestServer) -> None:
+    model = model_for(server)
+    await model.complete(HELLO)
+    await model.aclose()
+    await model.complete(HELLO)  # opens new connections
+    await model.aclose()
+    assert server.statuses() == [200, 200]
+
+
+async def test_cancelled_call_propagates_cancellation(server: OpenAITestServer) -> None:
+    server.script(Reply(delay_s=30))
+    async with model_for(server) as model:
+        with anyio.move_on_after(0.1) as scope:
+            await model.complete(HELLO)
+    assert scope.cancelled_caught
+    assert model.usage.snapshot().errors == 0
+
+
+def test_api_key_comes_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    model = OpenAIChat("gpt-4o-mini")
+    assert model.base_url == "https://api.openai.com/v1"
+    assert model._headers["authorization"] == "Bearer sk-env"
+
+
+def test_missing_api_key_for_openai_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        OpenAIChat("gpt-4o-mini")
+
+
+async def test_reserved_params_are_rejected(server: OpenAITestServer) -> None:
+    async with model_for(server) as model:
+        with pytest.raises(ValueError, match="stream"):
+            await model.complete(HELLO, stream=True)
+        with pytest.raises(TypeError, match=r"messages\[0\]"):
+            await model.complete(["hello"])  # type: ignore[list-item]
+    assert server.requests == []
