@@ -1,0 +1,32 @@
+"""Optimizers: update parameters from their gradients.
+
+- :class:`TGD`: textual gradient descent; one model call per text parameter,
+  all parameters at once, with constraints, feedback memory (``momentum``)
+  and a guard that condenses feedback beyond ``max_feedback_tokens``.
+- :class:`SGD`: gradient descent for numeric parameters.
+- :class:`Optimizer`: the base class (parameter groups, ``zero_grad()``,
+  ``await step()``, JSON-ready ``state_dict()`` / ``load_state_dict()``).
+
+Example::
+
+    tgd = TGD([prompt], model="simulated", constraints=["At most two sentences."])
+    for batch in batches:
+        loss = await run(batch)
+        await loss.backward()
+        await tgd.step()
+        tgd.zero_grad()
+"""
+
+from asyncgraph.optim._exceptions import OptimizerError, UpdateParseError
+from asyncgraph.optim._optimizer import Optimizer
+from asyncgraph.optim._sgd import SGD
+from asyncgraph.optim._tgd import TGD, parse_tagged
+
+__all__ = [
+    "Optimizer",
+    "OptimizerError",
+    "SGD",
+    "TGD",
+    "UpdateParseError",
+    "parse_tagged",
+]

@@ -1,0 +1,111 @@
+"""Every prompt TGD sends, in one place (TextGrad's tag conventions)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "retry_message",
+    "summary_messages",
+    "update_messages",
+    "update_system_prompt",
+]
+
+
+def update_system_prompt(open_tag: str, close_tag: str) -> str:
+    return (
+        "You are part of an optimization system that improves text (the variable) using "
+        "feedback, like a gradient step. You are given the variable's role, its current value "
+        "and feedback on it, and possibly earlier versions with the feedback they got and "
+        "constraints the variable must satisfy. Rewrite the variable so that it addresses the "
+        "feedback while keeping what already works; make the changes the feedback calls for, "
+        "not unrelated ones. The text you put between the tags replaces the variable verbatim, "
+        f"so send the complete improved variable between {open_tag} and {close_tag} and put "
+        "nothing else between them."
+    )
+
+
+def update_messages(
+    *,
+    role: str,
+    value: str,
+    feedback: str,
+    history: Sequence[dict[str, Any]],
+    constraints: Sequence[str],
+    open_tag: str,
+    close_tag: str,
+    system_prompt: str | None,
+) -> list[dict[str, Any]]:
+    """The request for one parameter's improved value."""
+    parts = [
+        f"Here is the role of the variable you will improve: <ROLE>{role}</ROLE>.",
+        f"The variable is the text between these tags:\n<VARIABLE>{value}</VARIABLE>",
+        f"Here is the feedback on the variable:\n<FEEDBACK>\n{feedback}\n</FEEDBACK>",
+    ]
+    if history:
+        iterations = "\n".join(
+            f'<ITERATION index="{i}">\n<PAST_VALUE>{item.get("value", "")}</PAST_VALUE>\n'
+            f"<PAST_FEEDBACK>\n{item.get('feedback', '')}\n</PAST_FEEDBACK>\n</ITERATION>"
+            for i, item in enumerate(history, 1)
+        )
+        parts.append(
+            "Here are earlier versions of the variable and the feedback each one got, oldest "
+            "first. Keep improving in a consistent direction and do not bring back problems "
+            f"that were fixed:\n<PAST_ITERATIONS>\n{iterations}\n</PAST_ITERATIONS>"
+        )
+    if constraints:
+        listed = "\n".join(f"- {c}" for c in constraints)
+        parts.append(
+            f"The improved variable must satisfy these constraints:\n<CONSTRAINTS>\n{listed}\n"
+            f"</CONSTRAINTS>"
+        )
+    parts.append(
+        f"Improve the variable ({role}) using the feedback. Send the complete improved "
+        f"variable between {open_tag} and {close_tag}."
+    )
+    return [
+        {"role": "system", "content": system_prompt or update_system_prompt(open_tag, close_tag)},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+def retry_message(role: str, open_tag: str, close_tag: str, empty: bool) -> dict[str, Any]:
+    problem = (
+        f"the text between {open_tag} and {close_tag} was empty"
+        if empty
+        else f"it did not contain the improved variable between {open_tag} and {close_tag}"
+    )
+    return {
+        "role": "user",
+        "content": (
+            f"Your reply could not be used: {problem}. Reply again with the complete improved "
+            f"variable ({role}) between {open_tag} and {close_tag}."
+        ),
+    }
+
+
+def summary_messages(*, role: str, feedback: str, entries: int, max_tokens: int) -> list[dict[str, Any]]:
+    """The request that condenses over-long feedback before an update."""
+    words = max(1, max_tokens * 3 // 4)
+    sources = f"{entries} sources" if entries > 1 else "one source"
+    return [
+        {
+            "role": "system",
+            "content": (
+                "You condense feedback for an optimization system. Keep every distinct, "
+                "actionable point; merge points that repeat; keep points that conflict and "
+                "say that they conflict; drop everything else. Reply with the condensed "
+                "feedback only."
+            ),
+        },
+        {
+            "role": "user",
+            "content": (
+                f"Below is feedback from {sources} on a variable with the role "
+                f"<ROLE>{role}</ROLE>. It is too long to use as is. Condense it into at most "
+                f"about {words} words ({max_tokens} tokens).\n<FEEDBACK>\n{feedback}\n"
+                f"</FEEDBACK>"
+            ),
+        },
+    ]

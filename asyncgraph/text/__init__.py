@@ -1,0 +1,73 @@
+"""Textual gradients: Functions whose forward calls a language model and whose
+backward asks it for feedback.
+
+- :class:`LLMCall`, :class:`FormattedLLMCall`: call a model (system prompt plus
+  inputs, or a template with named fields); backward asks the model how each
+  input should change, all inputs' requests at once. ``dispatch = "remote"``.
+- :class:`Concat`: join texts; backward hands the feedback on unchanged, no
+  model call. ``dispatch = "local"``.
+- :class:`TextLoss`: an LLM judge whose evaluation is the loss.
+- :class:`ExactMatch`, :class:`Metric`: non-differentiable metrics.
+- :func:`render_feedback`: a gradient (feedback from every path, in graph
+  order) as one text; :func:`feedback_entries`, :func:`approx_tokens`.
+- :func:`register_model`, :func:`resolve_model`: how a model spec stored in a
+  ctx (``"simulated"``, ``"openai:gpt-4o-mini"``, a registered name) becomes a
+  model in this process, on a worker too.
+
+Example::
+
+    from asyncgraph import Parameter, Variable
+    from asyncgraph.text import TextLoss, llm_call, render_feedback
+
+    prompt = Parameter("Answer the question.", role="system prompt")
+    answer = await llm_call(prompt, Variable("6 * 7?", role="question"), model="simulated")
+    loss = await TextLoss("Evaluate the answer; be critical.", model="simulated")(answer)
+    await loss.backward()
+    print(render_feedback(prompt.grad))
+"""
+
+from asyncgraph.text._exceptions import UnknownModelError
+from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
+from asyncgraph.text._functions import (
+    REMOTE_FUNCTIONS,
+    Concat,
+    ExactMatch,
+    FormattedLLMCall,
+    LLMCall,
+    Metric,
+    concat,
+    exact_match,
+    formatted_llm_call,
+    llm_call,
+)
+from asyncgraph.text._loss import TextLoss
+from asyncgraph.text._registry import (
+    ModelLike,
+    ModelRef,
+    register_model,
+    resolve_model,
+    unregister_model,
+)
+
+__all__ = [
+    "Concat",
+    "ExactMatch",
+    "FormattedLLMCall",
+    "LLMCall",
+    "Metric",
+    "ModelLike",
+    "ModelRef",
+    "REMOTE_FUNCTIONS",
+    "TextLoss",
+    "UnknownModelError",
+    "approx_tokens",
+    "concat",
+    "exact_match",
+    "feedback_entries",
+    "formatted_llm_call",
+    "llm_call",
+    "register_model",
+    "render_feedback",
+    "resolve_model",
+    "unregister_model",
+]

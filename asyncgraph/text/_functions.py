@@ -1,0 +1,506 @@
+"""Text Functions: LLM calls, formatted LLM calls, concatenation and metrics.
+
+Every Function here keeps only msgpack-friendly data in its ctx (strings,
+numbers, lists, dicts, a model *reference*; no saved Variables, no model
+objects), so a distributed executor can rebuild the ctx on a worker and run the
+backward there. ``dispatch`` says where: the LLM calls default to ``"remote"``
+(their backward calls a model), the cheap ones to ``"local"``. Change it per
+class with a subclass::
+
+    class LocalLLMCall(LLMCall):
+        dispatch = "local"          # feedback requests always run in this process
+
+A subclass gets its own ``remote_name`` (``module:QualName``) unless it sets one,
+so a worker never confuses it with its base class. The public classes present
+themselves as ``asyncgraph.text.X`` (``__module__``), so a worker serves them
+with ``asyncgraph worker --import asyncgraph.text``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import string
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+from asyncgraph._function import Function
+from asyncgraph._variable import Variable
+from asyncgraph.text._concurrency import run_all
+from asyncgraph.text._feedback import render_feedback
+from asyncgraph.text._prompts import describe, llm_feedback_messages
+from asyncgraph.text._registry import ModelLike, ModelRef, model_ref, resolve_ref
+
+__all__ = [
+    "Concat",
+    "ExactMatch",
+    "FormattedLLMCall",
+    "LLMCall",
+    "Metric",
+    "REMOTE_FUNCTIONS",
+    "concat",
+    "exact_match",
+    "formatted_llm_call",
+    "llm_call",
+]
+
+_OUTPUT_ROLE = "response from the language model"
+_LLM_OPTIONS = frozenset({"model", "base_url", "params", "feedback_model", "feedback_params", "role"})
+
+
+class _TextFunction(Function):
+    """Gives every subclass its own ``remote_name`` unless it declares one."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "remote_name" not in cls.__dict__:
+            cls.remote_name = f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _text(value: Any) -> str:
+    data = value.data if isinstance(value, Variable) else value
+    return data if isinstance(data, str) else str(data)
+
+
+def _params(value: Any, name: str, function: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"{function}: {name} must be a dict of model parameters, got {value!r:.80}")
+    return dict(value)
+
+
+def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate an LLM call's keyword options; store what backward needs as plain data."""
+    unknown = sorted(set(options) - _LLM_OPTIONS)
+    if unknown:
+        raise TypeError(f"{function} got unexpected keyword argument(s) {unknown!r}")
+    for name, value in options.items():
+        if isinstance(value, Variable):
+            raise TypeError(
+                f"{function}: option {name}= must be plain data, got a Variable ({value!r}); "
+                f"pass its .data, or pass the Variable as an input"
+            )
+    if "model" not in options:
+        raise TypeError(
+            f"{function} needs model=: a spec such as 'openai:gpt-4o-mini' or 'simulated', a "
+            f"name given to asyncgraph.text.register_model, or a ChatModel instance"
+        )
+    base_url = options.get("base_url")
+    if base_url is not None and not isinstance(base_url, str):
+        raise TypeError(f"{function}: base_url must be a str, got {base_url!r}")
+    role = options.get("role", _OUTPUT_ROLE)
+    if not isinstance(role, str):
+        raise TypeError(f"{function}: role must be a str, got {role!r}")
+    feedback_model = options.get("feedback_model")
+    params = _params(options.get("params"), "params", function)
+    feedback_params = options.get("feedback_params")
+    return {
+        "model": model_ref(options["model"], base_url),
+        "feedback_model": None
+        if feedback_model is None
+        else model_ref(feedback_model, None, what="feedback_model"),
+        "params": params,
+        "feedback_params": params
+        if feedback_params is None
+        else _params(feedback_params, "feedback_params", function),
+        "role": role,
+    }
+
+
+async def _complete(ref: ModelRef, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
+    completion = await resolve_ref(ref).complete(messages, **params)
+    return completion.text
+
+
+def _slot(index: int, var: Variable, fallback: str) -> dict[str, Any]:
+    return {"index": index, "role": describe(var.role, fallback), "value": _text(var)}
+
+
+async def _llm_forward(
+    ctx: Any,
+    options: dict[str, Any],
+    system_prompt: str | None,
+    user_prompt: str,
+    slots: list[dict[str, Any]],
+) -> Variable:
+    messages: list[dict[str, Any]] = []
+    if system_prompt is not None:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": user_prompt})
+    output = await _complete(options["model"], messages, options["params"])
+    ctx.model = options["model"]
+    ctx.feedback_model = options["feedback_model"]
+    ctx.feedback_params = options["feedback_params"]
+    ctx.system_prompt = system_prompt
+    ctx.user_prompt = user_prompt
+    ctx.output = output
+    ctx.output_role = describe(options["role"], _OUTPUT_ROLE)
+    ctx.slots = slots
+    return Variable(output, role=options["role"])
+
+
+async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+    """One feedback request per input that needs a gradient, all sent at once."""
+    needs = list(ctx.needs_input_grad)
+    grads: list[Variable | None] = [None] * len(needs)
+    if grad_output is None:
+        return tuple(grads)
+    feedback = render_feedback(grad_output)
+    ref: ModelRef = ctx.feedback_model or ctx.model
+    params: dict[str, Any] = dict(ctx.feedback_params)
+
+    async def ask(slot: dict[str, Any]) -> None:
+        messages = llm_feedback_messages(
+            system_prompt=ctx.system_prompt,
+            user_prompt=ctx.user_prompt,
+            output=ctx.output,
+            output_role=ctx.output_role,
+            variable=slot["value"],
+            variable_role=slot["role"],
+            feedback=feedback,
+        )
+        text = await _complete(ref, messages, params)
+        grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")
+
+    await run_all([functools.partial(ask, slot) for slot in ctx.slots if needs[slot["index"]]])
+    return tuple(grads)
+
+
+class LLMCall(_TextFunction):
+    """Call a language model: ``await LLMCall.apply(system_prompt, *inputs, model=...)``.
+
+    Forward sends ``system_prompt`` (a Variable, a str, or None for none) as the
+    system message and the inputs (Variables or str, joined by blank lines) as
+    the user message, and returns the reply as a Variable with ``role`` (default
+    ``"response from the language model"``).
+
+    Backward asks the model, for each Variable input that needs a gradient (the
+    system prompt included), how that input should change given the feedback on
+    the reply; all of these requests are sent concurrently. The prompts name
+    variables by their roles. An empty output gradient (``""``, the implicit
+    gradient of a text loss) means the reply itself is the objective.
+
+    Options (keyword only): ``model`` (required: a spec such as ``"simulated"``
+    or ``"openai:gpt-4o-mini"``, a registered name, or a ChatModel instance; see
+    ``resolve_model``), ``base_url`` (with a spec), ``params`` (model parameters,
+    e.g. ``{"temperature": 0}``), ``feedback_model`` / ``feedback_params`` (for
+    the backward's requests; default: the same; a ``feedback_model`` spec
+    resolves without ``base_url``: register a name for another server),
+    ``role``.
+
+    ``dispatch = "remote"``: a distributed executor may run the backward on a
+    worker, which resolves the model spec with its own ``resolve_model``.
+    Model errors propagate (``asyncgraph.models.ModelError``).
+
+    Example::
+
+        prompt = Parameter("Answer concisely.", role="system prompt")
+        question = Variable("What is 6 * 7?", role="question")
+        answer = await LLMCall.apply(prompt, question, model="openai:gpt-4o-mini")
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.LLMCall"
+
+    @staticmethod
+    async def forward(ctx: Any, *args: Any, **options: Any) -> Variable:
+        if not args:
+            raise TypeError("LLMCall.apply(system_prompt, *inputs, model=...) needs a system_prompt "
+                            "(a Variable, a str, or None)")
+        opts = _llm_options("LLMCall", options)
+        system, inputs = args[0], args[1:]
+        if not inputs:
+            raise TypeError("LLMCall.apply(system_prompt, *inputs, model=...) needs at least one input")
+        slots: list[dict[str, Any]] = []
+        if isinstance(system, Variable):
+            slots.append(_slot(0, system, "system prompt"))
+        for i, item in enumerate(inputs, 1):
+            if isinstance(item, Variable):
+                slots.append(_slot(i, item, "input to the language model"))
+        system_text = None if system is None else _text(system)
+        user_prompt = "\n\n".join(_text(item) for item in inputs)
+        return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
+
+    @staticmethod
+    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        return await _llm_backward(ctx, grad_output)
+
+
+class FormattedLLMCall(_TextFunction):
+    """An LLM call whose user message is a template with named fields.
+
+    ``await FormattedLLMCall.apply(template, system_prompt=None, *, model=..., **fields)``
+    fills ``template`` (``str.format`` syntax, plain field names) with the
+    fields' text and calls the model like :class:`LLMCall`. Each field is a
+    Variable (differentiable: backward asks for feedback on it, naming it by its
+    role or else by its field name) or a str. Options as in :class:`LLMCall`;
+    a field cannot be called ``model``, ``base_url``, ``params``,
+    ``feedback_model``, ``feedback_params``, ``role`` or ``system_prompt``.
+    Raises ``ValueError`` when the fields given differ from the template's.
+
+    Example::
+
+        draft = await FormattedLLMCall.apply(
+            "Question: {question}\\nNotes: {notes}",
+            instructions,
+            model="simulated",
+            question=question,
+            notes=notes,
+        )
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.FormattedLLMCall"
+
+    @staticmethod
+    async def forward(ctx: Any, *args: Any, **kwargs: Any) -> Variable:
+        if not 1 <= len(args) <= 2:
+            raise TypeError(
+                "FormattedLLMCall.apply(template, system_prompt=None, *, model=..., **fields) "
+                f"takes 1 or 2 positional arguments, got {len(args)}"
+            )
+        template = args[0]
+        if not isinstance(template, str):
+            raise TypeError(f"FormattedLLMCall: template must be a str, got {template!r:.80}")
+        base = len(args)
+        positions = {name: base + i for i, name in enumerate(kwargs)}
+        if len(args) == 2 and "system_prompt" in kwargs:
+            raise TypeError("FormattedLLMCall got system_prompt twice (positional and keyword)")
+        system = args[1] if len(args) == 2 else kwargs.get("system_prompt")
+        opts = _llm_options(
+            "FormattedLLMCall", {k: v for k, v in kwargs.items() if k in _LLM_OPTIONS}
+        )
+        fields = {k: v for k, v in kwargs.items() if k not in _LLM_OPTIONS and k != "system_prompt"}
+        wanted = _template_fields(template)
+        if set(fields) != wanted:
+            raise ValueError(
+                f"FormattedLLMCall: the template's fields are {sorted(wanted)!r} but the fields "
+                f"given are {sorted(fields)!r}; missing: {sorted(wanted - set(fields))!r}, "
+                f"unused: {sorted(set(fields) - wanted)!r}"
+            )
+        slots: list[dict[str, Any]] = []
+        if isinstance(system, Variable):
+            index = 1 if len(args) == 2 else positions["system_prompt"]
+            slots.append(_slot(index, system, "system prompt"))
+        for name, value in fields.items():
+            if isinstance(value, Variable):
+                slots.append(_slot(positions[name], value, f"'{name}' field of the prompt"))
+        user_prompt = template.format(**{name: _text(value) for name, value in fields.items()})
+        system_text = None if system is None else _text(system)
+        ctx.template = template
+        return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
+
+    @staticmethod
+    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        return await _llm_backward(ctx, grad_output)
+
+
+def _template_fields(template: str) -> set[str]:
+    names: set[str] = set()
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"FormattedLLMCall: bad template {template!r:.80}: {exc}") from exc
+    for _, field, _, _ in parsed:
+        if field is None:
+            continue
+        if not field.isidentifier():
+            raise ValueError(
+                f"FormattedLLMCall: template field {{{field}}} must be a plain name "
+                f"(no positional fields, attributes or indexing); double the braces for a "
+                f"literal brace: '{{{{' and '}}}}'"
+            )
+        names.add(field)
+    return names
+
+
+class Concat(_TextFunction):
+    """Join texts: ``Concat.apply(*texts, separator="\\n\\n", role=None)``.
+
+    Inputs are Variables or str; the output's role defaults to
+    ``"concatenation of <roles>"``. Backward makes no model call: the feedback
+    on the concatenation goes unchanged to each Variable input that needs it,
+    once per distinct Variable (a Variable passed twice gets it once). Use it to
+    aggregate a batch of losses into one: ``await concat(*losses).backward()``.
+    ``dispatch = "local"``: cheap, runs inline.
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "local"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.Concat"
+
+    @staticmethod
+    def forward(
+        ctx: Any, *texts: Any, separator: str = "\n\n", role: str | None = None
+    ) -> Variable:
+        if not texts:
+            raise TypeError("Concat.apply(*texts) needs at least one text")
+        if not isinstance(separator, str):
+            raise TypeError(f"Concat: separator must be a str, got {separator!r}")
+        seen: set[int] = set()
+        first_use: list[bool] = []
+        for item in texts:
+            first = isinstance(item, Variable) and id(item) not in seen
+            if isinstance(item, Variable):
+                seen.add(id(item))
+            first_use.append(first)
+        ctx.first_use = first_use
+        if role is None:
+            roles = [item.role for item in texts if isinstance(item, Variable) and item.role]
+            role = f"concatenation of {', '.join(roles)}" if roles else "concatenation of texts"
+        return Variable(separator.join(_text(item) for item in texts), role=role)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        needs = list(ctx.needs_input_grad)
+        first_use = list(ctx.first_use)
+        grads: list[Variable | None] = [None] * len(needs)
+        if grad_output is None:
+            return tuple(grads)
+        for i, first in enumerate(first_use):
+            if first and needs[i]:
+                grads[i] = Variable(copy.copy(grad_output.data), role=grad_output.role)
+        return tuple(grads)
+
+
+class ExactMatch(_TextFunction):
+    """A non-differentiable metric: 1.0 if ``prediction`` equals ``target``, else 0.0.
+
+    ``ExactMatch.apply(prediction, target, ignore_case=False)`` compares the
+    texts with surrounding whitespace stripped (and case folded with
+    ``ignore_case=True``). The output does not require grad: combine it with an
+    LLM judge (:class:`TextLoss`) for feedback.
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "local"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.ExactMatch"
+
+    @staticmethod
+    def forward(ctx: Any, prediction: Any, target: Any, *, ignore_case: bool = False) -> Variable:
+        a, b = _text(prediction).strip(), _text(target).strip()
+        if ignore_case:
+            a, b = a.casefold(), b.casefold()
+        role = prediction.role if isinstance(prediction, Variable) and prediction.role else "prediction"
+        out = Variable(1.0 if a == b else 0.0, role=f"exact match of {role}")
+        ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Variable | None) -> tuple[None, ...]:
+        return (None,) * len(ctx.needs_input_grad)
+
+
+class Metric(_TextFunction):
+    """A non-differentiable metric computed by a user function.
+
+    ``await Metric.apply(fn, *inputs, role="metric")`` returns
+    ``Variable(fn(*datas), role=role)``, where ``datas`` are the inputs' data
+    (Variables are unwrapped, other values passed as is). ``fn`` may be sync or
+    ``async def``; its result must be valid Variable data (a number, a str, ...).
+    The output does not require grad.
+
+    Example::
+
+        score = await Metric.apply(lambda p, t: float(t in p), answer, target, role="contains")
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "local"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.Metric"
+
+    @staticmethod
+    async def forward(ctx: Any, fn: Callable[..., Any], *inputs: Any, role: str = "metric") -> Variable:
+        if not callable(fn):
+            raise TypeError(f"Metric.apply(fn, *inputs): fn must be callable, got {fn!r:.80}")
+        result = fn(*(item.data if isinstance(item, Variable) else item for item in inputs))
+        if inspect.isawaitable(result):
+            result = await result
+        out = Variable(result, role=role)
+        ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Variable | None) -> tuple[None, ...]:
+        return (None,) * len(ctx.needs_input_grad)
+
+
+for _cls in (LLMCall, FormattedLLMCall, Concat, ExactMatch, Metric):
+    _cls.__module__ = "asyncgraph.text"  # the public home: what worker registries match
+
+REMOTE_FUNCTIONS: tuple[type[Function], ...] = (LLMCall, FormattedLLMCall)
+"""The text Functions whose backward may run on a worker (for a worker's registry)."""
+
+
+def _given(
+    model: ModelLike,
+    base_url: str | None,
+    params: Mapping[str, Any] | None,
+    feedback_model: ModelLike | None,
+    feedback_params: Mapping[str, Any] | None,
+    role: str,
+) -> dict[str, Any]:
+    """The options worth passing (each one becomes an input of the recorded node)."""
+    options: dict[str, Any] = {"model": model}
+    for name, value in (
+        ("base_url", base_url),
+        ("params", params),
+        ("feedback_model", feedback_model),
+        ("feedback_params", feedback_params),
+    ):
+        if value is not None:
+            options[name] = value
+    if role != _OUTPUT_ROLE:
+        options["role"] = role
+    return options
+
+
+async def llm_call(
+    system_prompt: Variable | str | None,
+    *inputs: Variable | str,
+    model: ModelLike,
+    base_url: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    feedback_model: ModelLike | None = None,
+    feedback_params: Mapping[str, Any] | None = None,
+    role: str = _OUTPUT_ROLE,
+) -> Variable:
+    """``await LLMCall.apply(...)`` with a typed signature; see :class:`LLMCall`."""
+    options = _given(model, base_url, params, feedback_model, feedback_params, role)
+    out: Variable = await LLMCall.apply(system_prompt, *inputs, **options)
+    return out
+
+
+async def formatted_llm_call(
+    template: str,
+    fields: Mapping[str, Variable | str],
+    *,
+    system_prompt: Variable | str | None = None,
+    model: ModelLike,
+    base_url: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    feedback_model: ModelLike | None = None,
+    feedback_params: Mapping[str, Any] | None = None,
+    role: str = _OUTPUT_ROLE,
+) -> Variable:
+    """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there."""
+    clash = sorted((set(_LLM_OPTIONS) | {"system_prompt"}) & set(fields))
+    if clash:
+        raise ValueError(
+            f"formatted_llm_call: field name(s) {clash!r} are option names; rename them in "
+            f"the template"
+        )
+    options = _given(model, base_url, params, feedback_model, feedback_params, role)
+    out: Variable = await FormattedLLMCall.apply(template, system_prompt, **options, **fields)
+    return out
+
+
+def concat(*texts: Variable | str, separator: str = "\n\n", role: str | None = None) -> Variable:
+    """``Concat.apply(...)`` with a typed signature; see :class:`Concat`."""
+    out: Variable = Concat.apply(*texts, separator=separator, role=role)
+    return out
+
+
+def exact_match(prediction: Variable | str, target: Variable | str, *, ignore_case: bool = False) -> Variable:
+    """``ExactMatch.apply(...)`` with a typed signature; see :class:`ExactMatch`."""
+    out: Variable = ExactMatch.apply(prediction, target, ignore_case=ignore_case)
+    return out

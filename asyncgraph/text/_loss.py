@@ -1,0 +1,120 @@
+"""``TextLoss``: a language model as the judge, the loss of a text graph."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from asyncgraph._variable import Variable
+from asyncgraph.text._functions import FormattedLLMCall, LLMCall
+from asyncgraph.text._prompts import describe
+from asyncgraph.text._registry import ModelLike, model_ref
+
+__all__ = ["TextLoss"]
+
+
+class TextLoss:
+    """An LLM judge: ``loss = await TextLoss(instruction, model=...)(answer)``.
+
+    The judge is an LLM call whose system prompt is ``eval_system_prompt`` (a
+    str, constant, or a Variable, which then gets feedback too) and whose input
+    is the variable(s) under evaluation; its reply, the evaluation, is the loss.
+    ``await loss.backward()`` starts from the implicit empty feedback: the
+    evaluation itself is the objective, and each evaluated Variable receives
+    feedback on how to change to get a better evaluation.
+
+    - ``await loss_fn(answer)`` or ``await loss_fn(question, answer)``: the
+      inputs, joined by blank lines, form the judge's user message
+      (:class:`LLMCall`);
+    - with ``template="Question: {question}\\nAnswer: {answer}"``:
+      ``await loss_fn(question=q, answer=a)`` fills the template
+      (:class:`FormattedLLMCall`).
+
+    ``model`` / ``base_url`` / ``params`` / ``feedback_model`` as in
+    :class:`LLMCall`; ``role`` names the loss (default: ``"evaluation of <the
+    inputs' roles>"``). ``function`` picks the Function class, e.g. a subclass
+    with ``dispatch = "local"``.
+
+    Example::
+
+        loss_fn = TextLoss("Evaluate the answer for correctness. Be terse.", model="simulated")
+        loss = await loss_fn(answer)
+        await loss.backward()
+    """
+
+    def __init__(
+        self,
+        eval_system_prompt: str | Variable,
+        model: ModelLike,
+        *,
+        template: str | None = None,
+        base_url: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        feedback_model: ModelLike | None = None,
+        role: str | None = None,
+        function: type[LLMCall] | type[FormattedLLMCall] | None = None,
+    ) -> None:
+        if isinstance(eval_system_prompt, str):
+            eval_system_prompt = Variable(eval_system_prompt, role="evaluation instruction")
+        elif not isinstance(eval_system_prompt, Variable):
+            raise TypeError(
+                f"TextLoss: eval_system_prompt must be a str or a Variable, got "
+                f"{eval_system_prompt!r:.80}"
+            )
+        self.eval_system_prompt = eval_system_prompt
+        # Register an instance once, so every loss of this judge shares one name.
+        self.model: ModelLike = model if isinstance(model, str) else model_ref(model)["spec"]
+        self.base_url = base_url
+        self.template = template
+        self.params = dict(params or {})
+        self.feedback_model: ModelLike | None = (
+            feedback_model
+            if feedback_model is None or isinstance(feedback_model, str)
+            else model_ref(feedback_model)["spec"]
+        )
+        self.role = role
+        if function is None:
+            function = LLMCall if template is None else FormattedLLMCall
+        expected = LLMCall if template is None else FormattedLLMCall
+        if not (isinstance(function, type) and issubclass(function, expected)):
+            raise TypeError(
+                f"TextLoss: function must be {expected.__name__} or a subclass of it "
+                f"({'without' if template is None else 'with'} a template), got {function!r}"
+            )
+        self.function = function
+
+    def _role_for(self, inputs: list[Any]) -> str:
+        if self.role is not None:
+            return self.role
+        roles = [describe(v.role, "") for v in inputs if isinstance(v, Variable) and v.role]
+        return f"evaluation of {' and '.join(roles)}" if roles else "evaluation"
+
+    async def __call__(self, *inputs: Variable | str, **fields: Variable | str) -> Variable:
+        """Evaluate ``inputs`` (no template) or ``fields`` (with a template); returns the loss."""
+        options: dict[str, Any] = {"model": self.model}
+        if self.base_url is not None:
+            options["base_url"] = self.base_url
+        if self.params:
+            options["params"] = self.params
+        if self.feedback_model is not None:
+            options["feedback_model"] = self.feedback_model
+        if self.template is None:
+            if fields or not inputs:
+                raise TypeError(
+                    "TextLoss without a template takes the evaluated variables positionally: "
+                    "await loss_fn(answer); give template=... to use named fields"
+                )
+            options["role"] = self._role_for(list(inputs))
+            out: Variable = await self.function.apply(self.eval_system_prompt, *inputs, **options)
+            return out
+        if inputs or not fields:
+            raise TypeError(
+                f"TextLoss with a template takes its fields by name: await loss_fn(**fields) "
+                f"with the fields of {self.template!r:.80}"
+            )
+        options["role"] = self._role_for(list(fields.values()))
+        out = await self.function.apply(self.template, self.eval_system_prompt, **options, **fields)
+        return out
+
+    def __repr__(self) -> str:
+        return f"TextLoss({self.eval_system_prompt.data!r:.60}, model={self.model!r})"

@@ -1,0 +1,82 @@
+"""Every prompt the text functions send, in one place.
+
+The feedback prompts follow TextGrad's conventions: the variable under review is
+quoted between ``<VARIABLE>`` tags (the last such span in the messages), the
+call it took part in between ``<LM_SYSTEM_PROMPT>`` / ``<LM_INPUT>`` /
+``<LM_OUTPUT>`` tags, and variables are named by their roles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "FEEDBACK_SYSTEM_PROMPT",
+    "describe",
+    "llm_feedback_messages",
+]
+
+FEEDBACK_SYSTEM_PROMPT = (
+    "You are the feedback engine of an optimization system that improves text variables: "
+    "prompts, instructions, answers, code, or any other text. You are given how one variable "
+    "was used in a call to a language model and the feedback (criticism) on that call's "
+    "output. Your only job is to give feedback on the variable: explain what in it causes "
+    "the problems the output feedback points out and how it should change so that the output "
+    "improves. Be specific and actionable ('Adding X fixes Y because ...', 'Removing X avoids "
+    "...', 'Changing X to Y ...'). Do not write a new version of the variable; the optimizer "
+    "does that. Assume the variable will be used again in similar calls. If the variable "
+    "already works well, say so briefly instead of inventing problems."
+)
+
+_NO_FEEDBACK = (
+    "No feedback was given on the output: the output itself is the objective. If it is an "
+    "evaluation or a critique, the variable should change so that this evaluation becomes "
+    "better (fix what it criticizes); otherwise, so that the output becomes better."
+)
+
+
+def describe(role: str, fallback: str) -> str:
+    """``role`` as a noun phrase for prompts ("the system prompt"), ``fallback`` when empty."""
+    text = " ".join(role.split()) or fallback
+    lowered = text.lower()
+    if lowered.startswith(("the ", "a ", "an ", "this ", "these ", "each ")):
+        return text
+    return f"the {text}"
+
+
+def llm_feedback_messages(
+    *,
+    system_prompt: str | None,
+    user_prompt: str,
+    output: str,
+    output_role: str,
+    variable: str,
+    variable_role: str,
+    feedback: str,
+) -> list[dict[str, Any]]:
+    """Messages asking for feedback on one input of an LLM call."""
+    conversation = []
+    if system_prompt is not None:
+        conversation.append(f"<LM_SYSTEM_PROMPT>\n{system_prompt}\n</LM_SYSTEM_PROMPT>")
+    conversation.append(f"<LM_INPUT>\n{user_prompt}\n</LM_INPUT>")
+    conversation.append(f"<LM_OUTPUT>\n{output}\n</LM_OUTPUT>")
+    if feedback:
+        about_output = (
+            f"Here is the feedback on {output_role} (the output of the call above):\n"
+            f"<OUTPUT_FEEDBACK>\n{feedback}\n</OUTPUT_FEEDBACK>"
+        )
+    else:
+        about_output = _NO_FEEDBACK
+    user = (
+        f"You will give feedback on a variable with the role <ROLE>{variable_role}</ROLE>.\n\n"
+        f"It was used in this call to a language model, which may be one step of a larger "
+        f"system:\n\n" + "\n".join(conversation) + "\n\n"
+        f"The output of this call is {output_role}.\n\n{about_output}\n\n"
+        f"Give feedback on {variable_role}, which is the following text:\n"
+        f"<VARIABLE>{variable}</VARIABLE>\n\n"
+        f"Describe how {variable_role} should change to improve the output."
+    )
+    return [
+        {"role": "system", "content": FEEDBACK_SYSTEM_PROMPT},
+        {"role": "user", "content": user},
+    ]

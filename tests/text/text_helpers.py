@@ -1,0 +1,50 @@
+"""Scripted models for the text tests (imported by name: tests/ has no packages)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from asyncgraph.models import SimulatedModel
+
+ROLE = re.compile(r"<ROLE>(.*?)</ROLE>", re.DOTALL)
+OUTPUT_ROLE = re.compile(r"The output of this call is (.*?)\.\n")
+
+
+def is_feedback_request(messages: list[dict[str, Any]]) -> bool:
+    return "<VARIABLE>" in messages[-1]["content"] and "<ROLE>" in messages[-1]["content"]
+
+
+def path_responder(messages: list[dict[str, Any]]) -> str:
+    """Forward: ``out(<user message>)``. Feedback: ``fix <variable role> for <output role>``.
+
+    Feedback that names its path lets a test derive every gradient by hand.
+    """
+    content = messages[-1]["content"]
+    if is_feedback_request(messages):
+        role = ROLE.search(content)
+        output = OUTPUT_ROLE.search(content)
+        assert role is not None and output is not None, content
+        return f"fix {role[1]} for {output[1]}"
+    return f"out({content})"
+
+
+class Recorder:
+    """A SimulatedModel (no latency, untagged replies) that records every request."""
+
+    def __init__(self, responder: Callable[[list[dict[str, Any]]], Any] = path_responder) -> None:
+        self.requests: list[list[dict[str, Any]]] = []
+        self._responder = responder
+
+        async def respond(messages: list[dict[str, Any]]) -> str:
+            self.requests.append(messages)
+            result = self._responder(messages)
+            if hasattr(result, "__await__"):
+                result = await result
+            return str(result)
+
+        self.model = SimulatedModel(latency_s=0.0, responder=respond, tag_replies=False)
+
+    def feedback_requests(self) -> list[str]:
+        return [m[-1]["content"] for m in self.requests if is_feedback_request(m)]
