@@ -17,7 +17,14 @@ Variables = Variable | Sequence[Variable]
 
 
 def _as_variables(value: Variables, what: str) -> list[Variable]:
-    items = [value] if isinstance(value, Variable) else list(value)
+    if isinstance(value, Variable):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{what} must be a Variable or a list/tuple of Variables, got "
+            f"{type(value).__name__} ({value!r:.60})"
+        )
+    items = list(value)
     for i, item in enumerate(items):
         if not isinstance(item, Variable):
             raise TypeError(f"{what}[{i}] must be a Variable, got {type(item).__name__} ({item!r:.60})")
@@ -116,6 +123,8 @@ async def backward(
     no ``.grad`` is changed), ``GraphError`` for a freed graph or bad inputs.
     """
     outputs = _as_variables(variables, "variables")
+    if not outputs:
+        raise GraphError("backward() got no variables to differentiate")
     roots = _roots(outputs, grad_variables, "variables", "grad_variables")
     capture: list[Variable] | None = None
     if inputs is not None:
@@ -158,6 +167,8 @@ async def grad(
     ``GraphError`` otherwise. Other arguments as in :func:`backward`.
     """
     outs = _as_variables(outputs, "outputs")
+    if not outs:
+        raise GraphError("grad() got no outputs to differentiate")
     ins = _as_variables(inputs, "inputs")
     if not ins:
         raise GraphError("grad() needs at least one input")

@@ -12,10 +12,11 @@ written only after the whole pass succeeded.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
@@ -38,9 +39,11 @@ __all__ = ["Engine", "NodeEvent"]
 _SEED_SEQ = sys.maxsize
 _YIELD_EVERY = 1024  # inline nodes between checkpoints, so a long chain never starves the loop
 _key = itemgetter(0)
+_log = logging.getLogger("asyncgraph")
 
 Target = Node | Variable
 Contribution = tuple[tuple[int, int], int, Variable | None]
+WorkItem = tuple[Node, tuple[Variable | None, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +96,21 @@ def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:
     """Check a backward's return value against the node's inputs; wrap raw data."""
     n = len(node.next_edges)
     if not isinstance(result, tuple):
+        if hasattr(result, "__await__"):
+            if hasattr(result, "close"):
+                result.close()
+            raise GraphError(
+                f"{node.name}.backward returned an awaitable: declare it `async def backward` "
+                f"so the engine awaits it"
+            )
         result = (result,)
     if len(result) != n:
+        hint = " (a list is one gradient's data; return a tuple for several)" if n > 1 else ""
         raise GraphError(
             f"{node.name}.backward returned {len(result)} gradient(s) but forward had "
             f"{n} input(s) (roles: {list(node.input_roles)!r}); return one gradient "
-            f"or None per forward input, positional arguments first, then keyword arguments"
+            f"or None per forward input, positional arguments first, then keyword "
+            f"arguments in forward's signature order{hint}"
         )
     out: list[Variable | None] = []
     for i, g in enumerate(result):
@@ -164,6 +176,7 @@ class Engine:
         self._execute: set[Node] | None = None
         self._accumulate = True
         self._error: BaseException | None = None
+        self._ran: list[Node] = []
         self._tg: anyio.abc.TaskGroup | None = None
 
     # -- planning -------------------------------------------------------------
@@ -262,11 +275,18 @@ class Engine:
                 for i, ((target, nr), grad) in enumerate(roots):
                     self._deliver(target, nr, (_SEED_SEQ, i), grad)
                 await self._work(await self._drain())
+            if self._error is None:
+                # A blocking backward may have returned after the caller was cancelled.
+                await anyio.lowlevel.checkpoint_if_cancelled()
         finally:
             _GRAD_ENABLED.reset(token)
             self._tg = None
         if self._error is not None:
             raise self._error
+        # Free saved variables only now: a pass that failed can be retried.
+        for node in self._ran:
+            node.release()
+        self._ran.clear()
 
     def _deliver(self, target: Target, nr: int, key: tuple[int, int], grad: Variable | None) -> None:
         receives = self._receives
@@ -296,51 +316,67 @@ class Engine:
             if edge is not None:
                 deliver(edge[0], edge[1], (seq, i), grads[i])
 
-    async def _drain(self) -> tuple[Node, tuple[Variable | None, ...]] | None:
+    async def _drain(self) -> WorkItem | None:
         """Process ready targets: inline nodes now, slow ones as tasks.
 
         Returns one slow node for the calling task to run itself (work-first:
         a chain of async nodes then costs no task spawn per node); every other
-        slow node gets a task of its own.
+        slow node gets a task of its own. Targets with gradient hooks get a task
+        too, so an async hook never holds up the rest of the pass.
         """
         ready = self._ready
-        inline = self.executor.inline
-        keep: tuple[Node, tuple[Variable | None, ...]] | None = None
+        keep: WorkItem | None = None
         since_yield = 0
         while ready and self._error is None:
             target, contributions = ready.popleft()
             if target.__class__ is not Node:
-                await self._complete_leaf(target, contributions)  # type: ignore[arg-type]
+                leaf: Variable = target  # type: ignore[assignment]
+                if leaf._hooks:
+                    self._spawn(self._complete_leaf, leaf, contributions)
+                else:
+                    await self._complete_leaf(leaf, contributions)
                 continue
             node: Node = target  # type: ignore[assignment]
-            grads = await self._node_grads(node, contributions)
+            if node.output_hooks:
+                self._spawn(self._hooked_node, node, contributions)
+                continue
+            grads = self._node_grads(node, contributions)
             if grads is None:
                 continue
-            if all(g is None for g in grads):
-                self._deliver_edges(node, (None,) * len(node.next_edges))
-                continue
-            if not inline(node):
+            item = self._dispatch(node, grads)
+            if item is not None:
                 if keep is None:
-                    keep = (node, grads)
+                    keep = item
                 else:
-                    assert self._tg is not None
-                    self._tg.start_soon(self._work, (node, grads), name=node.name)
-                continue
-            if self.listeners:
-                self._emit("started", node)
-            try:
-                grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
-            except Exception as exc:
-                self._fail(node, exc)
-                return None
-            self._finish(node, grads_in)
+                    self._spawn(self._work, item)
             since_yield += 1
             if since_yield >= _YIELD_EVERY:
                 since_yield = 0
                 await anyio.lowlevel.checkpoint()
         return keep if self._error is None else None
 
-    async def _work(self, item: tuple[Node, tuple[Variable | None, ...]] | None) -> None:
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    def _dispatch(self, node: Node, grads: tuple[Variable | None, ...]) -> WorkItem | None:
+        """Run ``node`` now if its backward is inline; else return it as work for a task."""
+        if all(g is None for g in grads):
+            self._deliver_edges(node, (None,) * len(node.next_edges))
+            return None
+        try:
+            if not self.executor.inline(node):
+                return (node, grads)
+            if self.listeners:
+                self._emit("started", node)
+            grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
+        except Exception as exc:
+            self._fail(node, exc)
+            return None
+        self._finish(node, grads_in)
+        return None
+
+    async def _work(self, item: WorkItem | None) -> None:
         """Run slow nodes one after another, as long as each makes another one ready."""
         ran = 0
         while item is not None:
@@ -358,17 +394,37 @@ class Engine:
             self._finish(node, grads_in)
             item = await self._drain()
 
+    async def _hooked_node(self, node: Node, contributions: list[Contribution]) -> None:
+        grads = self._node_grads(node, contributions, defer_post=True)
+        if grads is None:
+            return
+        hooked = list(grads)
+        for nr, hooks in (node.output_hooks or {}).items():
+            g = hooked[nr]
+            if g is not None and hooks:
+                role = node.output_roles[nr] if nr < len(node.output_roles) else ""
+                try:
+                    hooked[nr] = await run_hooks(hooks, g, role)
+                except BackwardError as exc:
+                    self._fail(node, exc)
+                    return
+        final = self._post_node(node, hooked)
+        if final is None:
+            return
+        item = self._dispatch(node, final)
+        await self._work(item if item is not None else await self._drain())
+
     def _finish(self, node: Node, grads_in: tuple[Variable | None, ...]) -> None:
         if self.listeners:
             self._emit("finished", node)
         if not self.keep_graph:
-            node.release()
+            self._ran.append(node)
         self._deliver_edges(node, grads_in)
 
-    async def _node_grads(
-        self, node: Node, contributions: list[Contribution]
+    def _node_grads(
+        self, node: Node, contributions: list[Contribution], *, defer_post: bool = False
     ) -> tuple[Variable | None, ...] | None:
-        """Sum a node's incoming gradients per output; run hooks, retain, capture."""
+        """Sum a node's incoming gradients per output (then retain and capture them)."""
         n = node.num_outputs
         if len(contributions) > 1:
             contributions.sort(key=_key)
@@ -394,23 +450,22 @@ class Engine:
             error.__cause__ = exc
             self._fail(node, error)
             return None
-        if node.output_hooks:
-            for nr, hooks in node.output_hooks.items():
-                g = grads[nr]
-                if g is not None and hooks:
-                    role = node.output_roles[nr] if nr < len(node.output_roles) else ""
-                    try:
-                        grads[nr] = await run_hooks(hooks, g, role)
-                    except BackwardError as exc:
-                        self._fail(node, exc)
-                        return None
+        if defer_post:
+            return tuple(grads)
+        return self._post_node(node, grads)
+
+    def _post_node(
+        self, node: Node, grads: list[Variable | None]
+    ) -> tuple[Variable | None, ...] | None:
+        """Retain and capture a node's output gradients; None if its backward need not run."""
         if node.retained and self._accumulate:
             for nr, ref in node.retained.items():
                 var = ref()
-                if var is not None and grads[nr] is not None:
-                    self.retained[var] = grads[nr]  # type: ignore[assignment]
+                g = grads[nr]
+                if var is not None and g is not None:
+                    self.retained[var] = g
         if node in self._capture_nodes:
-            for nr in range(n):
+            for nr in range(node.num_outputs):
                 self.captured[(node, nr)] = grads[nr]
         if self._execute is not None and node not in self._execute:
             return None  # captured only: nothing downstream needs its backward
@@ -475,7 +530,10 @@ class Engine:
             kind, node.name, node.input_roles, node.output_roles, node.seq, time.perf_counter(), error
         )
         for listener in self.listeners:
-            listener(event)
+            try:
+                listener(event)
+            except Exception:  # an observer must not break the computation it observes
+                _log.exception("backward listener %r raised on %s", listener, event)
 
     # -- committing -------------------------------------------------------------
     def commit(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from ._exceptions import GraphError
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Node
+from ._graph import Edge, Node, next_seq
 from ._variable import Variable
 
 __all__ = ["Function", "FunctionCtx"]
@@ -26,6 +26,7 @@ class FunctionCtx:
         self._saved: tuple[Any, ...] | None = ()
         self._non_differentiable: tuple[Variable, ...] = ()
         self._function_name = ""
+        self._seq = 0
         self.needs_input_grad: tuple[bool, ...] = ()
 
     def save_for_backward(self, *variables: Any) -> None:
@@ -69,8 +70,10 @@ class Function:
       (raw data is wrapped in a Variable);
     - ``backward(ctx, *grad_outputs)``: one gradient (Variable or None) per
       forward output in, one gradient (Variable, raw data or None) per forward
-      input out, inputs being the positional arguments followed by the keyword
-      arguments' values in call order.
+      input out. The inputs are the positional arguments, then the keyword
+      arguments passed, in the order forward's signature lists them (those taken
+      by ``**kwargs`` last, in call order), whatever order the caller wrote;
+      ``ctx.needs_input_grad`` has one entry per input in that order.
 
     Any of them may be ``async def``. ``apply`` returns the output directly
     when forward (and setup_context) are synchronous, an awaitable otherwise.
@@ -118,6 +121,27 @@ class Function:
         cls._forward_is_async = inspect.iscoroutinefunction(cls.forward)
         cls._setup_is_async = inspect.iscoroutinefunction(cls.setup_context)
         cls._backward_is_async = inspect.iscoroutinefunction(cls.backward)
+        try:
+            params = list(inspect.signature(cls.forward).parameters)
+        except (TypeError, ValueError):  # builtins without a signature
+            params = []
+        cls._kwarg_order = {name: i for i, name in enumerate(params)}
+
+    _kwarg_order: ClassVar[dict[str, int]] = {}
+
+    @classmethod
+    def _inputs(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Positional arguments, then keyword arguments in forward's signature order.
+
+        Keywords that forward takes through ``**kwargs`` follow, in call order
+        (the order forward itself sees them in).
+        """
+        if not kwargs:
+            return args
+        order = cls._kwarg_order
+        late = len(order)
+        names = sorted(kwargs, key=lambda name: order.get(name, late))
+        return args + tuple(kwargs[name] for name in names)
 
     @staticmethod
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -136,7 +160,7 @@ class Function:
         """Run forward and, when grad mode is on and an input requires grad, record it."""
         if cls is Function:
             raise TypeError("Function.apply is called on a subclass: MyFunction.apply(...)")
-        inputs = args + tuple(kwargs.values()) if kwargs else args
+        inputs = cls._inputs(args, kwargs)
         # Grad mode is read here, when apply is called, even if the result is awaited later.
         ctx, record = cls._prepare(inputs)
         if cls._forward_is_async or cls._setup_is_async:
@@ -156,7 +180,7 @@ class Function:
     async def _apply_async(
         cls, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: FunctionCtx, record: bool
     ) -> Any:
-        inputs = args + tuple(kwargs.values()) if kwargs else args
+        inputs = cls._inputs(args, kwargs)
         token = _GRAD_ENABLED.set(False)
         try:
             if cls._uses_setup_context:
@@ -172,6 +196,7 @@ class Function:
     def _prepare(cls, inputs: tuple[Any, ...]) -> tuple[FunctionCtx, bool]:
         ctx = FunctionCtx()
         ctx._function_name = cls.__name__
+        ctx._seq = next_seq()
         needs = tuple(isinstance(v, Variable) and v._requires_grad for v in inputs)
         record = _GRAD_ENABLED.get() and any(needs)
         ctx.needs_input_grad = needs if record else (False,) * len(inputs)
@@ -202,6 +227,7 @@ class Function:
             ctx.needs_input_grad,
             tuple(v.role if isinstance(v, Variable) else "" for v in inputs),
             len(outputs),
+            ctx._seq,
         )
         result: list[Variable] = []
         for i, out in enumerate(outputs):

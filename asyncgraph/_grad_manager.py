@@ -99,11 +99,19 @@ class GradManager:
         return self._recording
 
     def record(self) -> None:
-        """Start recording: a later ``backward`` may differentiate what runs now."""
+        """Start recording: a later ``backward`` may differentiate what runs now.
+
+        Raises RuntimeError if already recording (as MegEngine does).
+        """
+        if self._recording:
+            raise RuntimeError("this GradManager is already recording; call release() first")
         self._recording = True
 
     def release(self) -> None:
-        """Stop recording and forget the history."""
+        """Stop recording; ``backward`` then raises until the next ``record()``.
+
+        The graph itself lives as long as the outputs that reference it.
+        """
         self._recording = False
 
     async def backward(self, y: Variable | Sequence[Variable] | None = None, dy: Any = None) -> None:

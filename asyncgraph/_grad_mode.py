@@ -29,16 +29,21 @@ def is_grad_enabled() -> bool:
     return _GRAD_ENABLED.get()
 
 
+# Modes to restore on exit, per task (a context manager object may be shared by
+# several tasks, so the saved state cannot live on the object).
+_SAVED: contextvars.ContextVar[tuple[bool, ...]] = contextvars.ContextVar(
+    "asyncgraph_grad_saved", default=()
+)
+
+
 class _GradModeBase:
     """A context manager and decorator that sets grad mode for its extent."""
 
     _mode: bool
 
-    def __init__(self) -> None:
-        self._tokens: list[contextvars.Token[bool]] = []
-
     def __enter__(self) -> None:
-        self._tokens.append(_GRAD_ENABLED.set(self._mode))
+        _SAVED.set((*_SAVED.get(), _GRAD_ENABLED.get()))
+        _GRAD_ENABLED.set(self._mode)
 
     def __exit__(
         self,
@@ -46,7 +51,9 @@ class _GradModeBase:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _GRAD_ENABLED.reset(self._tokens.pop())
+        saved = _SAVED.get()
+        _GRAD_ENABLED.set(saved[-1])
+        _SAVED.set(saved[:-1])
 
     def __call__(self, func: F) -> F:
         mode = self._mode
@@ -73,7 +80,7 @@ class _GradModeBase:
         return cast(F, wrapper)
 
 
-class no_grad(_GradModeBase):  # noqa: N801 - PyTorch's name
+class no_grad(_GradModeBase):
     """Disable recording: Functions applied inside produce outputs without history.
 
     Example::
@@ -88,40 +95,38 @@ class no_grad(_GradModeBase):  # noqa: N801 - PyTorch's name
     _mode = False
 
 
-class enable_grad(_GradModeBase):  # noqa: N801 - PyTorch's name
+class enable_grad(_GradModeBase):
     """Enable recording inside a ``no_grad`` region."""
 
     _mode = True
 
 
-class set_grad_enabled(_GradModeBase):  # noqa: N801 - PyTorch's name
+class set_grad_enabled(_GradModeBase):
     """Set grad mode to ``mode``; takes effect immediately, like PyTorch.
 
     ``set_grad_enabled(False)`` on its own switches the mode for the rest of the
-    current task (context); used with ``with`` it restores the previous mode on exit.
+    current task (context); used with ``with`` it restores, on exit, the mode
+    from before the call (and sets ``mode`` again on every entry).
     """
 
     def __init__(self, mode: bool) -> None:
-        super().__init__()
         if not isinstance(mode, bool):
             raise TypeError(f"set_grad_enabled(mode) expects a bool, got {mode!r}")
         self._mode = mode
         self._prev = _GRAD_ENABLED.get()
+        self._switched = True  # the switch made here is undone by the first exit
         _GRAD_ENABLED.set(mode)
 
     def __enter__(self) -> None:
-        # The switch already happened in __init__; remember how to undo it.
-        pass
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        _GRAD_ENABLED.set(self._prev)
+        if self._switched:
+            self._switched = False
+            _SAVED.set((*_SAVED.get(), self._prev))
+            return
+        super().__enter__()
 
     def __call__(self, func: F) -> F:
-        # Used as a decorator the constructor must not have switched the caller's mode.
-        _GRAD_ENABLED.set(self._prev)
+        # Used as a decorator, the constructor must not have switched the caller's mode.
+        if self._switched:
+            self._switched = False
+            _GRAD_ENABLED.set(self._prev)
         return super().__call__(func)

@@ -26,7 +26,13 @@ Hook = Callable[[Any], Any]
 
 # Creation order of nodes: gradients flowing into one variable are summed in
 # the order their edges were created, i.e. by (consumer seq, input position).
+# A node's seq is taken when apply() is called, so concurrent async forwards
+# that finish in any order still sum in the order the program applied them.
 _SEQ = itertools.count()
+
+
+def next_seq() -> int:
+    return next(_SEQ)
 
 
 class RemovableHandle:
@@ -91,6 +97,7 @@ class Node:
         requires_input_grad: tuple[bool, ...],
         input_roles: tuple[str, ...],
         num_outputs: int,
+        seq: int,
     ) -> None:
         self.function = function
         self.ctx = ctx
@@ -99,7 +106,7 @@ class Node:
         self.input_roles = input_roles
         self.output_roles: tuple[str, ...] = ()
         self.num_outputs = num_outputs
-        self.seq = next(_SEQ)
+        self.seq = seq
         self.freed = False
         # Filled lazily: most nodes never get hooks or retained outputs.
         self.output_hooks: dict[int, dict[int, Hook]] | None = None

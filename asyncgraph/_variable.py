@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._graph import Hook, Node, RemovableHandle, add_hook, new_hook_dict
 
 if TYPE_CHECKING:
+    from ._engine import Listener
     from .executors import Executor
 
 __all__ = ["Parameter", "Variable"]
@@ -155,6 +156,7 @@ class Variable:
         inputs: Variable | Sequence[Variable] | None = None,
         *,
         executor: Executor | None = None,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         """``await y.backward()``: accumulate d(y)/d(leaf) into every leaf's ``.grad``.
 
@@ -169,6 +171,7 @@ class Variable:
             create_graph=create_graph,
             inputs=inputs,
             executor=executor,
+            listeners=listeners,
         )
 
     def __repr__(self) -> str:
