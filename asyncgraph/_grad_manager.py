@@ -54,6 +54,7 @@ class GradManager:
                  listeners: Iterable[Listener] = ()) -> None:
         self._attached: dict[int, _Attached] = {}
         self._recording = False
+        self._group: GradManagerGroup | None = None
         self.executor = executor
         self.listeners = tuple(listeners)
 
@@ -134,10 +135,14 @@ class GradManager:
             node_outputs: list[tuple[Node, int]] = [
                 (v.grad_fn, v.output_nr) for v, _ in live if v.grad_fn is not None
             ]
+            # Managers recording together (gm1 | gm2) differentiate the same graph:
+            # keep it while another of them may still call backward.
+            group = self._group.managers if self._group is not None else ()
+            keep = any(gm is not self and gm.is_recording for gm in group)
             engine = Engine(
                 self.executor or current_executor(),
                 create_graph=False,
-                keep_graph=False,
+                keep_graph=keep,
                 listeners=self.listeners,
             )
             await engine.run(
@@ -209,10 +214,13 @@ class GradManagerGroup:
     def record(self) -> None:
         for gm in self._managers:
             gm.record()
+            gm._group = self
 
     def release(self) -> None:
         for gm in self._managers:
             gm.release()
+            if gm._group is self:
+                gm._group = None
 
     def __enter__(self) -> GradManagerGroup:
         self.record()

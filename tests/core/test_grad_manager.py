@@ -193,3 +193,25 @@ async def test_grad_managers_grouped_with_or_record_together() -> None:
     async with bigger:
         assert gm1.is_recording and gm2.is_recording and gm3.is_recording
     assert not (gm1.is_recording or gm2.is_recording or gm3.is_recording)
+
+
+@pytest.mark.anyio
+async def test_grouped_managers_backward_through_the_same_graph_in_turn() -> None:
+    a = Parameter(2.0, role="a")
+    b = Parameter(3.0, role="b")
+    gm1 = GradManager().attach(a)
+    gm2 = GradManager().attach(b)
+    with gm1 | gm2:
+        y = Mul.apply(a, b)
+        await gm1.backward(y)  # gm2 still records: the graph is kept for it
+        await gm2.backward(y)
+    assert a.grad is not None and a.grad.data == 3.0
+    assert b.grad is not None and b.grad.data == 2.0
+
+
+def test_record_twice_raises() -> None:
+    gm = GradManager()
+    gm.record()
+    with pytest.raises(RuntimeError, match="already recording"):
+        gm.record()
+    gm.release()
