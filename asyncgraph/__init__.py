@@ -8,11 +8,19 @@ fleet, and joins the gradients into the leaves exactly as a sequential run would
 from ._accumulate import accumulate, register_accumulator
 from ._autodiff import backward, grad
 from ._engine import NodeEvent
-from ._exceptions import AsyncGraphError, BackwardError, GraphError, RemoteError, WireError
+from ._exceptions import (
+    AsyncGraphError,
+    BackwardError,
+    GraphError,
+    RemoteConnectionError,
+    RemoteError,
+    RemoteTimeoutError,
+    WireError,
+)
 from ._function import Function, FunctionCtx
 from ._grad_manager import GradManager, GradManagerGroup
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from ._graph import Node, RemovableHandle
+from ._graph import Node, RemovableHandle, graph_order
 from ._variable import Parameter, Variable
 from .executors import Executor, LocalExecutor, current_executor, use_executor
 
@@ -31,7 +39,9 @@ __all__ = [
     "Node",
     "NodeEvent",
     "Parameter",
+    "RemoteConnectionError",
     "RemoteError",
+    "RemoteTimeoutError",
     "RemovableHandle",
     "Variable",
     "WireError",
@@ -40,6 +50,7 @@ __all__ = [
     "current_executor",
     "enable_grad",
     "grad",
+    "graph_order",
     "is_grad_enabled",
     "no_grad",
     "register_accumulator",

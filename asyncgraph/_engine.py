@@ -28,7 +28,7 @@ from ._accumulate import accumulate
 from ._exceptions import BackwardError, GraphError
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Hook, Node
+from ._graph import Edge, Hook, Node, Seq
 from ._variable import Variable
 
 if TYPE_CHECKING:
@@ -36,13 +36,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "NodeEvent"]
 
-_SEED_SEQ = sys.maxsize
+_SEED_SEQ: Seq = (sys.maxsize,)  # seeds sort after every node's edges
 _YIELD_EVERY = 1024  # inline nodes between checkpoints, so a long chain never starves the loop
 _key = itemgetter(0)
 _log = logging.getLogger("asyncgraph")
 
 Target = Node | Variable
-Contribution = tuple[tuple[int, int], int, Variable | None]
+Contribution = tuple[tuple[Seq, int], int, Variable | None]
 WorkItem = tuple[Node, tuple[Variable | None, ...]]
 
 
@@ -54,7 +54,7 @@ class NodeEvent:
     function: str
     input_roles: tuple[str, ...]
     output_roles: tuple[str, ...]
-    seq: int
+    seq: Seq
     time_s: float
     error: BaseException | None = None
 
@@ -288,7 +288,7 @@ class Engine:
             node.release()
         self._ran.clear()
 
-    def _deliver(self, target: Target, nr: int, key: tuple[int, int], grad: Variable | None) -> None:
+    def _deliver(self, target: Target, nr: int, key: tuple[Seq, int], grad: Variable | None) -> None:
         receives = self._receives
         if receives is not None and target not in receives:
             return

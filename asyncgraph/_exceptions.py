@@ -5,7 +5,11 @@ Hierarchy::
     AsyncGraphError
     ├── BackwardError (also RuntimeError)    one node's backward (or a hook) failed;
     │                                        names the Function and roles, chains the cause
-    │   └── RemoteError                      ... on a worker; carries the worker's traceback
+    │   ├── RemoteError                      ... on a worker; carries the worker's traceback
+    │   ├── RemoteConnectionError            Redis unreachable or lost while a node was
+    │   │   (also ConnectionError)           remote: its result cannot arrive
+    │   └── RemoteTimeoutError               no worker answered within the executor's
+    │       (also TimeoutError)              timeout
     ├── GraphError (also RuntimeError)       misuse of the graph: freed graph, bad inputs,
     │                                        wrong gradient count
     └── WireError (also ValueError)          a message failed validation (wire format)
@@ -15,7 +19,15 @@ Misuse of the Python API raises the builtin ``TypeError`` / ``ValueError``.
 
 from __future__ import annotations
 
-__all__ = ["AsyncGraphError", "BackwardError", "GraphError", "RemoteError", "WireError"]
+__all__ = [
+    "AsyncGraphError",
+    "BackwardError",
+    "GraphError",
+    "RemoteConnectionError",
+    "RemoteError",
+    "RemoteTimeoutError",
+    "WireError",
+]
 
 
 class AsyncGraphError(Exception):
@@ -53,6 +65,14 @@ class RemoteError(BackwardError):
     def __init__(self, message: str, *, remote_traceback: str = "", **kwargs: object) -> None:
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
         self.remote_traceback = remote_traceback
+
+
+class RemoteConnectionError(BackwardError, ConnectionError):
+    """Redis could not be reached or went away while a node's backward was remote."""
+
+
+class RemoteTimeoutError(BackwardError, TimeoutError):
+    """No worker answered for a remote node within the executor's timeout."""
 
 
 class WireError(AsyncGraphError, ValueError):

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from ._exceptions import GraphError
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Node, next_seq
+from ._graph import Edge, Node, Seq, next_seq
 from ._variable import Variable
 
 __all__ = ["Function", "FunctionCtx"]
@@ -26,7 +26,7 @@ class FunctionCtx:
         self._saved: tuple[Any, ...] | None = ()
         self._non_differentiable: tuple[Variable, ...] = ()
         self._function_name = ""
-        self._seq = 0
+        self._seq: Seq = ()
         self.needs_input_grad: tuple[bool, ...] = ()
 
     def save_for_backward(self, *variables: Any) -> None:

@@ -9,16 +9,18 @@ needs no gradient has the edge ``None``.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     from ._function import Function, FunctionCtx
     from ._variable import Variable
 
-__all__ = ["Edge", "Hook", "Node", "RemovableHandle"]
+__all__ = ["Edge", "Hook", "Node", "RemovableHandle", "Seq", "graph_order", "next_seq"]
 
 Target = Union["Node", "Variable"]
 Edge = tuple[Target, int]
@@ -27,12 +29,44 @@ Hook = Callable[[Any], Any]
 # Creation order of nodes: gradients flowing into one variable are summed in
 # the order their edges were created, i.e. by (consumer seq, input position).
 # A node's seq is taken when apply() is called, so concurrent async forwards
-# that finish in any order still sum in the order the program applied them.
+# that finish in any order still sum in the order the program applied them;
+# ``graph_order(key)`` prefixes it, for graphs built by concurrent tasks.
 _SEQ = itertools.count()
+_ORDER: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar(
+    "asyncgraph_graph_order", default=()
+)
+
+Seq = tuple[int, ...]
 
 
-def next_seq() -> int:
-    return next(_SEQ)
+def next_seq() -> Seq:
+    return (*_ORDER.get(), next(_SEQ))
+
+
+@contextmanager
+def graph_order(*key: int) -> Iterator[None]:
+    """Order the nodes created inside the block by ``key`` first, then by creation.
+
+    Gradients that meet in one variable are summed (text feedback listed) in the
+    order their nodes were created. When several tasks build parts of a graph
+    concurrently, that order depends on the scheduler; give each task a key and
+    the order depends only on the keys::
+
+        async def example(i, item):
+            with graph_order(i):
+                return await forward(item)
+
+    Keys nest (``graph_order(epoch)`` around ``graph_order(i)``) and apply to
+    this task only (a contextvar), including tasks it starts.
+    """
+    for part in key:
+        if not isinstance(part, int) or isinstance(part, bool):
+            raise TypeError(f"graph_order keys are ints, got {part!r}")
+    token = _ORDER.set((*_ORDER.get(), *key))
+    try:
+        yield
+    finally:
+        _ORDER.reset(token)
 
 
 class RemovableHandle:
@@ -97,7 +131,7 @@ class Node:
         requires_input_grad: tuple[bool, ...],
         input_roles: tuple[str, ...],
         num_outputs: int,
-        seq: int,
+        seq: Seq,
     ) -> None:
         self.function = function
         self.ctx = ctx

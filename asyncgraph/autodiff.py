@@ -10,7 +10,7 @@ from ._exceptions import BackwardError, GraphError
 from ._function import Function, FunctionCtx
 from ._grad_manager import GradManager, GradManagerGroup
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from ._graph import Node, RemovableHandle
+from ._graph import Node, RemovableHandle, graph_order
 from ._variable import Parameter, Variable
 from .executors import Executor, LocalExecutor, current_executor, use_executor
 
@@ -33,6 +33,7 @@ __all__ = [
     "current_executor",
     "enable_grad",
     "grad",
+    "graph_order",
     "is_grad_enabled",
     "no_grad",
     "register_accumulator",

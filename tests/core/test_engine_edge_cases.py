@@ -17,6 +17,7 @@ from asyncgraph import (
     Parameter,
     Variable,
     backward,
+    graph_order,
     is_grad_enabled,
     no_grad,
     set_grad_enabled,
@@ -252,3 +253,31 @@ class ForgotAsync(Function):
 async def test_a_sync_backward_returning_a_coroutine_is_a_clear_error() -> None:
     with pytest.raises(BackwardError, match="async def backward"):
         await ForgotAsync.apply(Parameter(1.0)).backward()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("start_order", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
+async def test_graph_order_makes_concurrently_built_graphs_deterministic(
+    start_order: tuple[int, int, int],
+) -> None:
+    """Tasks that build parts of one graph start in any order; graph_order(i) decides."""
+    x = Parameter("draft", role="draft")
+    outputs: dict[int, Variable] = {}
+
+    async def build(i: int) -> None:
+        with graph_order(i):
+            outputs[i] = await Ask.apply(x, 0.0)
+            outputs[i].grad_fn.ctx.tag = f"example {i}"  # type: ignore[union-attr]
+
+    async with anyio.create_task_group() as tg:
+        for i in start_order:
+            tg.start_soon(build, i)
+    joined = Join.apply(Join.apply(outputs[2], outputs[0]), outputs[1])
+    await joined.backward()
+    assert x.grad is not None
+    assert x.grad.data == ["example 0", "example 1", "example 2"]
+
+
+def test_graph_order_keys_are_ints() -> None:
+    with pytest.raises(TypeError, match="ints"), graph_order("a"):  # type: ignore[arg-type]
+        pass
