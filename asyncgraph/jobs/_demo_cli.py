@@ -57,7 +57,11 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     job.models = [model]  # type: ignore[list-item]
     before = prompt.data
     progress = not args.no_progress
-    info: dict[str, Any] = {"before": before, "simulated": simulated}
+    info: dict[str, Any] = {
+        "before": before,
+        "simulated": simulated,
+        "latency_s": args.latency_ms / 1000 if simulated else None,
+    }
     if args.workers and not args.redis:
         from ._fleet import local_fleet
 
@@ -103,6 +107,11 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
     if calls is not None:
         note = "" if where == "in-process" else " (the backward's calls ran on the workers)"
         print(f"model calls made in this process: {calls}{note}")
+        latency_s = info.get("latency_s")
+        if where == "in-process" and latency_s:
+            sequential = calls * latency_s
+            print(f"one call at a time they would take {sequential:.1f}s: "
+                  f"{sequential / wall_s:.1f}x faster concurrently")
     print(f"checkpoint, history.json and metrics.png: {result.out_dir}")
 
 

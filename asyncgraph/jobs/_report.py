@@ -24,8 +24,11 @@ class Reporter:
         self.enabled = enabled
         self._progress: Any = None
         self._task: Any = None
+        # The last row with a validation score: steps without validation show that one.
+        self._validated: list[dict[str, Any]] = []
 
     def start(self, step: int, history: list[dict[str, Any]]) -> None:
+        self._validated = [h for h in history if h["val_score"] is not None][-1:]
         if not self.enabled:
             return
         if sys.stderr.isatty():
@@ -64,12 +67,15 @@ class Reporter:
         )
 
     def update(self, step: int, row: dict[str, Any]) -> None:
+        if row["val_score"] is not None:
+            self._validated = [row]
         if not self.enabled:
             return
+        metrics = self._metrics([*self._validated, row])
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, metrics=self._metrics([row]))
+            self._progress.update(self._task, completed=step, metrics=metrics)
         else:
-            print(f"{self.name}: step {step}/{self.total}  {self._metrics([row])}", flush=True)
+            print(f"{self.name}: step {step}/{self.total}  {metrics}", flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -81,7 +87,9 @@ def write_history(path: Path, history: list[dict[str, Any]]) -> None:
     atomic_write_json(path, {"history": history})
 
 
-def write_plot(path: Path, history: list[dict[str, Any]], title: str) -> bool:
+def write_plot(
+    path: Path, history: list[dict[str, Any]], title: str, initial_val: float | None = None
+) -> bool:
     """Plot train and validation scores per step to a PNG; False if matplotlib is missing."""
     try:
         import matplotlib
@@ -99,6 +107,8 @@ def write_plot(path: Path, history: list[dict[str, Any]], title: str) -> bool:
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     ax.plot(steps, [h["train_score"] for h in history], marker="o", label="train score")
     val = [(h["step"], h["val_score"]) for h in history if h["val_score"] is not None]
+    if initial_val is not None:
+        val.insert(0, (0, initial_val))
     if val:
         ax.plot([s for s, _ in val], [v for _, v in val], marker="s", label="validation score")
     ax.set_xlabel("step")
