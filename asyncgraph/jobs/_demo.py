@@ -28,10 +28,19 @@ from typing import Any
 from .._variable import Parameter, Variable
 from ..models import SimulatedModel
 from ..optim import TGD
-from ..text import TextLoss, llm_call, register_model
+from ..text import FormattedLLMCall, LLMCall, TextLoss, register_model
 from ._runner import Evaluation, Job
 
-__all__ = ["DEMO_MODEL", "INITIAL_PROMPT", "INSTRUCTIONS", "build_demo_job", "demo_responder", "load_dataset"]
+__all__ = [
+    "DEMO_MODEL",
+    "DemoAnswer",
+    "DemoJudge",
+    "INITIAL_PROMPT",
+    "INSTRUCTIONS",
+    "build_demo_job",
+    "demo_responder",
+    "load_dataset",
+]
 
 DEMO_MODEL = "demo"
 INITIAL_PROMPT = "You are a helpful assistant."
@@ -138,6 +147,19 @@ def make_demo_model(latency_s: float | None = None) -> SimulatedModel:
 register_model(DEMO_MODEL, make_demo_model())
 
 
+class DemoAnswer(LLMCall):
+    """The demo's solver call: an :class:`LLMCall` of its own, so this module serves something.
+
+    ``asyncgraph worker --import asyncgraph.jobs._demo`` accepts only modules that
+    define remote Functions; importing this one there also registers the
+    ``"demo"`` model the backward's feedback requests resolve.
+    """
+
+
+class DemoJudge(FormattedLLMCall):
+    """The demo's judge call (see :class:`DemoAnswer`)."""
+
+
 def build_demo_job(
     model: str = DEMO_MODEL,
     *,
@@ -149,11 +171,15 @@ def build_demo_job(
     """The demo job and its parameter (the system prompt)."""
     data = load_dataset()
     prompt = Parameter(INITIAL_PROMPT, role="system prompt of the question answerer")
-    judge = TextLoss(JUDGE_INSTRUCTION, model=model, template=JUDGE_TEMPLATE, base_url=base_url)
+    judge = TextLoss(JUDGE_INSTRUCTION, model=model, template=JUDGE_TEMPLATE, base_url=base_url,
+                     function=DemoJudge)
 
     async def forward(example: Mapping[str, Any]) -> Evaluation:
         question = Variable(example["question"], role="question")
-        answer = await llm_call(prompt, question, model=model, base_url=base_url, role="answer")
+        options: dict[str, Any] = {"model": model, "role": "answer"}
+        if base_url is not None:
+            options["base_url"] = base_url
+        answer: Variable = await DemoAnswer.apply(prompt, question, **options)
         expected = Variable(example["answer"], role="expected answer")
         loss = await judge(question=question, expected=expected, answer=answer)
         score = float(str(answer.data).strip() == example["answer"])

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from typing import Any
 
 import redis
 
@@ -33,7 +34,8 @@ def wait_for_workers(url: str, queue: str, count: int, *, timeout_s: float = 30.
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"the worker supervisor exited with code {proc.returncode} at start")
-            if int(client.hlen(keys.workers_hash(queue))) >= count:
+            announced: Any = client.hlen(keys.workers_hash(queue))  # sync client: an int
+            if int(announced) >= count:
                 return
             time.sleep(0.05)
     finally:

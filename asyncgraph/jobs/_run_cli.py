@@ -75,8 +75,21 @@ async def run_with_optional_redis(
 
 
 def run(args: argparse.Namespace) -> int:
+    # A missing file or a file without build_job() is a usage error, not a crash of the
+    # user's code: say so without a traceback.
+    if not Path(args.job_file).is_file():
+        print(f"error: job file {args.job_file!r} does not exist", file=sys.stderr)
+        return 2
+
     async def main() -> int:
         module = load_job_file(args.job_file)
+        if not callable(getattr(module, "build_job", None)):
+            print(
+                f"error: {args.job_file} defines no build_job(); a job file defines "
+                f"`def build_job() -> asyncgraph.jobs.Job` (may be async)",
+                file=sys.stderr,
+            )
+            return 2
         job = await build(module)
         out = Path(args.out) if args.out else Path("runs") / job.name
         try:

@@ -23,9 +23,17 @@ import anyio
 
 from .._autodiff import backward
 from .._grad_mode import no_grad
+from .._graph import graph_order
 from .._variable import Parameter, Variable
 from ..executors import Executor
-from ._checkpoint import FORMAT, VERSION, atomic_write_json, fingerprint_data, load_checkpoint
+from ._checkpoint import (
+    FORMAT,
+    VERSION,
+    CheckpointError,
+    atomic_write_json,
+    fingerprint_data,
+    load_checkpoint,
+)
 from ._report import Reporter, write_history, write_plot
 
 __all__ = ["Evaluation", "Job", "JobResult", "run_job"]
@@ -142,8 +150,11 @@ async def _map_bounded(
     limiter = anyio.CapacityLimiter(limit)
 
     async def one(i: int) -> None:
+        # The forwards run concurrently and start in any order (trio shuffles):
+        # graph_order(i) makes gradients meeting in a parameter sum in batch order.
         async with limiter:
-            result = await fn(items[i])
+            with graph_order(i):
+                result = await fn(items[i])
         if not isinstance(result, Evaluation):
             raise TypeError(
                 f"a job's forward must return asyncgraph.jobs.Evaluation, got {result!r:.80}"
@@ -174,6 +185,38 @@ def _usage(job: Job) -> tuple[int, float]:
     return tokens, cost
 
 
+def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
+    """Put a loaded checkpoint's parameters and optimizer state into ``job``.
+
+    Raises CheckpointError when the fields do not fit the job (a hand-edited or
+    damaged file that still parses), rather than a bare KeyError/ValueError.
+    """
+
+    def corrupt(what: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: {what}; delete it to start over, or "
+            f"restore a backup"
+        )
+
+    step, history, saved = state["step"], state["history"], state["parameters"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= job.total_steps:
+        raise corrupt(f"step is {step!r}, not a step number in 0..{job.total_steps}")
+    if not isinstance(history, list) or len(history) != step:
+        raise corrupt(f"the metrics history does not have one row per step ({step} steps)")
+    if (
+        not isinstance(saved, list)
+        or len(saved) != len(job.parameters)
+        or not all(isinstance(item, dict) and "data" in item for item in saved)
+    ):
+        raise corrupt(f"'parameters' is not a list of {len(job.parameters)} {{role, data}} maps")
+    try:
+        job.optimizer.load_state_dict(state["optimizer"])
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise corrupt(f"its optimizer state does not load into this job's optimizer ({exc})") from exc
+    for param, item in zip(job.parameters, saved, strict=True):
+        param.data = item["data"]
+
+
 async def run_job(
     job: Job,
     out_dir: str | Path,
@@ -201,12 +244,8 @@ async def run_job(
     history: list[dict[str, Any]]
     if resume:
         state = load_checkpoint(ckpt_path, identity)
-        if len(state["parameters"]) != len(job.parameters):
-            raise ValueError("checkpoint parameter count does not match the job")
-        for param, saved in zip(job.parameters, state["parameters"], strict=True):
-            param.data = saved["data"]
-        job.optimizer.load_state_dict(state["optimizer"])
-        step = int(state["step"])
+        _restore(job, state, ckpt_path)
+        step = state["step"]
         history = list(state["history"])
         initial_val = state.get("initial_val_score")
     else:
@@ -274,6 +313,7 @@ async def run_job(
             save()
             reporter.update(step, history[-1])
 
+    failure: Exception | None = None
     try:
         if handle_sigint:
             async with anyio.create_task_group() as tg:
@@ -287,8 +327,13 @@ async def run_job(
                             return
 
                 tg.start_soon(watch_sigint)
-                await loop()
+                try:
+                    await loop()
+                except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
+                    failure = exc
                 tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         else:
             await loop()
     finally:
@@ -296,12 +341,9 @@ async def run_job(
 
     if interrupted:
         # Parameters may hold a half-finished step: put back the saved state.
-        state = load_checkpoint(ckpt_path, identity)
-        for param, saved in zip(job.parameters, state["parameters"], strict=True):
-            param.data = saved["data"]
-        job.optimizer.load_state_dict(state["optimizer"])
+        _restore(job, load_checkpoint(ckpt_path, identity), ckpt_path)
     write_history(out / "history.json", history)
-    write_plot(out / "metrics.png", history, job.name)
+    write_plot(out / "metrics.png", history, job.name, initial_val)
     final_val = next((h["val_score"] for h in reversed(history) if h["val_score"] is not None), None)
     return JobResult(
         history=history,
