@@ -5,7 +5,7 @@ window limit (answering 429 beyond it), and N worker processes that each run man
 concurrent ``OpenAIChat.complete`` calls as fast as the shared ``RateLimit`` allows, with
 retries off so every 429 would show. Prints the achieved rate as a fraction of the limit
 (goal >= 95%), the most requests seen in any window (must not exceed the limit) and the
-number of 429s (goal: 0).
+number of 429s (goal: 0), then ``RESULT: PASS`` or ``RESULT: FAIL`` (exit status 1).
 
 The default scales the provider's 600 requests / 60 s window down to 100 requests /
 10 s (the same 600/min) so the window fills several times in a 30 s run;
@@ -170,6 +170,10 @@ def run_benchmark(args: argparse.Namespace) -> None:
 
     ok = [r for r in records if r.status == 200]
     n429 = sum(1 for r in records if r.status == 429)
+    if not ok:
+        print(f"no request was accepted ({len(records)} sent, {n429} answered 429)")
+        print("RESULT: FAIL")
+        raise SystemExit(1)
     first, last = ok[0].arrived_s, ok[-1].arrived_s
     per_worker = {
         w: sum(1 for r in ok if r.headers.get("x-worker") == w)
@@ -185,6 +189,8 @@ def run_benchmark(args: argparse.Namespace) -> None:
     print(f"429 responses: {n429} (goal 0)")
     good = steady >= 0.95 * args.requests_per_minute and n429 == 0 and max_window <= per_window
     print("RESULT:", "PASS" if good else "FAIL")
+    if not good:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -4,28 +4,36 @@ A model answers chat messages: ``await model.complete(messages, **params)`` retu
 ``Completion`` (text, token usage, model name); anything with that method is a
 ``ChatModel``. The clients shipped here share one middleware stack (``BaseChatModel``):
 
-- retries with exponential backoff and jitter on 429 / 5xx / connection errors /
-  timeouts, honouring Retry-After (``Retry``);
+- retries with exponential backoff and jitter on 408 / 429 / 5xx / connection errors /
+  timeouts, honouring Retry-After in seconds or as an HTTP date (``Retry``);
 - a rate limit in requests and tokens per minute, in-process or shared by every process
   through Redis (``RateLimit``; ``LocalRateLimiter``, ``RedisRateLimiter``);
-- a response cache keyed by the sha256 of the request, off by default, switchable per
-  call with ``cache=False`` (``MemoryCache``, ``DiskCache``, ``RedisCache``);
+- a response cache keyed by the sha256 of the full request as sent (client defaults
+  included), off by default, switchable per call with ``cache=False``, and with
+  ``cache_if=`` for answers the caller can use (``MemoryCache``, ``DiskCache``,
+  ``RedisCache``);
 - usage and cost totals (``model.usage.snapshot()`` -> ``Usage``; ``Pricing``).
 
 Clients: ``OpenAIChat`` (any OpenAI-compatible chat completions server) and
 ``SimulatedModel`` (offline and deterministic, labelled simulated in every answer).
 ``parse_model_spec("openai:gpt-4o-mini")`` / ``parse_model_spec("simulated")`` builds one
-from a command-line string. Errors are ``ModelError`` subclasses (see ``_exceptions``).
+from a command-line string; such models take their rate limit and cache from the
+environment (``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``,
+``ASYNCGRAPH_MODEL_RATE_REDIS``, ``ASYNCGRAPH_MODEL_CACHE``; see
+``model_options_from_env``), which is how a worker fleet shares one rate limit. Errors are
+``ModelError`` subclasses (see ``_exceptions``).
 """
 
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache, request_key
 from asyncgraph.models._exceptions import (
     ModelBackendError,
+    ModelConfigError,
     ModelConnectionError,
     ModelError,
     ModelRateLimitedError,
     ModelRequestError,
+    ModelRequestTimeoutError,
     ModelResponseError,
     ModelRetryError,
     ModelServerError,
@@ -47,7 +55,7 @@ from asyncgraph.models._simulated import (
     SimulatedModel,
     simulated_reply,
 )
-from asyncgraph.models._spec import parse_model_spec
+from asyncgraph.models._spec import model_options_from_env, parse_model_spec
 from asyncgraph.models._types import ChatModel, Completion, Message
 from asyncgraph.models._usage import Pricing, Usage, UsageMeter
 
@@ -62,10 +70,12 @@ __all__ = [
     "MemoryCache",
     "Message",
     "ModelBackendError",
+    "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
     "ModelRateLimitedError",
     "ModelRequestError",
+    "ModelRequestTimeoutError",
     "ModelResponseError",
     "ModelRetryError",
     "ModelServerError",
@@ -84,6 +94,7 @@ __all__ = [
     "SimulatedModel",
     "Usage",
     "UsageMeter",
+    "model_options_from_env",
     "parse_model_spec",
     "request_key",
     "simulated_reply",

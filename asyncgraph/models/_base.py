@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
 
-from asyncgraph.models._cache import Cache, request_key
+from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._exceptions import ModelBackendError, ModelError, ModelRetryError
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
@@ -31,24 +31,29 @@ class BaseChatModel(ABC):
     ``await model.complete(messages, **params)`` does, in order:
 
     1. with a ``cache`` configured (and ``cache=`` not ``False`` for this call): return the
-       stored answer for the same request (endpoint, model, messages, params), marked
-       ``cached=True``;
+       stored answer for the same request, marked ``cached=True``. The key is the sha256
+       of ``cache_request(messages, params)``: the full request as sent (endpoint, model,
+       messages, the per-call params *and* the client's defaults);
     2. for each attempt: book a slot with the ``rate_limit`` (waiting for it), then call
        the model once;
-    3. on a retryable ``ModelError`` (429, 5xx, connection lost, timeout) wait as the
+    3. on a retryable ``ModelError`` (408, 429, 5xx, connection lost, timeout) wait as the
        ``retry`` policy says (Retry-After honoured) and try again, up to
        ``retry.max_attempts``; then raise ``ModelRetryError`` chaining the last error;
-    4. add the answer to ``usage`` (a ``UsageMeter``; ``usage.snapshot()`` reads it) and
-       store it in the cache.
+    4. correct the token booking with the usage the server reported (when it reported
+       none, the estimate stands), add the answer to ``usage`` (a ``UsageMeter``;
+       ``usage.snapshot()`` reads it) and store it in the cache.
 
-    ``cache=True`` for a call with no cache configured raises ``ValueError``. A failing
-    cache backend is logged (logger ``asyncgraph.models``) and treated as a miss: the
-    cache never costs you an answer. ``aclose()`` (or ``async with``) releases the HTTP
-    and Redis connections.
+    ``cache=True`` for a call with no cache configured raises ``ValueError``.
+    ``cache_if=predicate`` lets the caller say which answers are usable: a cached answer it
+    rejects is deleted and the model is asked again, a fresh answer it rejects is returned
+    but not stored (so an unusable reply is never replayed). A failing cache backend is
+    logged (logger ``asyncgraph.models``) and treated as a miss: the cache never costs you
+    an answer. ``aclose()`` (or ``async with``) releases the HTTP and Redis connections.
 
     Subclasses implement ``_complete_once(messages, params)``, one attempt that raises a
-    ``ModelError`` subclass on failure, and may override ``cache_endpoint`` and
-    ``estimate_tokens``. Example::
+    ``ModelError`` subclass on failure, and may override ``cache_request`` (whatever they
+    add to the request must be in it), ``cache_endpoint`` and ``estimate_tokens``.
+    Example::
 
         class Echo(BaseChatModel):
             def __init__(self, **options):
@@ -82,6 +87,24 @@ class BaseChatModel(ABC):
         """Where requests go, part of the cache key (the same request elsewhere is another)."""
         return self.name
 
+    def cache_request(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The request as it will be sent, as JSON data: what the cache key hashes.
+
+        Everything that can change the answer must be in it, or two different requests
+        would share one cached answer. The default is ``{"endpoint": cache_endpoint,
+        "model": name, "messages": messages, "params": params}`` (``request_key``'s
+        fields); a client that adds to the request (default params, reply options)
+        overrides it to return what it really sends.
+        """
+        return {
+            "endpoint": self.cache_endpoint,
+            "model": self.name,
+            "messages": messages,
+            "params": dict(params),
+        }
+
     def estimate_tokens(self, messages: Sequence[Message], params: Mapping[str, Any]) -> int:
         """Tokens a request will use, booked in a tokens-per-minute budget before the call.
 
@@ -104,14 +127,21 @@ class BaseChatModel(ABC):
         """One attempt; raise a ``ModelError`` subclass (retryable or not) on failure."""
 
     async def complete(
-        self, messages: Sequence[Message], *, cache: bool | None = None, **params: Any
+        self,
+        messages: Sequence[Message],
+        *,
+        cache: bool | None = None,
+        cache_if: Callable[[Completion], bool] | None = None,
+        **params: Any,
     ) -> Completion:
         """Answer ``messages``; see the class docstring for the middleware order.
 
         ``cache``: ``None`` uses the configured cache if any, ``False`` bypasses it for this
-        call (no read, no write), ``True`` requires one. Other keyword arguments are sent
-        to the model (``temperature=0``, ``max_tokens=200``, ...). Raises ``ModelError``
-        subclasses, ``TypeError`` / ``ValueError`` for malformed messages or params.
+        call (no read, no write), ``True`` requires one. ``cache_if(completion) -> bool``
+        (must not raise): only answers it accepts are served from or stored in the cache.
+        Other keyword arguments are sent to the model (``temperature=0``,
+        ``max_tokens=200``, ...). Raises ``ModelError`` subclasses, ``TypeError`` /
+        ``ValueError`` for malformed messages or params.
         """
         msgs = normalize_messages(messages)
         reserved = _RESERVED_PARAMS.intersection(params)
@@ -128,18 +158,21 @@ class BaseChatModel(ABC):
         store = self.cache if cache is not False else None
         key = ""
         if store is not None:
-            key = request_key(self.cache_endpoint, self.name, msgs, params)
+            key = digest_request(self.cache_request(msgs, params))
             hit = await self._cache_get(store, key)
             if hit is not None:
-                self.usage.record_cache_hit()
-                return replace(hit, cached=True)
+                if cache_if is None or cache_if(hit):
+                    self.usage.record_cache_hit()
+                    return replace(hit, cached=True)
+                # Replaying an answer the caller cannot use would fail the same way forever.
+                await self._cache_delete(store, key)
         try:
             completion = await self._complete_with_retries(msgs, params)
         except Exception:
             self.usage.record_error()
             raise
         self.usage.record_completion(completion, self.pricing)
-        if store is not None:
+        if store is not None and (cache_if is None or cache_if(completion)):
             await self._cache_set(store, key, completion)
         return completion
 
@@ -183,7 +216,9 @@ class BaseChatModel(ABC):
                 self.usage.record_retry()
                 await anyio.sleep(delay)
                 continue
-            if limiter is not None:
+            # A server that reports no usage leaves the estimate booked: settling with 0
+            # would refund the whole booking and switch the tokens-per-minute limit off.
+            if limiter is not None and completion.total_tokens > 0:
                 try:
                     await limiter.settle(tokens, completion.total_tokens)
                 except ModelBackendError:
@@ -204,6 +239,12 @@ class BaseChatModel(ABC):
             await store.set(key, completion)
         except ModelBackendError:
             logger.warning("%s: cache write failed; answer not cached", self.name, exc_info=True)
+
+    async def _cache_delete(self, store: Cache, key: str) -> None:
+        try:
+            await store.delete(key)
+        except ModelBackendError:
+            logger.warning("%s: cache delete failed", self.name, exc_info=True)
 
     async def aclose(self) -> None:
         """Release connections (HTTP, Redis). Shared limiters and caches stay usable."""

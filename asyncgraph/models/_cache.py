@@ -1,8 +1,9 @@
 """Response caches: memory, a directory on disk, or Redis (with a TTL).
 
-A cache maps ``request_key(...)`` (the sha256 of the full request) to a ``Completion``
-stored as JSON; nothing is ever pickled. An entry that cannot be read back (corrupt
-file, foreign value) is a miss and is overwritten by the next answer.
+A cache maps a request digest (``digest_request``: the sha256 of the full request as
+sent, see ``BaseChatModel.cache_request``) to a ``Completion`` stored as JSON; nothing is
+ever pickled. An entry that cannot be read back (corrupt file, foreign value) is a miss
+and is overwritten by the next answer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,23 @@ from asyncgraph.models._keys import CACHE_PREFIX, cache_key
 from asyncgraph.models._redis import RedisHandle
 from asyncgraph.models._types import Completion
 
-__all__ = ["Cache", "DiskCache", "MemoryCache", "RedisCache", "request_key"]
+__all__ = ["Cache", "DiskCache", "MemoryCache", "RedisCache", "digest_request", "request_key"]
+
+
+def digest_request(request: Mapping[str, Any]) -> str:
+    """The sha256 hex digest of ``request`` (JSON data), the key of its cached answer.
+
+    The request is serialized as canonical JSON (sorted keys, no spaces), so dict order
+    does not matter. Raises ``TypeError`` if a value is not JSON-serializable.
+    """
+    try:
+        text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except TypeError as exc:
+        raise TypeError(
+            f"cannot cache a request whose params are not JSON-serializable ({exc}); "
+            "pass cache=False for this call"
+        ) from exc
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def request_key(
@@ -33,18 +50,13 @@ def request_key(
 ) -> str:
     """The sha256 hex digest of a request: endpoint, model, messages and params.
 
-    The request is serialized as canonical JSON (sorted keys, no spaces), so dict order
-    does not matter. Raises ``TypeError`` if a param is not JSON-serializable.
+    What ``BaseChatModel.cache_request`` hashes by default; ``params`` must be every
+    parameter sent (a client's defaults included). Raises ``TypeError`` if a param is
+    not JSON-serializable.
     """
-    payload = {"endpoint": endpoint, "model": model, "messages": messages, "params": params}
-    try:
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except TypeError as exc:
-        raise TypeError(
-            f"cannot cache a request whose params are not JSON-serializable ({exc}); "
-            "pass cache=False for this call"
-        ) from exc
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest_request(
+        {"endpoint": endpoint, "model": model, "messages": messages, "params": params}
+    )
 
 
 def _decode(raw: bytes | str) -> Completion | None:
@@ -64,13 +76,16 @@ class Cache(Protocol):
     """A response cache backend.
 
     ``await get(key)`` returns the stored ``Completion`` or ``None``; ``await set(key,
-    completion)`` stores it; ``await aclose()`` releases connections (the cache stays
-    usable). Backend failures raise ``ModelBackendError``.
+    completion)`` stores it; ``await delete(key)`` removes it (no error if absent);
+    ``await aclose()`` releases connections (the cache stays usable). Backend failures
+    raise ``ModelBackendError``.
     """
 
     async def get(self, key: str) -> Completion | None: ...
 
     async def set(self, key: str, completion: Completion) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -99,6 +114,10 @@ class MemoryCache:
             if self.max_entries is not None:
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
+
+    async def delete(self, key: str) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -161,6 +180,13 @@ class DiskCache:
         except OSError as exc:
             raise ModelBackendError(f"cannot write cache entry {str(path)!r}: {exc}") from exc
 
+    async def delete(self, key: str) -> None:
+        path = self.path_for(key)
+        try:
+            await anyio.to_thread.run_sync(lambda: path.unlink(missing_ok=True))
+        except OSError as exc:
+            raise ModelBackendError(f"cannot delete cache entry {str(path)!r}: {exc}") from exc
+
     async def aclose(self) -> None:
         return None
 
@@ -206,6 +232,14 @@ class RedisCache:
 
         def run(client: redis.Redis) -> None:
             client.set(name, data, px=px)
+
+        await self._redis.call(run)
+
+    async def delete(self, key: str) -> None:
+        name = cache_key(key, self.prefix)
+
+        def run(client: redis.Redis) -> None:
+            client.delete(name)
 
         await self._redis.call(run)
 

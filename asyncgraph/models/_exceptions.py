@@ -5,15 +5,17 @@ Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
     AsyncGraphError
     └── ModelError                        a model call failed
         ├── ModelStatusError              the server answered with an HTTP error status
-        │   ├── ModelRequestError         4xx other than 429: the request is wrong; never retried
+        │   ├── ModelRequestError         other 4xx: the request is wrong; never retried
+        │   ├── ModelRequestTimeoutError  408: the server gave up waiting; retried
         │   ├── ModelRateLimitedError     429: retried, honouring Retry-After
         │   └── ModelServerError          5xx: retried
         ├── ModelConnectionError          could not connect / connection lost: retried
         ├── ModelTimeoutError             the per-attempt deadline (timeout_s) passed: retried
-        ├── ModelResponseError            2xx, but the body is not a chat completion; not retried
+        ├── ModelResponseError            the answer is not a readable chat completion; not retried
         ├── ModelRetryError               every attempt failed; ``__cause__`` is the last error
         ├── RateLimitWaitError            the rate limiter's wait would exceed ``max_wait_s``
-        └── ModelBackendError             Redis or disk failed under a limiter or a cache
+        ├── ModelBackendError             Redis or disk failed under a limiter or a cache
+        └── ModelConfigError              an ASYNCGRAPH_MODEL_* setting is invalid
 
 ``retryable`` on every ``ModelError`` says whether the retry middleware tries
 again. Cancellation is never wrapped: it propagates untouched.
@@ -25,10 +27,12 @@ from asyncgraph._exceptions import AsyncGraphError
 
 __all__ = [
     "ModelBackendError",
+    "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
     "ModelRateLimitedError",
     "ModelRequestError",
+    "ModelRequestTimeoutError",
     "ModelResponseError",
     "ModelRetryError",
     "ModelServerError",
@@ -67,9 +71,19 @@ class ModelStatusError(ModelError):
 
 
 class ModelRequestError(ModelStatusError):
-    """A 4xx answer other than 429 (bad request, bad key, unknown model): not retried."""
+    """A 4xx answer other than 408 and 429 (bad request, bad key, unknown model): not retried.
+
+    409 Conflict is in this group too: on a generic server resending the same request does
+    not resolve a conflict.
+    """
 
     retryable = False
+
+
+class ModelRequestTimeoutError(ModelStatusError):
+    """A 408 answer: the server stopped waiting for the request (e.g. a slow upload); retried."""
+
+    retryable = True
 
 
 class ModelRateLimitedError(ModelStatusError):
@@ -97,7 +111,8 @@ class ModelTimeoutError(ModelError):
 
 
 class ModelResponseError(ModelError):
-    """The server answered 2xx with a body that is not a chat completion."""
+    """The answer is not a readable chat completion: a 2xx with another body, or a body
+    that cannot be decoded (bad compression, too many redirects)."""
 
     retryable = False
 
@@ -128,3 +143,17 @@ class ModelBackendError(ModelError):
     """A shared backend (Redis for a rate limit or cache, a cache directory) failed or timed out."""
 
     retryable = False
+
+
+class ModelConfigError(ModelError, ValueError):
+    """A model setting read from the environment (``ASYNCGRAPH_MODEL_*``) is invalid.
+
+    ``variable`` names the environment variable, ``value`` is what it held.
+    """
+
+    retryable = False
+
+    def __init__(self, message: str, *, variable: str, value: str) -> None:
+        super().__init__(message)
+        self.variable = variable
+        self.value = value

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 __all__ = ["Retry", "parse_retry_after"]
 
@@ -13,51 +16,85 @@ __all__ = ["Retry", "parse_retry_after"]
 class Retry:
     """How a model retries a call that failed with a retryable ``ModelError``.
 
-    Retryable failures are HTTP 429 and 5xx, connection errors and timeouts. Attempt
+    Retryable failures are HTTP 408, 429 and 5xx, connection errors and timeouts. Attempt
     ``n`` (1-based) that failed waits ``backoff_s(n)`` before attempt ``n + 1``: a delay
     drawn uniformly from ``[d/2, d]`` with ``d = min(backoff_max_s, backoff_base_s *
     2 ** (n - 1))`` ("equal jitter", so processes that failed together do not retry
-    together). When the server sent ``Retry-After`` (seconds; or ``retry-after-ms``),
-    the wait is that value instead, capped at ``retry_after_max_s``. After
-    ``max_attempts`` attempts the call raises ``ModelRetryError`` chaining the last
-    error. ``Retry(max_attempts=1)`` disables retries.
+    together). When the server sent ``Retry-After`` (seconds or an HTTP date; or
+    ``retry-after-ms``), the wait is that value instead, capped at ``retry_after_max_s``,
+    plus a random extra of up to ``retry_after_jitter`` of it (0.2 = up to 20% more), so
+    callers that got the same 429 at the same moment do not all come back in the same
+    instant. After ``max_attempts`` attempts the call raises ``ModelRetryError`` chaining
+    the last error. ``Retry(max_attempts=1)`` disables retries. ``rng`` draws the
+    jitter (pass ``random.Random(seed)`` for reproducible delays).
     """
 
     max_attempts: int = 4
     backoff_base_s: float = 0.5
     backoff_max_s: float = 20.0
     retry_after_max_s: float = 60.0
+    retry_after_jitter: float = 0.2
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise TypeError(f"max_attempts must be an int, got {self.max_attempts!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts!r}")
-        if self.backoff_base_s < 0 or self.backoff_max_s < 0 or self.retry_after_max_s < 0:
-            raise ValueError(f"backoff and retry-after bounds must be >= 0, got {self!r}")
+        bounds = (
+            self.backoff_base_s,
+            self.backoff_max_s,
+            self.retry_after_max_s,
+            self.retry_after_jitter,
+        )
+        if not all(b >= 0 for b in bounds):  # also rejects NaN
+            raise ValueError(f"backoff, retry-after and jitter bounds must be >= 0, got {self!r}")
 
     def backoff_s(self, failed_attempt: int, retry_after_s: float | None = None) -> float:
         """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed."""
         if retry_after_s is not None and retry_after_s >= 0:
-            return min(retry_after_s, self.retry_after_max_s)
+            wait = min(retry_after_s, self.retry_after_max_s)
+            return wait + self.rng.uniform(0, wait * self.retry_after_jitter)
         ceiling = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** (failed_attempt - 1))
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 
 
-def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
     """Seconds the server asks us to wait, from ``retry-after-ms`` or ``Retry-After``.
 
-    Only the delta-seconds form of ``Retry-After`` is understood; an HTTP date or garbage
-    gives ``None`` (the normal backoff is used then). ``headers`` lookups must be
-    case-insensitive (``httpx.Headers`` is).
+    ``Retry-After`` may be delta-seconds (``"120"``) or an HTTP date (``"Wed, 21 Oct 2015
+    07:28:00 GMT"``), read relative to ``now`` (default: the current time; a naive ``now``
+    is taken as UTC); a date in the past means "now" (0). Garbage gives ``None`` (the
+    normal backoff is used then). ``headers`` lookups must be case-insensitive
+    (``httpx.Headers`` is).
     """
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value.strip()) / scale
-        except ValueError:
-            continue
-        if seconds >= 0 and seconds == seconds and seconds != float("inf"):
-            return seconds
-    return None
+    ms = _seconds(headers.get("retry-after-ms"), scale=1000.0)
+    if ms is not None:
+        return ms
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _seconds(value, scale=1.0)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" dates are naive; HTTP dates are always GMT
+        when = when.replace(tzinfo=UTC)
+    if now is None:
+        now = datetime.now(UTC)
+    elif now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _seconds(value: str | None, *, scale: float) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip()) / scale
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None

@@ -101,18 +101,20 @@ def simulated_reply(messages: Sequence[Mapping[str, Any]]) -> str:
 class SimulatedModel(BaseChatModel):
     """A deterministic stand-in for an LLM that runs offline. It is not a language model.
 
-    Every answer says so: ``Completion.model`` is ``"simulated"`` and the text starts with
-    ``"[simulated] "`` (``tag_replies=False`` drops the prefix for scripted replies that
-    must parse exactly; the model name still says simulated). The same messages always
-    give the same reply. Each call sleeps ``latency_s`` (default 0.1 s) to stand in for
-    network time, so concurrency is visible in demos. Token counts are whitespace-separated
-    words, not real tokens.
+    Every answer says so: ``Completion.model`` is ``"simulated"`` (always, whatever the
+    options) and by default the text starts with ``"[simulated] "``. ``tag_replies=False``
+    drops that text prefix; it is meant for scripted replies (a ``responder``) that must
+    parse exactly, e.g. an optimizer's ``<IMPROVED_VARIABLE>`` answer in a test; the model
+    name still says simulated. The same messages always give the same reply. Each call
+    sleeps ``latency_s`` (default 0.1 s) to stand in for network time, so concurrency is
+    visible in demos. Token counts are whitespace-separated words, not real tokens.
 
     Without a ``responder`` the replies come from ``simulated_reply`` (feedback when asked
     for feedback, ``<IMPROVED_VARIABLE>`` tags when asked to improve a variable). A
     ``responder(messages) -> str`` (or an async one) scripts the replies instead; it may
     raise a ``ModelError`` (e.g. ``ModelServerError``) to exercise the retry middleware.
-    Cache, rate limit, retries and usage work as for every ``BaseChatModel``::
+    Cache, rate limit, retries and usage work as for every ``BaseChatModel``; the cache
+    key includes the responder's qualified name and ``tag_replies``::
 
         model = SimulatedModel(latency_s=0.0, responder=lambda messages: "42")
         (await model.complete([{"role": "user", "content": "6 * 7?"}])).text
@@ -152,6 +154,12 @@ class SimulatedModel(BaseChatModel):
         fn = self.responder
         return f"simulated:{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
+    def cache_request(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The default request plus ``tag_replies``, which changes every reply's text."""
+        return {**super().cache_request(messages, params), "tag_replies": self.tag_replies}
+
     async def _complete_once(
         self, messages: list[dict[str, Any]], params: dict[str, Any]
     ) -> Completion:
@@ -176,4 +184,7 @@ class SimulatedModel(BaseChatModel):
         )
 
     def __repr__(self) -> str:
-        return f"SimulatedModel(latency_s={self.latency_s!r}, responder={self.responder!r})"
+        return (
+            f"SimulatedModel(latency_s={self.latency_s!r}, responder={self.responder!r}, "
+            f"tag_replies={self.tag_replies!r})"
+        )

@@ -1,16 +1,163 @@
-"""``parse_model_spec``: a model from a command-line string such as ``openai:gpt-4o-mini``."""
+"""``parse_model_spec``: a model from a command-line string such as ``openai:gpt-4o-mini``.
+
+Models built from a spec (by a worker, or by ``asyncgraph.text.resolve_model``) take
+their rate limit and response cache from the process environment, so a fleet of workers
+is configured without code:
+
+``ASYNCGRAPH_MODEL_RPM`` / ``ASYNCGRAPH_MODEL_TPM``
+    requests / tokens per minute allowed for each model name (e.g. ``600`` / ``150000``).
+``ASYNCGRAPH_MODEL_RATE_REDIS``
+    ``redis://...``: that budget is shared through this Redis by every process that has
+    the same settings (one budget for the fleet). Without it the budget is shared by the
+    spec-built models of this process only.
+``ASYNCGRAPH_MODEL_CACHE``
+    ``memory``, ``disk:/some/dir`` or ``redis://...`` (``rediss://``): a response cache,
+    shared by the spec-built models of this process (and with ``disk:`` / ``redis://``, by
+    every process using the same store). ``off`` or unset: no cache.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import threading
+from collections.abc import Mapping
 from typing import Any
 
 from asyncgraph.models._base import BaseChatModel
+from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
+from asyncgraph.models._exceptions import ModelConfigError
 from asyncgraph.models._openai import OpenAIChat
-from asyncgraph.models._simulated import SimulatedModel
+from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
+from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
 
-__all__ = ["parse_model_spec"]
+__all__ = [
+    "ENV_CACHE",
+    "ENV_RATE_REDIS",
+    "ENV_RPM",
+    "ENV_TPM",
+    "model_options_from_env",
+    "parse_model_spec",
+]
 
 _FORMS = "'simulated', 'simulated:LATENCY_S' or 'openai:MODEL' (e.g. 'openai:gpt-4o-mini')"
+
+ENV_RPM = "ASYNCGRAPH_MODEL_RPM"
+ENV_TPM = "ASYNCGRAPH_MODEL_TPM"
+ENV_RATE_REDIS = "ASYNCGRAPH_MODEL_RATE_REDIS"
+ENV_CACHE = "ASYNCGRAPH_MODEL_CACHE"
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_CACHE_FORMS = "'memory', 'disk:/path/to/dir', 'redis://host:6379/0' (or rediss://) or 'off'"
+
+# Process-wide on purpose, like the limits they stand for: every spec-built model of one
+# name in this process books from one in-process budget, and all share one cache.
+_lock = threading.Lock()
+_local_limiters: dict[tuple[str, RateLimit], LocalRateLimiter] = {}
+_caches: dict[str, Cache] = {}
+
+
+def _per_minute(environ: Mapping[str, str], variable: str) -> float | None:
+    raw = environ.get(variable, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ModelConfigError(
+            f"{variable}={raw!r} is not a number > 0: set it to the provider's limit per "
+            f"minute (e.g. {variable}=600), or unset it for no limit",
+            variable=variable,
+            value=raw,
+        )
+    return value
+
+
+def _rate_limit(environ: Mapping[str, str], name: str) -> RateLimit | RateLimiter | None:
+    rpm = _per_minute(environ, ENV_RPM)
+    tpm = _per_minute(environ, ENV_TPM)
+    redis_url = environ.get(ENV_RATE_REDIS, "").strip() or None
+    if redis_url is not None and not redis_url.startswith(_REDIS_SCHEMES):
+        raise ModelConfigError(
+            f"{ENV_RATE_REDIS}={redis_url!r} is not a Redis URL: expected redis://host:6379/0 "
+            "(or rediss://, unix://)",
+            variable=ENV_RATE_REDIS,
+            value=redis_url,
+        )
+    if rpm is None and tpm is None:
+        if redis_url is not None:
+            raise ModelConfigError(
+                f"{ENV_RATE_REDIS} is set but neither {ENV_RPM} nor {ENV_TPM} is: set the "
+                f"limit to share (e.g. {ENV_RPM}=600), or unset {ENV_RATE_REDIS}",
+                variable=ENV_RATE_REDIS,
+                value=redis_url,
+            )
+        return None
+    try:
+        limit = RateLimit(
+            requests_per_minute=rpm, tokens_per_minute=tpm, redis_url=redis_url, name=name
+        )
+    except ValueError as exc:
+        variable = ENV_RPM if rpm is not None else ENV_TPM
+        raise ModelConfigError(
+            f"{ENV_RPM}={rpm!r} / {ENV_TPM}={tpm!r} do not make a valid rate limit: {exc}",
+            variable=variable,
+            value=environ.get(variable, ""),
+        ) from exc
+    if redis_url is not None:
+        return limit  # each model gets a RedisRateLimiter on the shared keys of `name`
+    with _lock:
+        limiter = _local_limiters.get((name, limit))
+        if limiter is None:
+            limiter = _local_limiters[(name, limit)] = LocalRateLimiter(limit, name=name)
+        return limiter
+
+
+def _cache(environ: Mapping[str, str]) -> Cache | None:
+    raw = environ.get(ENV_CACHE, "").strip()
+    if raw.lower() in ("", "off", "none"):
+        return None
+    with _lock:
+        cache = _caches.get(raw)
+        if cache is not None:
+            return cache
+        if raw.lower() == "memory":
+            cache = MemoryCache()
+        elif raw.startswith("disk:") and raw[len("disk:") :].strip():
+            cache = DiskCache(os.path.expanduser(raw[len("disk:") :].strip()))
+        elif raw.startswith(_REDIS_SCHEMES):
+            cache = RedisCache(raw)
+        else:
+            raise ModelConfigError(
+                f"{ENV_CACHE}={raw!r} is not a cache: expected {_CACHE_FORMS}",
+                variable=ENV_CACHE,
+                value=raw,
+            )
+        _caches[raw] = cache
+        return cache
+
+
+def model_options_from_env(
+    name: str, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``rate_limit`` / ``cache`` options the environment sets for a model called ``name``.
+
+    Reads ``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``, ``ASYNCGRAPH_MODEL_RATE_REDIS``
+    and ``ASYNCGRAPH_MODEL_CACHE`` from ``environ`` (default ``os.environ``; see the module
+    docstring). Only the options that are set appear in the result. Raises
+    ``ModelConfigError`` (a ``ValueError``) naming the variable when a value is invalid.
+    """
+    env = os.environ if environ is None else environ
+    options: dict[str, Any] = {}
+    rate_limit = _rate_limit(env, name)
+    if rate_limit is not None:
+        options["rate_limit"] = rate_limit
+    cache = _cache(env)
+    if cache is not None:
+        options["cache"] = cache
+    return options
 
 
 def parse_model_spec(
@@ -24,7 +171,11 @@ def parse_model_spec(
       OpenAI-compatible server.
 
     ``options`` go to the model's constructor (``retry=``, ``rate_limit=``, ``cache=``,
-    ``pricing=``, ``timeout_s=``, ...). Raises ``ValueError`` for any other spec.
+    ``pricing=``, ``timeout_s=``, ...). A ``rate_limit`` or ``cache`` not given here comes
+    from the environment (``ASYNCGRAPH_MODEL_RPM``, ``_TPM``, ``_RATE_REDIS``, ``_CACHE``:
+    see ``model_options_from_env``); pass ``rate_limit=None`` / ``cache=None`` to opt out.
+    Raises ``ValueError`` for any other spec and ``ModelConfigError`` (also a
+    ``ValueError``) for an invalid environment setting.
     """
     provider, sep, rest = spec.strip().partition(":")
     provider = provider.lower()
@@ -42,7 +193,22 @@ def parse_model_spec(
                     f"bad model spec {spec!r}: the simulated latency must be a number of "
                     f"seconds; expected {_FORMS}"
                 ) from None
+        _env_defaults(options, SIMULATED_MODEL_NAME)
         return SimulatedModel(**options)
     if provider == "openai" and rest.strip():
-        return OpenAIChat(rest.strip(), base_url=base_url, api_key=api_key, **options)
+        name = rest.strip()
+        _env_defaults(options, name)
+        return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)
     raise ValueError(f"bad model spec {spec!r}: expected {_FORMS}")
+
+
+def _env_defaults(options: dict[str, Any], name: str) -> None:
+    """Fill the ``rate_limit`` / ``cache`` options the caller left out from the environment."""
+    if "rate_limit" not in options:
+        rate_limit = _rate_limit(os.environ, name)
+        if rate_limit is not None:
+            options["rate_limit"] = rate_limit
+    if "cache" not in options:
+        cache = _cache(os.environ)
+        if cache is not None:
+            options["cache"] = cache

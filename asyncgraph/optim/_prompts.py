@@ -85,10 +85,24 @@ def retry_message(role: str, open_tag: str, close_tag: str, empty: bool) -> dict
     }
 
 
-def summary_messages(*, role: str, feedback: str, entries: int, max_tokens: int) -> list[dict[str, Any]]:
-    """The request that condenses over-long feedback before an update."""
+def summary_messages(
+    *, role: str, feedback: str, entries: int, max_tokens: int, summaries: bool = False
+) -> list[dict[str, Any]]:
+    """The request that condenses one chunk of over-long feedback before an update.
+
+    ``entries``: how many pieces ``feedback`` holds; ``summaries``: whether they are
+    summaries made by earlier requests (a later round of the map-reduce) rather than
+    feedback as the backward produced it.
+    """
     words = max(1, max_tokens * 3 // 4)
-    sources = f"{entries} sources" if entries > 1 else "one source"
+    if summaries:
+        what = (
+            f"{entries} summaries of feedback, each condensed from several sources,"
+            if entries > 1
+            else "a summary of feedback from several sources"
+        )
+    else:
+        what = f"feedback from {entries} sources" if entries > 1 else "feedback from one source"
     return [
         {
             "role": "system",
@@ -102,10 +116,9 @@ def summary_messages(*, role: str, feedback: str, entries: int, max_tokens: int)
         {
             "role": "user",
             "content": (
-                f"Below is feedback from {sources} on a variable with the role "
-                f"<ROLE>{role}</ROLE>. It is too long to use as is. Condense it into at most "
-                f"about {words} words ({max_tokens} tokens).\n<FEEDBACK>\n{feedback}\n"
-                f"</FEEDBACK>"
+                f"Below is {what} on a variable with the role <ROLE>{role}</ROLE>. It is too "
+                f"long to use as is. Condense it into at most about {words} words "
+                f"({max_tokens} tokens).\n<FEEDBACK>\n{feedback}\n</FEEDBACK>"
             ),
         },
     ]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from asyncgraph._variable import Variable
-from asyncgraph.models import ChatModel
+from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._exceptions import UpdateParseError
 from asyncgraph.optim._optimizer import Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, summary_messages, update_messages
@@ -21,16 +21,77 @@ __all__ = ["TGD", "parse_tagged"]
 
 DEFAULT_TAGS = ("<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>")
 _TRUNCATED = "\n[... feedback truncated to max_feedback_tokens]"
+_PAST_TRUNCATED = "\n[... truncated to max_feedback_tokens]"
+_SUMMARY_TRUNCATED = "\n[... summary truncated]"
+# The map-reduce merges up to this many chunk summaries per later request, and never
+# runs more rounds than this (each round divides the feedback several times over).
+_FAN_IN = 8
+_MAX_ROUNDS = 16
 
 
 def parse_tagged(reply: str, open_tag: str, close_tag: str) -> str | None:
-    """The text of the last ``open_tag ... close_tag`` span of ``reply``, stripped; None if none.
+    """The text between the last ``close_tag`` of ``reply`` and the last ``open_tag`` before
+    it, stripped; None if there is no such pair. Tags match case-insensitively.
 
-    The last span wins, so a reply that first repeats the instructions ("between
-    <IMPROVED_VARIABLE> and </IMPROVED_VARIABLE>") and then answers parses right.
+    Anchoring on the last close tag makes a reply that first repeats the instructions
+    ("Put it between <IMPROVED_VARIABLE> tags.") and then answers parse right.
     """
-    spans = re.findall(re.escape(open_tag) + r"(.*?)" + re.escape(close_tag), reply, re.DOTALL)
-    return spans[-1].strip() if spans else None
+    closes = list(re.finditer(re.escape(close_tag), reply, re.IGNORECASE))
+    if not closes:
+        return None
+    end = closes[-1].start()
+    opens = list(re.finditer(re.escape(open_tag), reply[:end], re.IGNORECASE))
+    if not opens:
+        return None
+    return reply[opens[-1].end() : end].strip()
+
+
+def _cut(text: str, tokens: int, marker: str) -> str:
+    """``text`` within ``tokens`` (``approx_tokens``), ending with ``marker`` if it was cut."""
+    limit = tokens * 4
+    if len(text) <= limit:
+        return text
+    if limit <= len(marker):
+        return text[:limit]
+    return text[: limit - len(marker)] + marker
+
+
+def _split(text: str, tokens: int) -> list[str]:
+    """``text`` in consecutive parts of at most ``tokens`` each, broken at whitespace when
+    there is some in the second half of a part, so an over-long entry loses nothing."""
+    limit = tokens * 4
+    parts: list[str] = []
+    while len(text) > limit:
+        cut = text.rfind(" ", limit // 2, limit + 1)
+        cut = max(cut, text.rfind("\n", limit // 2, limit + 1))
+        if cut <= 0:
+            cut = limit
+        parts.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    if text:
+        parts.append(text)
+    return parts
+
+
+def _pack(pieces: list[str], tokens: int) -> list[list[str]]:
+    """Consecutive pieces grouped so that each group, rendered, fits ``tokens``."""
+    # Each piece costs its text plus at most its "--- feedback i of n ---" header and the
+    # blank line between pieces; a group always takes at least one piece (which fits).
+    header = len(f"--- feedback {len(pieces)} of {len(pieces)} ---\n\n\n")
+    limit = tokens * 4
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for piece in pieces:
+        cost = len(piece) + header
+        if current and size + cost > limit:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += cost
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def _excerpt(text: str, limit: int = 300) -> str:
@@ -53,20 +114,30 @@ class TGD(Optimizer):
     - ``momentum``: how many past steps (value before the step and the feedback
       it got) the prompt shows as memory; 0 = none. Kept in ``state`` as
       ``history`` (and ``step``, the number of updates), JSON-ready;
-    - ``max_feedback_tokens``: feedback longer than this (``approx_tokens``:
-      4 characters per token) is first condensed by one extra model call
-      (several sources' feedback in one summary), and cut to the budget if the
-      summary is still too long, so a batch of hundreds of samples never
-      overflows the model's context. The prompt then holds at most
-      ``(momentum + 1) * max_feedback_tokens`` tokens of feedback. None = no
+    - ``max_feedback_tokens`` (``B``; ``approx_tokens``: 4 characters per
+      token): the guard that keeps every request within the model's context
+      however many samples the feedback comes from. Feedback longer than ``B``
+      is condensed by map-reduce: its entries are grouped into chunks of at most
+      ``B`` tokens (an entry longer than ``B`` is split into parts), each chunk
+      is summarised by one request, all chunks concurrently, then the summaries
+      are grouped and summarised again, round after round, until one request
+      condenses all that is left into at most ``B`` tokens (cut to ``B`` if the
+      model writes more). No summary request holds more than ``B`` tokens of
+      feedback (plus a fixed instruction of about 120 tokens and the role). The
+      update prompt shows at most ``B`` tokens of feedback, and each past value
+      and past feedback of the memory cut to ``B``: at most ``(2 * momentum + 1)
+      * B`` tokens besides the current value and the constraints. None = no
       guard.
 
     ``model``: a ChatModel, a spec or a registered name (see
     ``asyncgraph.text.resolve_model``; ``base_url`` with a spec).
-    ``model_params``: model parameters for every request (``{"temperature": 0}``). ``max_retries``: when a reply has no
-    tagged value (or an empty one), the reply and a correction are sent back,
-    up to this many extra times; then ``UpdateParseError`` names the parameter's
-    role and shows the reply. ``system_prompt`` replaces the built-in one.
+    ``model_params``: model parameters for every request (``{"temperature": 0}``).
+    ``max_retries``: when a reply has no tagged value (or an empty one), the
+    reply and a correction are sent back, up to this many extra times; then
+    ``UpdateParseError`` names the parameter's role and shows the reply. A
+    reply that cannot be parsed is never stored in (or replayed from) the
+    model's response cache (``cache_if`` of a ``BaseChatModel``), so the next
+    step asks the model again. ``system_prompt`` replaces the built-in one.
     Model errors propagate (``ModelError``).
 
     Example::
@@ -91,7 +162,7 @@ class TGD(Optimizer):
         model_params: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,
     ) -> None:
-        if not isinstance(max_retries, int) or max_retries < 0:
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"TGD: max_retries must be an int >= 0, got {max_retries!r}")
         if (
             not isinstance(tags, (tuple, list))
@@ -130,7 +201,9 @@ class TGD(Optimizer):
         if not isinstance(momentum, int) or isinstance(momentum, bool) or momentum < 0:
             raise ValueError(f"TGD: momentum must be an int >= 0 (past steps), got {momentum!r}")
         budget = group.get("max_feedback_tokens")
-        if budget is not None and (not isinstance(budget, int) or budget < 1):
+        if budget is not None and (
+            not isinstance(budget, int) or isinstance(budget, bool) or budget < 1
+        ):
             raise ValueError(f"TGD: max_feedback_tokens must be an int >= 1 or None, got {budget!r}")
 
     def _model(self) -> ChatModel:
@@ -138,28 +211,40 @@ class TGD(Optimizer):
             return resolve_model(self.model, self.base_url)
         return self.model
 
+    async def _ask(
+        self, model: ChatModel, messages: list[dict[str, Any]], usable: Callable[[str], bool]
+    ) -> str:
+        """One request; a reply that is not ``usable`` is kept out of the response cache."""
+        if isinstance(model, BaseChatModel):
+            completion = await model.complete(
+                messages, cache_if=lambda c: usable(c.text), **self.model_params
+            )
+        else:
+            completion = await model.complete(messages, **self.model_params)
+        return completion.text
+
     async def step(self) -> None:
         """Update every parameter that has feedback; see the class docstring."""
-        jobs: list[tuple[Variable, ParamGroup, str]] = []
+        jobs: list[tuple[Variable, ParamGroup, list[str]]] = []
         for group in self.param_groups:
             for p in group["params"]:
-                feedback = render_feedback(p.grad)
-                if not feedback:
+                entries = feedback_entries(p.grad)
+                if not entries:
                     continue
                 if not isinstance(p.data, str):
                     raise TypeError(
                         f"TGD updates text parameters; parameter {p.role!r} holds "
                         f"{type(p.data).__name__} ({p.data!r:.60}). Use SGD for numbers."
                     )
-                jobs.append((p, group, feedback))
+                jobs.append((p, group, entries))
         if not jobs:
             return
         model = self._model()
         results: list[tuple[str, str] | None] = [None] * len(jobs)
 
         async def update(i: int) -> None:
-            p, group, feedback = jobs[i]
-            results[i] = await self._update(model, p, group, feedback)
+            p, group, entries = jobs[i]
+            results[i] = await self._update(model, p, group, entries)
 
         await run_all([functools.partial(update, i) for i in range(len(jobs))])
         for (p, group, _), result in zip(jobs, results, strict=True):
@@ -175,30 +260,44 @@ class TGD(Optimizer):
             p.data = new_value
 
     async def _update(
-        self, model: ChatModel, p: Variable, group: ParamGroup, feedback: str
+        self, model: ChatModel, p: Variable, group: ParamGroup, entries: list[str]
     ) -> tuple[str, str]:
         """The new value of ``p`` and the feedback it was computed from (after the guard)."""
         role = describe(p.role, "variable")
-        budget = group["max_feedback_tokens"]
+        budget: int | None = group["max_feedback_tokens"]
+        feedback = render_feedback(entries)
         if budget is not None and approx_tokens(feedback) > budget:
-            feedback = await self._condense(model, role, feedback, len(feedback_entries(p.grad)), budget)
-        history: Sequence[dict[str, Any]] = self.state.get(p, {}).get("history", [])
+            feedback = await self._condense(model, role, entries, budget)
         momentum = group["momentum"]
+        history: list[dict[str, Any]] = list(self.state.get(p, {}).get("history", []))
+        history = history[-momentum:] if momentum > 0 else []
+        if budget is not None:
+            history = [
+                {
+                    "value": _cut(str(item.get("value", "")), budget, _PAST_TRUNCATED),
+                    "feedback": _cut(str(item.get("feedback", "")), budget, _PAST_TRUNCATED),
+                }
+                for item in history
+            ]
         open_tag, close_tag = self.tags
         messages = update_messages(
             role=role,
             value=p.data,
             feedback=feedback,
-            history=history[-momentum:] if momentum > 0 else [],
+            history=history,
             constraints=group["constraints"],
             open_tag=open_tag,
             close_tag=close_tag,
             system_prompt=self.system_prompt,
         )
+
+        def parses(reply: str) -> bool:
+            return bool(parse_tagged(reply, open_tag, close_tag))
+
         attempts = self.max_retries + 1
         reply = ""
         for _ in range(attempts):
-            reply = (await model.complete(messages, **self.model_params)).text
+            reply = await self._ask(model, messages, parses)
             value = parse_tagged(reply, open_tag, close_tag)
             if value:
                 return value, feedback
@@ -219,15 +318,57 @@ class TGD(Optimizer):
             reply=reply,
         )
 
-    async def _condense(
-        self, model: ChatModel, role: str, feedback: str, entries: int, budget: int
+    async def _condense(self, model: ChatModel, role: str, entries: list[str], budget: int) -> str:
+        """The feedback ``entries`` condensed into at most ``budget`` tokens by map-reduce.
+
+        Round 1 summarises chunks of entries (each chunk within ``budget``), later rounds
+        chunks of the previous round's summaries, all chunks of a round concurrently;
+        the round with a single chunk makes the final summary. Intermediate summaries
+        are asked for (and cut to) a fraction of the budget small enough that every
+        round shrinks the feedback several times over.
+        """
+        pieces = [part for entry in entries for part in _split(entry, budget)]
+        summaries = False
+        previous_chunks: int | None = None
+        for _ in range(_MAX_ROUNDS):
+            chunks = _pack(pieces, budget)
+            if len(chunks) == 1:
+                return await self._summarise(model, role, chunks[0], budget, summaries, _TRUNCATED)
+            if previous_chunks is not None and len(chunks) >= previous_chunks:
+                break  # a budget too small for headers plus summaries: no progress left
+            previous_chunks = len(chunks)
+            target = max(1, budget // (2 * min(len(chunks), _FAN_IN)), min(budget // 4, 64))
+            results = await self._summarise_all(model, role, chunks, target, summaries)
+            pieces, summaries = results, True
+        return _cut(render_feedback(pieces), budget, _TRUNCATED)
+
+    async def _summarise_all(
+        self, model: ChatModel, role: str, chunks: list[list[str]], target: int, summaries: bool
+    ) -> list[str]:
+        """Every chunk summarised (to ``target`` tokens), all requests at once."""
+        results = [""] * len(chunks)
+
+        async def one(i: int) -> None:
+            results[i] = await self._summarise(
+                model, role, chunks[i], target, summaries, _SUMMARY_TRUNCATED
+            )
+
+        await run_all([functools.partial(one, i) for i in range(len(chunks))])
+        return results
+
+    async def _summarise(
+        self,
+        model: ChatModel,
+        role: str,
+        chunk: list[str],
+        target: int,
+        summaries: bool,
+        marker: str,
     ) -> str:
-        """Feedback within ``budget`` tokens: one summary call, then a hard cut if needed."""
-        messages = summary_messages(role=role, feedback=feedback, entries=entries, max_tokens=budget)
-        summary = (await model.complete(messages, **self.model_params)).text.strip() or feedback
-        if approx_tokens(summary) <= budget:
-            return summary
-        limit = budget * 4
-        if limit <= len(_TRUNCATED):
-            return summary[:limit]
-        return summary[: limit - len(_TRUNCATED)] + _TRUNCATED
+        """One summary request for ``chunk``; the reply (or, if empty, the chunk) cut to ``target``."""
+        text = render_feedback(chunk)
+        messages = summary_messages(
+            role=role, feedback=text, entries=len(chunk), max_tokens=target, summaries=summaries
+        )
+        reply = (await self._ask(model, messages, lambda r: bool(r.strip()))).strip()
+        return _cut(reply or text, target, marker)

@@ -12,7 +12,13 @@ backward asks it for feedback.
   order) as one text; :func:`feedback_entries`, :func:`approx_tokens`.
 - :func:`register_model`, :func:`resolve_model`: how a model spec stored in a
   ctx (``"simulated"``, ``"openai:gpt-4o-mini"``, a registered name) becomes a
-  model in this process, on a worker too.
+  model in this process, on a worker too. :class:`ModelRef` is such a reference;
+  ``portable`` is False for a model *object* passed to a text function.
+
+**For a distributed backward, pass models as spec strings** (or names that the
+app and every worker register): a model object is known to this process only,
+and a worker cannot resolve it. :func:`check_portable` finds such nodes in a
+graph before the backward starts.
 
 Example::
 
@@ -35,6 +41,7 @@ from asyncgraph.text._functions import (
     FormattedLLMCall,
     LLMCall,
     Metric,
+    check_portable,
     concat,
     exact_match,
     formatted_llm_call,
@@ -61,6 +68,7 @@ __all__ = [
     "TextLoss",
     "UnknownModelError",
     "approx_tokens",
+    "check_portable",
     "concat",
     "exact_match",
     "feedback_entries",

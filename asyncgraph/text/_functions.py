@@ -30,7 +30,7 @@ from asyncgraph._variable import Variable
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import render_feedback
 from asyncgraph.text._prompts import describe, llm_feedback_messages
-from asyncgraph.text._registry import ModelLike, ModelRef, model_ref, resolve_ref
+from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
 
 __all__ = [
     "Concat",
@@ -39,6 +39,7 @@ __all__ = [
     "LLMCall",
     "Metric",
     "REMOTE_FUNCTIONS",
+    "check_portable",
     "concat",
     "exact_match",
     "formatted_llm_call",
@@ -97,10 +98,15 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
     params = _params(options.get("params"), "params", function)
     feedback_params = options.get("feedback_params")
     return {
-        "model": model_ref(options["model"], base_url),
+        "model": model_ref(options["model"], base_url).to_data(),
         "feedback_model": None
         if feedback_model is None
-        else model_ref(feedback_model, None, what="feedback_model"),
+        else model_ref(feedback_model, None, what="feedback_model").to_data(),
+        # Model objects passed in: the node keeps them alive (the registry holds them
+        # weakly), off the wire (underscored ctx attributes are not sent to workers).
+        "objects": [
+            m for m in (options["model"], feedback_model) if m is not None and not isinstance(m, str)
+        ],
         "params": params,
         "feedback_params": params
         if feedback_params is None
@@ -109,7 +115,7 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _complete(ref: ModelRef, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
+async def _complete(ref: RefData, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
     completion = await resolve_ref(ref).complete(messages, **params)
     return completion.text
 
@@ -130,6 +136,7 @@ async def _llm_forward(
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": user_prompt})
     output = await _complete(options["model"], messages, options["params"])
+    ctx._model_objects = options["objects"]
     ctx.model = options["model"]
     ctx.feedback_model = options["feedback_model"]
     ctx.feedback_params = options["feedback_params"]
@@ -148,7 +155,7 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
     if grad_output is None:
         return tuple(grads)
     feedback = render_feedback(grad_output)
-    ref: ModelRef = ctx.feedback_model or ctx.model
+    ref: RefData = ctx.feedback_model or ctx.model
     params: dict[str, Any] = dict(ctx.feedback_params)
 
     async def ask(slot: dict[str, Any]) -> None:
@@ -191,7 +198,10 @@ class LLMCall(_TextFunction):
     ``role``.
 
     ``dispatch = "remote"``: a distributed executor may run the backward on a
-    worker, which resolves the model spec with its own ``resolve_model``.
+    worker, which resolves the model spec with its own ``resolve_model``; for
+    that, pass the model as a spec string (or a name every worker registers),
+    not as a ChatModel object, which only this process knows
+    (``check_portable(loss)`` finds such nodes before the backward).
     Model errors propagate (``asyncgraph.models.ModelError``).
 
     Example::
@@ -429,6 +439,54 @@ for _cls in (LLMCall, FormattedLLMCall, Concat, ExactMatch, Metric):
 
 REMOTE_FUNCTIONS: tuple[type[Function], ...] = (LLMCall, FormattedLLMCall)
 """The text Functions whose backward may run on a worker (for a worker's registry)."""
+
+
+def check_portable(*outputs: Variable) -> None:
+    """Check, before a distributed backward, that workers can resolve every model.
+
+    Walks the graph behind ``outputs`` (e.g. the loss) and raises ``ValueError`` naming
+    each ``dispatch = "remote"`` text node whose model (or ``feedback_model``) was passed
+    as a model *object*: its ``ModelRef`` is not ``portable``, a worker would fail with
+    ``UnknownModelError``. The message says what to do instead (a spec string, or a name
+    registered with ``register_model`` in the app and in every worker). Returns None when
+    every remote node names its models portably; a local backward needs no check.
+
+    Example::
+
+        loss = await TextLoss("Evaluate the answer.", model="openai:gpt-4o-mini")(answer)
+        check_portable(loss)
+        await loss.backward(executor=redis_executor)
+    """
+    problems: list[str] = []
+    seen: set[int] = set()
+    stack = [v.grad_fn for v in outputs if isinstance(v, Variable) and v.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if issubclass(node.function, _TextFunction) and node.function.dispatch == "remote":
+            for attr in ("model", "feedback_model"):
+                data = getattr(node.ctx, attr, None)
+                if data is None:
+                    continue
+                ref = ModelRef.from_data(data)
+                if not ref.portable:
+                    problems.append(f"{node.describe()}: {attr}={ref.spec!r}")
+        for edge in node.next_edges:
+            if edge is not None and not isinstance(edge[0], Variable):
+                stack.append(edge[0])
+    if problems:
+        listed = "\n  ".join(sorted(problems))
+        raise ValueError(
+            f"{len(problems)} remote text node(s) name a model passed as an object, which only "
+            f"this process knows; a worker cannot resolve it:\n  {listed}\nPass model= a spec "
+            f"string such as 'openai:gpt-4o-mini' (with base_url=) or 'simulated', or register "
+            f"the model under one name in the app and in every worker "
+            f"(asyncgraph.text.register_model(name, model) in a module the worker imports with "
+            f"asyncgraph worker --import your_module) and pass model=name; or run this backward "
+            f"locally."
+        )
 
 
 def _given(

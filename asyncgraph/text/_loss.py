@@ -62,16 +62,16 @@ class TextLoss:
                 f"{eval_system_prompt!r:.80}"
             )
         self.eval_system_prompt = eval_system_prompt
-        # Register an instance once, so every loss of this judge shares one name.
-        self.model: ModelLike = model if isinstance(model, str) else model_ref(model)["spec"]
+        # Checked now (a bad model fails here, not at the first evaluation); a model object
+        # is passed on as is, so each loss's node keeps it alive for its backward.
+        model_ref(model, base_url)
+        if feedback_model is not None:
+            model_ref(feedback_model, None, what="feedback_model")
+        self.model: ModelLike = model
         self.base_url = base_url
         self.template = template
         self.params = dict(params or {})
-        self.feedback_model: ModelLike | None = (
-            feedback_model
-            if feedback_model is None or isinstance(feedback_model, str)
-            else model_ref(feedback_model)["spec"]
-        )
+        self.feedback_model: ModelLike | None = feedback_model
         self.role = role
         if function is None:
             function = LLMCall if template is None else FormattedLLMCall

@@ -1,42 +1,54 @@
 """Which model a text function calls, by name: the process-level model registry.
 
 A ``ChatModel`` object cannot travel to a worker process, so text Functions keep
-a *model reference* in their ctx: a spec string plus an optional ``base_url``,
-both msgpack-friendly. Every process resolves a reference to a model of its own:
+a *model reference* in their ctx (:class:`ModelRef`: a spec string plus an
+optional ``base_url``, stored as plain data). Every process resolves a reference
+to a model of its own:
 
 1. a name given to ``register_model(name, model)`` in this process resolves to
    that model (whatever ``base_url`` says);
 2. otherwise ``asyncgraph.models.parse_model_spec(spec, base_url=base_url)``
    builds one (``"simulated"``, ``"simulated:0.05"``, ``"openai:gpt-4o-mini"``;
-   API keys come from the process's environment, e.g. ``OPENAI_API_KEY``), and
-   the process keeps it for the next call with the same spec and base_url.
+   API keys, rate limit and cache come from the process's environment:
+   ``OPENAI_API_KEY``, ``ASYNCGRAPH_MODEL_RPM`` / ``_TPM`` / ``_RATE_REDIS`` /
+   ``_CACHE``), and the process keeps it for the next call with the same spec
+   and base_url.
 
-Passing a model *instance* to a text function works too: it is registered under
-a generated name (``"instance:SimulatedModel:7f3a..."``) that only this process
-knows, so such a graph's backward runs in-process only. For a distributed
-backward either pass a spec string, or register the instance under the same
-name in the app and in every worker (``register_model("judge", model)``) and
-pass ``model="judge"``.
+**Distributed backward: pass a spec string, not a model object.** Passing a
+model *instance* to a text function works in-process: it is registered under a
+generated name (``"instance:SimulatedModel:7f3a..."``) that only this process
+knows, so its ``ModelRef.portable`` is False and a worker cannot resolve it
+(``UnknownModelError`` from the worker). For a distributed backward either pass
+a spec string (``model="openai:gpt-4o-mini"``, with ``base_url=``), or register
+the model under the same name in the app and in every worker
+(``register_model("judge", model)`` in a module the worker imports with
+``asyncgraph worker --import your_module``) and pass ``model="judge"``.
+``check_portable(loss)`` finds the remote nodes of a graph that name an
+instance before a distributed backward starts.
 
-The registry is process-wide on purpose (a worker serves many graphs with the
-models it was configured with); it holds its models strongly until
-``unregister_model``, which returns the model so its owner can ``aclose()`` it.
-A model holds connections bound to the event loop that first used them, so
-resolve specs within one long-lived loop (an app, a worker). It is
-thread-safe.
+Registered names are held strongly until ``unregister_model``, which returns the
+model so its owner can ``aclose()`` it; so are the models built from specs.
+Instance registrations are weak: they last as long as the model object does
+(the caller, a graph node or a ``TextLoss`` using it keeps it alive). An
+``OpenAIChat`` serves any number of event loops (one connection pool per loop),
+so a model resolved once per process works across ``anyio.run`` calls. The
+registry is thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from asyncgraph.models import ChatModel, parse_model_spec
+from asyncgraph.models import ChatModel, ModelConfigError, parse_model_spec
 from asyncgraph.text._exceptions import UnknownModelError
 
 __all__ = [
     "ModelLike",
     "ModelRef",
+    "RefData",
     "model_ref",
     "register_model",
     "resolve_model",
@@ -47,15 +59,75 @@ __all__ = [
 ModelLike: TypeAlias = str | ChatModel
 """What text functions accept as ``model=``: a spec / registered name, or an instance."""
 
-ModelRef: TypeAlias = dict[str, Any]
-"""``{"spec": str, "base_url": str | None}``: a model reference as stored in a ctx."""
+RefData: TypeAlias = dict[str, Any]
+"""``{"spec": str, "base_url": str | None}``: a ``ModelRef`` as stored in a ctx."""
 
-_INSTANCE_PREFIX = "instance:"
+INSTANCE_PREFIX = "instance:"
+
+_HOW_TO_SHARE = (
+    "pass model= a spec string such as 'openai:gpt-4o-mini' (with base_url= for your "
+    "server) or 'simulated', which every process builds for itself; or register the model "
+    "under one name in the app and in every worker with asyncgraph.text.register_model(name, "
+    "model), in a module the worker imports (asyncgraph worker --import your_module), and "
+    "pass model=name"
+)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """How a text Function names its model: ``spec`` plus ``base_url``, plain data.
+
+    ``portable`` says whether another process (a worker) can resolve it: True for a
+    spec string or a name given to ``register_model`` (which the worker must register
+    too), False for a model object passed directly, which is known here only under a
+    generated ``"instance:..."`` name. ``ModelRef.of(model, base_url)`` makes the
+    reference a text function stores for its ``model=`` argument; ``resolve()`` returns
+    this process's model for it; ``to_data()`` / ``from_data()`` convert to and from the
+    dict a ctx stores.
+
+    Example::
+
+        ModelRef.of("openai:gpt-4o-mini").portable   # True: every process can build it
+        ModelRef.of(SimulatedModel()).portable       # False: local backward only
+    """
+
+    spec: str
+    base_url: str | None = None
+
+    @classmethod
+    def of(cls, model: ModelLike, base_url: str | None = None) -> ModelRef:
+        """The reference for ``model`` (a spec, a registered name or a ChatModel object)."""
+        return model_ref(model, base_url)
+
+    @property
+    def portable(self) -> bool:
+        return not self.spec.startswith(INSTANCE_PREFIX)
+
+    def resolve(self) -> ChatModel:
+        return resolve_model(self.spec, self.base_url)
+
+    def to_data(self) -> RefData:
+        return {"spec": self.spec, "base_url": self.base_url}
+
+    @classmethod
+    def from_data(cls, data: Any) -> ModelRef:
+        """The reference stored by ``to_data()`` (also after msgpack); ``TypeError`` if malformed."""
+        spec = data.get("spec") if isinstance(data, dict) else None
+        base_url = data.get("base_url") if isinstance(data, dict) else None
+        if not isinstance(spec, str) or not (base_url is None or isinstance(base_url, str)):
+            raise TypeError(
+                f"malformed model reference {data!r}: expected {{'spec': str, 'base_url': "
+                f"str | None}}"
+            )
+        return cls(spec, base_url)
+
 
 _lock = threading.Lock()
 _named: dict[str, ChatModel] = {}
 _built: dict[tuple[str, str | None], ChatModel] = {}
-_instance_names: dict[int, str] = {}
+# Models passed as objects: weak, so the registry never keeps one alive by itself.
+_instances: weakref.WeakValueDictionary[str, ChatModel] = weakref.WeakValueDictionary()
+_unweakrefable: dict[str, ChatModel] = {}  # instances that do not support weak references
 
 
 def _check_model(model: Any, what: str) -> None:
@@ -92,11 +164,10 @@ def unregister_model(name: str, base_url: str | None = None) -> ChatModel | None
     next ``resolve_model`` of a forgotten spec builds a new model.
     """
     with _lock:
-        model = _named.pop(name, None)
-        if model is not None:
-            if _instance_names.get(id(model)) == name:
-                del _instance_names[id(model)]
-            return model
+        for table in (_named, _instances, _unweakrefable):
+            model = table.pop(name, None)
+            if model is not None:
+                return model
         return _built.pop((name, base_url), None)
 
 
@@ -104,38 +175,42 @@ def resolve_model(spec: str, base_url: str | None = None) -> ChatModel:
     """The model ``spec`` names in this process (see the module docstring for the rules).
 
     Raises ``UnknownModelError`` when ``spec`` is neither registered nor a spec
-    ``parse_model_spec`` understands, or names a model instance registered in
-    another process.
+    ``parse_model_spec`` understands, or names a model instance of another process;
+    ``asyncgraph.models.ModelConfigError`` when the environment's model settings
+    (``ASYNCGRAPH_MODEL_*``) are invalid.
     """
     if not isinstance(spec, str):
         raise TypeError(f"a model spec is a str, got {type(spec).__name__} ({spec!r:.80})")
     with _lock:
-        model = _named.get(spec)
-        if model is not None:
-            return model
+        for table in (_named, _instances, _unweakrefable):
+            model = table.get(spec)
+            if model is not None:
+                return model
         key = (spec, base_url)
         model = _built.get(key)
         if model is not None:
             return model
-        if spec.startswith(_INSTANCE_PREFIX):
+        if spec.startswith(INSTANCE_PREFIX):
             raise UnknownModelError(
-                f"model {spec!r} names a model instance registered in another process (or "
-                f"unregistered since): instances cannot travel between processes. Pass a "
-                f"spec string such as 'openai:gpt-4o-mini', or register the instance under "
-                f"the same name in the app and in every worker with "
-                f"asyncgraph.text.register_model(name, model) and pass model=name.",
+                f"model {spec!r} is not known in this process: it is the generated name of a "
+                f"model object that was passed to a text function in another process (or "
+                f"that no longer exists), and model objects cannot travel between "
+                f"processes. To run this backward on workers, {_HOW_TO_SHARE}.",
                 spec=spec,
                 base_url=base_url,
             )
         try:
             model = parse_model_spec(spec, base_url=base_url)
+        except ModelConfigError:
+            raise
         except ValueError as exc:
-            known = sorted(n for n in _named if not n.startswith(_INSTANCE_PREFIX))
+            known = sorted(_named)
             raise UnknownModelError(
                 f"unknown model {spec!r}: it is not registered in this process (registered: "
                 f"{known!r}) and is not a model spec ({exc}). Register it with "
-                f"asyncgraph.text.register_model({spec!r}, model) in this process (in "
-                f"every worker too, for a distributed backward).",
+                f"asyncgraph.text.register_model({spec!r}, model) in this process; for a "
+                f"distributed backward, in every worker too, from a module the worker "
+                f"imports (asyncgraph worker --import your_module).",
                 spec=spec,
                 base_url=base_url,
             ) from exc
@@ -144,30 +219,31 @@ def resolve_model(spec: str, base_url: str | None = None) -> ChatModel:
 
 
 def model_ref(model: ModelLike, base_url: str | None = None, *, what: str = "model") -> ModelRef:
-    """The reference a ctx stores for ``model``; registers an instance under a generated name."""
+    """The reference for ``model``: a spec as is, an instance under a generated name.
+
+    An instance is registered (weakly) under ``"instance:<type>:<id>"``, the same name
+    each time; its reference is not ``portable``.
+    """
     if isinstance(model, str):
         if not model.strip():
             raise ValueError(f"{what} must be a model spec or a ChatModel, got {model!r}")
-        return {"spec": model, "base_url": base_url}
+        return ModelRef(model, base_url)
     _check_model(model, what)
     if base_url is not None:
         raise ValueError(
             f"{what}: base_url={base_url!r} goes with a spec string ('openai:MODEL'); "
             f"a model instance carries its own base_url"
         )
+    name = f"{INSTANCE_PREFIX}{type(model).__name__}:{id(model):x}"
     with _lock:
-        name = _instance_names.get(id(model))
-        if name is None or _named.get(name) is not model:
-            name = f"{_INSTANCE_PREFIX}{type(model).__name__}:{id(model):x}"
-            _named[name] = model
-            _instance_names[id(model)] = name
-    return {"spec": name, "base_url": None}
+        if _instances.get(name) is not model and _unweakrefable.get(name) is not model:
+            try:
+                _instances[name] = model
+            except TypeError:  # no __weakref__ slot: held until unregister_model
+                _unweakrefable[name] = model
+    return ModelRef(name)
 
 
-def resolve_ref(ref: ModelRef) -> ChatModel:
+def resolve_ref(data: Any) -> ChatModel:
     """``resolve_model`` for a reference read back from a ctx (possibly after msgpack)."""
-    spec = ref.get("spec") if isinstance(ref, dict) else None
-    if not isinstance(spec, str):
-        raise TypeError(f"malformed model reference {ref!r}: expected {{'spec': str, 'base_url': ...}}")
-    base_url = ref.get("base_url")
-    return resolve_model(spec, base_url if isinstance(base_url, str) else None)
+    return ModelRef.from_data(data).resolve()

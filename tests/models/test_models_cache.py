@@ -23,7 +23,7 @@ from asyncgraph.models import (
     SimulatedModel,
     request_key,
 )
-from asyncgraph.models._testing import OpenAITestServer
+from asyncgraph.models._testing import OpenAITestServer, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -176,3 +176,67 @@ async def test_memory_cache_evicts_least_recently_used() -> None:
         await cache.set(key, Completion(key, "m"))
     assert await cache.get("a1") is None
     assert len(cache) == 2
+
+
+async def test_default_params_are_part_of_the_cache_key(server: OpenAITestServer) -> None:
+    cache = MemoryCache()
+
+    def model(temperature: float) -> OpenAIChat:
+        return OpenAIChat(
+            "test-model",
+            base_url=server.url,
+            api_key="k",
+            cache=cache,
+            default_params={"temperature": temperature},
+        )
+
+    async with model(0.0) as cold, model(1.0) as hot, model(0.0) as cold_again:
+        await cold.complete(HELLO)
+        assert not (await hot.complete(HELLO)).cached  # another request was sent
+        assert (await cold_again.complete(HELLO)).cached  # the same request was sent
+    assert [r.body["temperature"] for r in server.requests] == [0.0, 1.0]
+
+
+async def test_per_call_params_override_defaults_in_the_key(server: OpenAITestServer) -> None:
+    cache = MemoryCache()
+    async with OpenAIChat(
+        "test-model", base_url=server.url, api_key="k", cache=cache,
+        default_params={"temperature": 1.0},
+    ) as a, OpenAIChat("test-model", base_url=server.url, api_key="k", cache=cache) as b:
+        await a.complete(HELLO, temperature=0.0)
+        # Both send {"temperature": 0.0}: the same request, one answer.
+        assert (await b.complete(HELLO, temperature=0.0)).cached
+    assert len(server.requests) == 1
+
+
+async def test_simulated_tag_replies_is_part_of_the_cache_key() -> None:
+    cache = MemoryCache()
+
+    def responder(messages: list[dict[str, object]]) -> str:
+        return "42"
+
+    tagged = SimulatedModel(latency_s=0, responder=responder, cache=cache)
+    plain = SimulatedModel(latency_s=0, responder=responder, cache=cache, tag_replies=False)
+    assert (await tagged.complete(HELLO)).text == "[simulated] 42"
+    answer = await plain.complete(HELLO)
+    assert (answer.text, answer.cached, answer.model) == ("42", False, "simulated")
+    assert len(cache) == 2
+
+
+async def test_cache_if_keeps_unusable_answers_out_of_the_cache(
+    server: OpenAITestServer, make_cache: Callable[[], Cache]
+) -> None:
+    def usable(completion: Completion) -> bool:
+        return completion.text == "good"
+
+    server.script(Reply(text="bad"), Reply(text="bad"), Reply(text="good"))
+    async with model_for(server, make_cache()) as model:
+        first = await model.complete(HELLO, cache_if=usable)
+        assert first.text == "bad" and not first.cached  # returned, but not stored
+        # An unusable answer stored by a call without cache_if is deleted, not replayed.
+        assert (await model.complete(HELLO)).text == "bad"
+        second = await model.complete(HELLO, cache_if=usable)
+        assert second.text == "good" and not second.cached
+        third = await model.complete(HELLO, cache_if=usable)
+        assert third.text == "good" and third.cached
+    assert server.statuses() == [200, 200, 200]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import email.utils
+import json
 import time
+from datetime import UTC, datetime, timedelta
 
 import anyio
+import httpx
 import pytest
 
 from asyncgraph._redis_server import free_port
 from asyncgraph.models import (
+    LocalRateLimiter,
     ModelConnectionError,
     ModelRateLimitedError,
     ModelRequestError,
@@ -17,6 +22,7 @@ from asyncgraph.models import (
     ModelServerError,
     ModelTimeoutError,
     OpenAIChat,
+    RateLimit,
     Retry,
 )
 from asyncgraph.models._testing import OpenAITestServer, Reply
@@ -208,3 +214,110 @@ async def test_reserved_params_are_rejected(server: OpenAITestServer) -> None:
         with pytest.raises(TypeError, match=r"messages\[0\]"):
             await model.complete(["hello"])  # type: ignore[list-item]
     assert server.requests == []
+
+
+async def test_408_is_retried_and_409_is_not(server: OpenAITestServer, fast_retry: Retry) -> None:
+    server.script(Reply(status=408, error="request timeout"))
+    async with model_for(server, retry=fast_retry) as model:
+        assert (await model.complete(HELLO)).text == "echo: hello there"
+        assert server.statuses() == [408, 200]
+        server.script(Reply(status=409, error="conflict"))
+        with pytest.raises(ModelRequestError) as info:
+            await model.complete(HELLO)
+    assert info.value.status_code == 409
+    assert server.statuses() == [408, 200, 409]
+
+
+async def test_retry_after_as_an_http_date_is_honoured(server: OpenAITestServer) -> None:
+    in_an_hour = email.utils.format_datetime(
+        datetime.now(UTC) + timedelta(hours=1), usegmt=True
+    )
+    server.script(Reply(status=429, headers={"Retry-After": in_an_hour}))
+    # The backoff alone would wait ~1 ms; the date asks for an hour, capped at 0.2 s.
+    retry = Retry(backoff_base_s=0.001, retry_after_max_s=0.2, retry_after_jitter=0)
+    async with model_for(server, retry=retry) as model:
+        with anyio.fail_after(10):
+            await model.complete(HELLO)
+    first, second = server.requests
+    assert (first.status, second.status) == (429, 200)
+    assert second.arrived_s - first.arrived_s >= 0.19
+
+
+async def test_retry_after_ms_is_honoured(server: OpenAITestServer) -> None:
+    server.script(Reply(status=429, headers={"retry-after-ms": "150"}))
+    retry = Retry(backoff_base_s=0.001, retry_after_jitter=0)
+    async with model_for(server, retry=retry) as model:
+        await model.complete(HELLO)
+    first, second = server.requests
+    assert second.arrived_s - first.arrived_s >= 0.14
+
+
+def test_one_model_serves_consecutive_event_loops(server: OpenAITestServer) -> None:
+    """A model kept per process (resolve_model) outlives anyio.run calls and backends."""
+    model = model_for(server, retry=Retry(max_attempts=1))
+
+    async def use() -> str:
+        return (await model.complete(HELLO)).text
+
+    assert anyio.run(use, backend="asyncio") == "echo: hello there"
+    assert anyio.run(use, backend="trio") == "echo: hello there"
+    assert anyio.run(use, backend="asyncio") == "echo: hello there"
+    assert server.statuses() == [200, 200, 200]
+    # Each loop closed its own connections when it ended: nothing is left to reuse.
+    assert len(model._clients) == 0
+
+
+async def test_unexpected_transport_error_becomes_a_connection_error(
+    server: OpenAITestServer, fast_retry: Retry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("Event loop is closed")
+
+    model = model_for(server, retry=fast_retry)
+    built: list[httpx.AsyncClient] = []
+
+    def new_client() -> httpx.AsyncClient:
+        client = httpx.AsyncClient(transport=httpx.MockTransport(broken))
+        built.append(client)
+        return client
+
+    monkeypatch.setattr(model, "_new_client", new_client)
+    async with model:
+        with pytest.raises(ModelRetryError) as info:
+            await model.complete(HELLO)
+    assert isinstance(info.value.last_error, ModelConnectionError)
+    assert "RuntimeError: Event loop is closed" in str(info.value)
+    assert len(built) == 3  # every retry started from a new connection pool
+    assert all(client.is_closed for client in built)
+
+
+NO_USAGE = json.dumps(
+    {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "test-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    }
+).encode()
+
+
+class FixedClock:
+    def __call__(self) -> float:
+        return 1000.0
+
+
+async def test_missing_usage_keeps_the_token_estimate_booked(server: OpenAITestServer) -> None:
+    limit = RateLimit(tokens_per_minute=600, margin_s=0)  # one token per 0.1 s
+    silent = LocalRateLimiter(limit, clock=FixedClock())
+    server.script(Reply(body=NO_USAGE))
+    async with model_for(server, rate_limit=silent) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "hi" and answer.total_tokens == 0
+    estimate = model.estimate_tokens(HELLO, {})
+    assert silent.reserve() == pytest.approx(estimate * 0.1)  # the booking stands
+
+    reported = LocalRateLimiter(limit, clock=FixedClock())
+    async with model_for(server, rate_limit=reported) as model:
+        answer = await model.complete(HELLO)
+    assert 0 < answer.total_tokens < estimate
+    assert reported.reserve() == pytest.approx(answer.total_tokens * 0.1)  # corrected

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anyio
@@ -11,7 +12,7 @@ from asyncgraph import Parameter, Variable
 from asyncgraph.models import MemoryCache, OpenAIChat, SimulatedModel
 from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.optim import TGD, UpdateParseError, parse_tagged
-from asyncgraph.text import TextLoss, approx_tokens, llm_call
+from asyncgraph.text import TextLoss, approx_tokens, llm_call, render_feedback
 
 pytestmark = pytest.mark.anyio
 
@@ -27,6 +28,18 @@ def test_parse_tagged_takes_the_last_complete_span() -> None:
     assert parse_tagged(reply, "<X>", "</X>") == "new value"
     assert parse_tagged("no tags", "<X>", "</X>") is None
     assert parse_tagged("<X>unclosed", "<X>", "</X>") is None
+    assert parse_tagged("</X> closed before <X>", "<X>", "</X>") is None
+
+
+def test_parse_tagged_skips_an_open_tag_quoted_before_the_answer() -> None:
+    reply = "Put it between <IMPROVED_VARIABLE> tags.\n<IMPROVED_VARIABLE>new</IMPROVED_VARIABLE>"
+    assert parse_tagged(reply, "<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>") == "new"
+
+
+def test_parse_tagged_matches_tags_case_insensitively() -> None:
+    reply = "Here: <improved_variable> new value </Improved_Variable>"
+    assert parse_tagged(reply, "<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>") == "new value"
+    assert parse_tagged("```\ncode\n```", "```", "```") == "code"  # one tag for both ends
 
 
 async def test_step_rewrites_each_parameter_from_its_feedback() -> None:
@@ -148,9 +161,22 @@ async def test_retry_and_error_against_the_openai_protocol_server() -> None:
             assert p.data == "Answer with a number."
 
 
-async def test_feedback_over_budget_is_condensed_with_one_call() -> None:
+def _is_summary(messages: list[dict[str, Any]]) -> bool:
+    return "condense" in messages[0]["content"]
+
+
+def _request_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(approx_tokens(m["content"]) for m in messages)
+
+
+# What a summary request holds besides its chunk of feedback: the fixed instruction and
+# the role (a few dozen tokens here); the guard promises the chunk stays within budget.
+SUMMARY_OVERHEAD_TOKENS = 150
+
+
+async def test_feedback_over_budget_is_condensed_by_map_reduce() -> None:
     def responder(messages: list[dict[str, Any]]) -> str:
-        if "condense" in messages[0]["content"]:
+        if _is_summary(messages):
             return "SUMMARY: be specific; give units."
         return improve(messages)
 
@@ -159,13 +185,88 @@ async def test_feedback_over_budget_is_condensed_with_one_call() -> None:
     p = _param("Answer.", "system prompt", entries)
     tgd = TGD([p], model=script.model, max_feedback_tokens=500)
     await tgd.step()
-    assert len(script.requests) == 2
-    summary_request, update_request = script.contents()
-    assert "from 100 sources" in summary_request and "Sample 99:" in summary_request
-    assert "(500 tokens)" in summary_request
-    assert "<FEEDBACK>\nSUMMARY: be specific; give units.\n</FEEDBACK>" in update_request
-    assert "Sample 0:" not in update_request
+
+    *summaries, update = script.requests
+    assert all(_is_summary(r) for r in summaries) and not _is_summary(update)
+    *chunks, final = [r[-1]["content"] for r in summaries]
+    assert len(chunks) > 1
+    # Round 1: every entry in exactly one chunk of consecutive entries, each within budget
+    # (the chunks are sent concurrently, so they arrive in any order).
+    per_chunk = sorted([int(m) for m in re.findall(r"Sample (\d+):", c)[::4]] for c in chunks)
+    assert [n for numbers in per_chunk for n in numbers] == list(range(100))
+    for chunk in chunks:
+        feedback = chunk.split("<FEEDBACK>\n", 1)[1].rsplit("\n</FEEDBACK>", 1)[0]
+        assert approx_tokens(feedback) <= 500
+        assert "Below is feedback from" in chunk  # entries as the backward produced them
+    # Round 2: the summaries of round 1, condensed into the budget by one request.
+    assert f"{len(chunks)} summaries of feedback" in final and "(500 tokens)" in final
+    assert final.count("SUMMARY: be specific; give units.") == len(chunks)
+    assert "<FEEDBACK>\nSUMMARY: be specific; give units.\n</FEEDBACK>" in update[-1]["content"]
+    assert "Sample 0:" not in update[-1]["content"]
     assert p.data == "Answer.+"
+
+
+async def test_a_thousand_entries_never_overflow_any_request() -> None:
+    budget = 4000
+    sizes: list[tuple[bool, int]] = []
+
+    def responder(messages: list[dict[str, Any]]) -> str:
+        sizes.append((_is_summary(messages), _request_tokens(messages)))
+        if _is_summary(messages):
+            # A model that ignores the requested length: repeats most of its input.
+            return messages[-1]["content"][:6000]
+        return improve(messages)
+
+    script = Script(responder)
+    entries = [f"Sample {i}: " + "the answer lacks units and is vague; " * 40 for i in range(1000)]
+    p = _param("Answer.", "system prompt", entries)
+    assert approx_tokens(render_feedback(entries)) > 350_000  # ~90x the budget
+    tgd = TGD([p], model=script.model, max_feedback_tokens=budget, momentum=1)
+    await tgd.step()
+
+    summary_sizes = [n for is_summary, n in sizes if is_summary]
+    assert len(summary_sizes) > 100  # round 1 alone has ~100 chunks
+    assert max(summary_sizes) <= budget + SUMMARY_OVERHEAD_TOKENS
+    update_size = sizes[-1][1]
+    assert not sizes[-1][0] and update_size <= budget + SUMMARY_OVERHEAD_TOKENS
+    assert approx_tokens(tgd.state[p]["history"][0]["feedback"]) <= budget
+
+
+async def test_chunks_of_one_round_are_summarised_concurrently() -> None:
+    arrived = 0
+    all_in = anyio.Event()
+
+    async def responder(messages: list[dict[str, Any]]) -> str:
+        nonlocal arrived
+        if not _is_summary(messages):
+            return improve(messages)
+        if "summaries of feedback" in messages[-1]["content"]:
+            return "final"
+        arrived += 1
+        if arrived == 3:
+            all_in.set()
+        await all_in.wait()  # a sequential map would wait here forever
+        return "partial"
+
+    script = Script(responder)
+    p = _param("Answer.", "system prompt", ["a" * 390, "b" * 390, "c" * 390])
+    with anyio.fail_after(5):
+        await TGD([p], model=script.model, max_feedback_tokens=100).step()
+    assert arrived == 3 and p.data == "Answer.+"
+
+
+async def test_an_entry_longer_than_the_budget_is_split_not_dropped() -> None:
+    def responder(messages: list[dict[str, Any]]) -> str:
+        return "short summary" if _is_summary(messages) else improve(messages)
+
+    script = Script(responder)
+    entry = "BEGIN " + "middle words " * 300 + " END"  # ~1000 tokens
+    p = _param("Answer.", "system prompt", [entry, "second entry"])
+    await TGD([p], model=script.model, max_feedback_tokens=200).step()
+    chunks = [r[-1]["content"] for r in script.requests if _is_summary(r)]
+    assert any("BEGIN" in c for c in chunks) and any("END" in c for c in chunks)
+    assert any("second entry" in c for c in chunks)
+    assert max(_request_tokens(r) for r in script.requests) <= 200 + SUMMARY_OVERHEAD_TOKENS
 
 
 async def test_summary_still_over_budget_is_cut_to_the_budget() -> None:
@@ -208,6 +309,43 @@ async def test_momentum_shows_past_values_and_feedback() -> None:
     assert '<ITERATION index="1">\n<PAST_VALUE>v0</PAST_VALUE>' in second
     assert "<PAST_VALUE>v0</PAST_VALUE>" in third and "<PAST_VALUE>v0+</PAST_VALUE>" in third
     assert third.count("<ITERATION") == 2
+
+
+async def test_memory_in_the_update_prompt_is_cut_to_the_budget() -> None:
+    script = Script()
+    p = _param("current", "system prompt", "fb")
+    tgd = TGD([p], model=script.model, momentum=1, max_feedback_tokens=100)
+    long_past = {"value": "v" * 2000, "feedback": "f" * 2000}  # e.g. from an older checkpoint
+    group = {"constraints": [], "momentum": 1, "max_feedback_tokens": 100, "params": [0]}
+    tgd.load_state_dict({"state": {"0": {"step": 1, "history": [long_past]}}, "param_groups": [group]})
+    await tgd.step()
+    prompt = script.contents()[-1]
+    past_value = re.search(r"<PAST_VALUE>(.*?)</PAST_VALUE>", prompt, re.DOTALL)
+    past_feedback = re.search(r"<PAST_FEEDBACK>\n(.*?)\n</PAST_FEEDBACK>", prompt, re.DOTALL)
+    assert past_value is not None and past_feedback is not None
+    for shown in (past_value[1], past_feedback[1]):
+        assert approx_tokens(shown) <= 100
+        assert shown.endswith("[... truncated to max_feedback_tokens]")
+    assert approx_tokens(prompt) <= 3 * 100 + 300  # (2 * momentum + 1) budgets + the prompt
+    assert tgd.state[p]["history"][-1]["value"] == "current"  # the state itself is not cut
+
+
+async def test_an_unparsable_reply_is_not_replayed_from_the_cache() -> None:
+    with OpenAITestServer() as server:
+        server.script(Reply(text="I would rather not."))  # then: the good reply below
+        good = Reply(text="<IMPROVED_VARIABLE>Answer with units.</IMPROVED_VARIABLE>")
+        server.handler = lambda body: good
+        async with OpenAIChat(
+            "test-model", base_url=server.url, api_key="test", cache=MemoryCache()
+        ) as model:
+            p = _param("Answer.", "system prompt", "Give units.")
+            tgd = TGD([p], model=model, max_retries=0)
+            with pytest.raises(UpdateParseError, match="rather not"):
+                await tgd.step()
+            await tgd.step()  # the same request again: asks the server, not the cache
+            assert p.data == "Answer with units."
+            assert server.statuses() == [200, 200]
+            assert model.usage.snapshot().cache_hits == 0
 
 
 async def test_state_dict_is_json_and_restores_memory() -> None:
@@ -255,5 +393,9 @@ def test_bad_options_are_rejected() -> None:
         TGD([p], model=model, max_feedback_tokens=0)
     with pytest.raises(ValueError, match="max_retries"):
         TGD([p], model=model, max_retries=-1)
+    with pytest.raises(ValueError, match="max_retries"):
+        TGD([p], model=model, max_retries=True)
+    with pytest.raises(ValueError, match="max_feedback_tokens"):
+        TGD([p], model=model, max_feedback_tokens=True)
     with pytest.raises(TypeError, match="constraints"):
         TGD([p], model=model, constraints="Be short.")  # type: ignore[arg-type]

@@ -12,7 +12,8 @@ import pytest
 
 from asyncgraph import Parameter, Variable
 from asyncgraph.executors import open_redis_executor
-from asyncgraph.text import TextLoss, concat, llm_call
+from asyncgraph.models import SimulatedModel
+from asyncgraph.text import TextLoss, check_portable, concat, llm_call, unregister_model
 from asyncgraph.worker import Worker, WorkerConfig, build_registry
 
 pytestmark = pytest.mark.anyio
@@ -53,3 +54,49 @@ async def test_remote_backward_equals_local_backward(redis_url: str) -> None:
     assert prompt.grad.data == local_prompt.grad.data
     assert draft.grad.data == local_draft.grad.data
     assert len(prompt.grad.data) == 3
+
+
+def _messages(error: BaseException) -> str:
+    """Every message in an error's tree (groups, causes), for what the caller gets to see."""
+    seen: list[str] = []
+    visited: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        exc = stack.pop()
+        if id(exc) in visited:
+            continue
+        visited.add(id(exc))
+        seen.append(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        stack.extend(e for e in (exc.__cause__, exc.__context__) if e is not None)
+    return "\n".join(seen)
+
+
+async def test_a_model_object_fails_early_or_with_what_to_do_on_a_worker(redis_url: str) -> None:
+    prompt = Parameter("Answer the question.", role="system prompt")
+    answer = await llm_call(prompt, "What is 1 + 1?", model=SimulatedModel(latency_s=0.0))
+    # Early: the caller can check the graph before anything is sent.
+    with pytest.raises(ValueError, match="only this process knows"):
+        check_portable(answer)
+    # Late: without the check, the worker's error tells the caller what to do. This worker
+    # shares our process, so forget the instance here, as another process never knew it.
+    node = answer.grad_fn
+    assert node is not None
+    unregister_model(node.ctx.model["spec"])
+    worker = Worker(
+        WorkerConfig(redis_url, queue="text-tests-object", lease_ms=1000),
+        build_registry(["asyncgraph.text"]),
+    )
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.serve)
+            with pytest.raises(BaseException) as info:
+                async with open_redis_executor(
+                    redis_url, queue="text-tests-object", timeout_s=20
+                ) as executor:
+                    await answer.backward(Variable("too long"), executor=executor)
+            worker.drain()
+    text = _messages(info.value)
+    assert "UnknownModelError" in text and "model objects cannot travel between processes" in text
+    assert "register_model(name, model)" in text and "--import your_module" in text

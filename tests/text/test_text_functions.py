@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import anyio
@@ -16,11 +17,14 @@ from asyncgraph.text import (
     FormattedLLMCall,
     LLMCall,
     Metric,
+    TextLoss,
+    check_portable,
     concat,
     exact_match,
     formatted_llm_call,
     llm_call,
     register_model,
+    render_feedback,
 )
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +257,34 @@ def test_subclasses_get_their_own_remote_name() -> None:
     assert LocalLLMCall.remote_name is not None
     assert LocalLLMCall.remote_name.endswith(":test_subclasses_get_their_own_remote_name.<locals>.LocalLLMCall")
     assert LocalLLMCall.dispatch == "local"
+
+
+async def test_model_objects_passed_inline_live_as_long_as_the_graph() -> None:
+    # The registry holds model objects weakly: the graph's nodes keep them alive.
+    prompt = Parameter("Answer the question.", role="system prompt")
+    answer = await llm_call(prompt, "What is 2 + 2?", model=SimulatedModel(latency_s=0.0))
+    loss = await TextLoss("Evaluate the answer.", model=SimulatedModel(latency_s=0.0))(answer)
+    gc.collect()
+    await loss.backward()
+    assert prompt.grad is not None and "[simulated]" in render_feedback(prompt.grad)
+
+
+async def test_check_portable_names_remote_nodes_that_use_model_objects() -> None:
+    prompt = Parameter("Answer the question.", role="system prompt")
+    judge = SimulatedModel(latency_s=0.0)
+    answer = await llm_call(prompt, "What is 2 + 2?", model="simulated:0", role="answer")
+    check_portable(answer)  # a spec: any worker resolves it
+    loss = await TextLoss("Evaluate the answer.", model=judge, role="verdict")(answer)
+    with pytest.raises(ValueError) as info:
+        check_portable(loss)
+    message = str(info.value)
+    assert message.startswith("1 remote text node(s)")
+    assert "LLMCall(inputs: 'evaluation instruction', 'answer'" in message
+    assert "-> outputs: 'verdict'): model='instance:SimulatedModel:" in message
+    assert "spec string such as 'openai:gpt-4o-mini'" in message and "--import" in message
+    feedback_by_object = await llm_call(
+        prompt, "q", model="simulated:0", feedback_model=judge, role="other"
+    )
+    with pytest.raises(ValueError, match="feedback_model='instance:SimulatedModel:"):
+        check_portable(feedback_by_object)
+    check_portable(concat(answer, "x"))  # Concat is local; its input names a spec

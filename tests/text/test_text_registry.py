@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import gc
+
 import pytest
 
-from asyncgraph.models import SimulatedModel
+from asyncgraph.models import ModelConfigError, SimulatedModel
 from asyncgraph.text import (
+    ModelRef,
     UnknownModelError,
     register_model,
     resolve_model,
@@ -43,18 +46,62 @@ def test_instance_gets_one_generated_name_that_only_this_process_knows() -> None
     ref = model_ref(model)
     try:
         assert ref == model_ref(model)  # same instance, same name
-        assert ref["spec"].startswith("instance:SimulatedModel:")
-        assert resolve_model(ref["spec"]) is model
+        assert ref.spec.startswith("instance:SimulatedModel:")
+        assert not ref.portable
+        assert resolve_model(ref.spec) is model and ref.resolve() is model
     finally:
-        unregister_model(ref["spec"])
-    with pytest.raises(UnknownModelError, match="instances cannot travel between processes"):
-        resolve_model(ref["spec"])
+        assert unregister_model(ref.spec) is model
+    with pytest.raises(UnknownModelError, match="model objects cannot travel between processes"):
+        resolve_model(ref.spec)
+
+
+def test_worker_side_error_says_exactly_what_to_do() -> None:
+    """What a worker raises for a graph built with a model object in the app."""
+    with pytest.raises(UnknownModelError) as info:
+        resolve_model("instance:SimulatedModel:7f3a0001")
+    message = str(info.value)
+    assert "'instance:SimulatedModel:7f3a0001'" in message
+    assert "spec string such as 'openai:gpt-4o-mini'" in message
+    assert "register_model(name, model)" in message and "--import" in message
+    with pytest.raises(UnknownModelError, match="--import your_module"):
+        resolve_model("tests-registry-nobody-registered-this")
+
+
+def test_specs_and_registered_names_are_portable(registered: list[str]) -> None:
+    assert model_ref("openai:m", "http://h/v1") == ModelRef("openai:m", "http://h/v1")
+    assert model_ref("openai:m").portable
+    registered.append(register_model("tests-registry-portable", SimulatedModel(latency_s=0.0)))
+    assert model_ref("tests-registry-portable").portable
+    assert not ModelRef.of(SimulatedModel(latency_s=0.0)).portable
+    data = ModelRef.of("openai:m", "http://h/v1").to_data()
+    assert data == {"spec": "openai:m", "base_url": "http://h/v1"}
+    assert ModelRef.from_data(data) == ModelRef("openai:m", "http://h/v1")
+    with pytest.raises(TypeError, match="malformed model reference"):
+        ModelRef.from_data({"spec": 3})
+
+
+def test_instance_registrations_do_not_keep_models_alive() -> None:
+    model = SimulatedModel(latency_s=0.0)
+    ref = model_ref(model)
+    assert resolve_model(ref.spec) is model
+    del model
+    gc.collect()
+    with pytest.raises(UnknownModelError):
+        resolve_model(ref.spec)
 
 
 def test_base_url_goes_with_a_spec_not_an_instance() -> None:
     with pytest.raises(ValueError, match="base_url"):
         model_ref(SimulatedModel(latency_s=0.0), "http://localhost:1/v1")
-    assert model_ref("openai:m", "http://h/v1") == {"spec": "openai:m", "base_url": "http://h/v1"}
+    assert model_ref("openai:m", "http://h/v1") == ModelRef("openai:m", "http://h/v1")
+
+
+def test_environment_errors_are_not_reported_as_unknown_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASYNCGRAPH_MODEL_RPM", "fast")
+    with pytest.raises(ModelConfigError, match="ASYNCGRAPH_MODEL_RPM='fast'"):
+        resolve_model("simulated:0.123")
 
 
 def test_register_rejects_non_models() -> None:
