@@ -7,5 +7,13 @@ peers behind it, and tests can plug in a third.
 
 from ._base import Executor, current_executor, use_executor
 from ._local import LocalExecutor
+from ._redis import RedisExecutor, open_redis_executor
 
-__all__ = ["Executor", "LocalExecutor", "current_executor", "use_executor"]
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "RedisExecutor",
+    "current_executor",
+    "open_redis_executor",
+    "use_executor",
+]

@@ -1,0 +1,622 @@
+"""RedisExecutor: run ``dispatch = "remote"`` backwards on a worker fleet fed through Redis.
+
+Client side of the worker protocol (keys in ``asyncgraph.wire._keys``, messages
+in ``asyncgraph.wire._schema``). One executor owns, in its task group:
+
+- a *flusher*: remote nodes made ready in the same event-loop tick are XADDed
+  to the task stream in one pipelined round trip; cancellations ride along;
+- a *listener*: one blocking XREAD on this client's reply stream that resolves
+  the waiting nodes; a reply for a task already resolved (a task that ran
+  twice) is ignored, so every task is joined exactly once;
+- a *deadline watcher*: a node gets its reply within ``timeout_s`` or raises
+  ``RemoteTimeoutError`` (and its task is cancelled on the workers).
+
+Every wait has a deadline: a Redis that is unreachable or goes away fails the
+waiting nodes with ``RemoteConnectionError`` within ``redis_timeout_s``.
+Cancelling the caller cancels its tasks on the workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from .._exceptions import (
+    BackwardError,
+    GraphError,
+    RemoteConnectionError,
+    RemoteError,
+    RemoteTimeoutError,
+    WireError,
+)
+from .._function import Function
+from .._grad_mode import is_grad_enabled
+from .._variable import Variable
+from ..wire import _keys as keys
+from ..wire._codec import DEFAULT_LIMITS, Limits
+from ..wire._payload import (
+    backward_payload,
+    ctx_from_state,
+    diagnose_unpackable,
+    fingerprint,
+    forward_payload,
+    grads_from_entries,
+    remote_name,
+    var_from_entry,
+)
+from ..wire._resp import Connection, Pool, RedisConnectionLost, ReplyError, parse_redis_url
+from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode
+from ..wire._signing import Signer
+from ._base import Executor
+from ._local import LocalExecutor
+
+if TYPE_CHECKING:
+    from .._graph import Node
+
+__all__ = ["RedisExecutor", "open_redis_executor"]
+
+log = logging.getLogger("asyncgraph.executors.redis")
+
+_READ_COUNT = 1024
+_BLOCK_MS = 2000
+
+
+class _RemoteTraceback(Exception):
+    """Carries a worker's traceback text as the ``__cause__`` of a RemoteError."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return f"\n\n--- traceback on the worker ---\n{self.args[0]}"
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    task_id: str
+    function: str
+    event: anyio.Event
+    packed: bytes
+    signature: bytes
+    deadline: float
+    entry_id: bytes | None = None
+    reply: ReplyMessage | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    sent: bool = False
+    timed_out: bool = False
+
+
+@dataclass(slots=True)
+class RedisExecutorStats:
+    """Counters of one executor (for tests, logs and dashboards)."""
+
+    submitted: int = 0
+    completed: int = 0
+    duplicate_replies: int = 0
+    rejected_replies: int = 0
+    cancelled: int = 0
+    flushes: int = 0
+    reconnects: int = 0
+
+
+class RedisExecutor:
+    """An :class:`~asyncgraph.Executor` that sends remote nodes to ``asyncgraph worker``\\ s.
+
+    Create it with :func:`open_redis_executor`. Nodes whose Function has
+    ``dispatch = "remote"`` go to the queue; the others run on ``local`` (a
+    LocalExecutor by default), so cheap nodes never cross the network.
+
+    ``await ex.apply(MyFunction, *args, **kwargs)`` runs a remote Function's
+    *forward* on a worker too and records the node locally, as
+    ``MyFunction.apply`` would.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        queue: str,
+        *,
+        signer: Signer,
+        timeout_s: float,
+        local: Executor,
+        limits: Limits,
+        run_id: bytes | None,
+    ) -> None:
+        self.queue = queue
+        self.client_id = uuid.uuid4().hex
+        self.timeout_s = timeout_s
+        self.local = local
+        self.stats = RedisExecutorStats()
+        self._pool = pool
+        self._signer = signer
+        self._limits = limits
+        self._run_id = run_id
+        self._task_stream = keys.task_stream(queue)
+        self._reply_stream = keys.reply_stream(queue, self.client_id)
+        self._ids = itertools.count(1)
+        self._pending: dict[str, _Pending] = {}
+        self._outbox: list[_Pending] = []
+        self._cancels: list[_Pending] = []
+        self._flush_wanted = anyio.Event()
+        self._flushing = 0
+        self._closed = False
+
+    # -- Executor protocol -------------------------------------------------------
+    def inline(self, node: Node) -> bool:
+        if node.function.dispatch == "remote":
+            return False
+        return self.local.inline(node)
+
+    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
+        fn = node.function
+        if fn.dispatch != "remote":
+            return await self.local.run_backward(node, grad_outputs)
+        if is_grad_enabled():
+            raise GraphError(
+                f"{node.describe()} has dispatch='remote', and a remote backward cannot be "
+                f"recorded for create_graph=True (its operations run on a worker). Run this "
+                f"backward with create_graph=False, or set {fn.__name__}.dispatch = 'local'."
+            )
+        try:
+            payload = backward_payload(node, grad_outputs)
+        except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
+            raise TypeError(f"{fn.__name__}: {exc}") from None
+        result = await self._call(
+            fn, "backward", payload, node, node.input_roles, ctx=node.ctx,
+            values=lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
+        )
+        return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
+
+    # -- remote forward -------------------------------------------------------------
+    async def apply(self, fn: type[Function], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn``'s forward on a worker, record the node here, return its output(s).
+
+        Same result as ``fn.apply(*args, **kwargs)`` (grad recorded when an input
+        requires grad), with the forward running remotely; ``fn`` must have
+        ``dispatch = "remote"`` and be served by the workers.
+        """
+        if not (isinstance(fn, type) and issubclass(fn, Function)) or fn.dispatch != "remote":
+            raise TypeError(f"apply expects a Function subclass with dispatch='remote', got {fn!r}")
+        inputs = args + tuple(kwargs.values()) if kwargs else args
+        ctx, record = fn._prepare(inputs)
+        payload = forward_payload(args, kwargs, ctx.needs_input_grad)
+        roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
+        result = await self._call(
+            fn, "forward", payload, None, roles, ctx=None,
+            values=lambda: {"args": list(args), "kwargs": dict(kwargs)},
+        )
+        try:
+            outputs, state, non_diff, is_tuple = _forward_result(result, fn)
+            remote_ctx = ctx_from_state(state, fn)
+        except WireError as exc:
+            raise RemoteError(
+                f"{fn.__name__}.forward on queue {self.queue!r} returned a malformed result: {exc}",
+                function=fn.__name__, input_roles=roles,
+            ) from None
+        ctx._saved = remote_ctx._saved
+        for key, value in vars(remote_ctx).items():
+            if not key.startswith("_") and key != "needs_input_grad":
+                setattr(ctx, key, value)
+        if non_diff:
+            ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
+        return fn._record(ctx, inputs, tuple(outputs) if is_tuple else outputs[0], record)
+
+    # -- submitting and waiting -------------------------------------------------------
+    async def _call(
+        self,
+        fn: type[Function],
+        op: Literal["backward", "forward"],
+        payload: dict[str, Any],
+        node: Node | None,
+        input_roles: tuple[str, ...],
+        *,
+        ctx: Any,
+        values: Callable[[], dict[str, Any]],
+    ) -> Any:
+        if self._closed:
+            raise RuntimeError(
+                f"this RedisExecutor (queue {self.queue!r}) is closed: use it inside its "
+                f"`async with open_redis_executor(...)` block"
+            )
+        name = remote_name(fn)
+        task_id = f"{next(self._ids):x}"
+        message = TaskMessage(
+            self.queue, self.client_id, task_id, name, fingerprint(fn), op,
+            max(1, int(self.timeout_s * 1000)), payload,
+        )
+        try:
+            packed, signature = encode(message, self._signer, self._limits)
+        except TypeError:
+            raise diagnose_unpackable(fn.__name__, ctx, values()) from None
+        pending = _Pending(task_id, name, anyio.Event(), packed, signature,
+                           anyio.current_time() + self.timeout_s)
+        self._pending[task_id] = pending
+        self._outbox.append(pending)
+        self.stats.submitted += 1
+        # No cancel scope per node: the deadline watcher expires waits in submission order.
+        try:
+            if self._flushing:
+                self._flush_wanted.set()  # joins the flusher's next round trip
+            else:
+                await self._flush_now()  # nothing in flight: send at once (one hop sooner)
+            await pending.event.wait()
+        except BaseException:
+            self._cancel(pending)
+            raise
+        if pending.reply is not None:
+            self.stats.completed += 1
+            if pending.reply.error is None:
+                return pending.reply.result
+        describe = node.describe() if node is not None else f"{fn.__name__}.forward"
+        output_roles = node.output_roles if node is not None else ()
+        where = {"function": fn.__name__, "input_roles": input_roles, "output_roles": output_roles}
+        if pending.timed_out:
+            raise RemoteTimeoutError(
+                f"{describe}: no reply from the workers of queue {self.queue!r} within "
+                f"{self.timeout_s:g}s (task {task_id}, function {name!r}); "
+                f"{await self._diagnose()}",
+                **where,  # type: ignore[arg-type]
+            )
+        if pending.error is not None:
+            error = pending.error
+            if isinstance(error, BackwardError) and not error.function:
+                error.function, error.input_roles, error.output_roles = (
+                    fn.__name__, input_roles, output_roles)
+                error.args = (f"{describe}: {error.args[0]}",)
+            raise error
+        assert pending.reply is not None and pending.reply.error is not None
+        info = pending.reply.error
+        remote = RemoteError(
+            f"{describe} failed on worker {pending.reply.worker!r} (queue {self.queue!r}): "
+            + (f"{info.type}: {info.message}" if info.kind == "error" else info.message),
+            remote_traceback=info.traceback,
+            **where,  # type: ignore[arg-type]
+        )
+        if info.traceback:
+            raise remote from _RemoteTraceback(info.traceback)
+        raise remote
+
+    async def _deadline_watcher(self) -> None:
+        """Expire waits past ``timeout_s``: all share it, so the oldest expires first."""
+        while True:
+            now = anyio.current_time()
+            wake = now + self.timeout_s
+            while self._pending:
+                oldest = next(iter(self._pending.values()))
+                if oldest.deadline > now:
+                    wake = oldest.deadline
+                    break
+                self._cancel(oldest)
+                oldest.timed_out = True
+                oldest.event.set()
+            await anyio.sleep(max(wake - now, 0.001))
+
+    def _cancel(self, pending: _Pending) -> None:
+        """Forget a task this client stopped waiting for and tell the workers (off the caller's path)."""
+        if self._pending.pop(pending.task_id, None) is None:
+            return
+        pending.cancelled = True
+        self.stats.cancelled += 1
+        if not self._closed:
+            self._cancels.append(pending)
+            self._flush_wanted.set()
+
+    async def _diagnose(self) -> str:
+        """Why a reply may be missing: how many workers sent a heartbeat lately, queue length."""
+        try:
+            now, beats, length, pending = await self._pool.pipeline(
+                [["TIME"], ["HGETALL", keys.workers_hash(self.queue)],
+                 ["XLEN", self._task_stream], ["XPENDING", self._task_stream, keys.GROUP]],
+                timeout_s=min(self._pool.timeout_s, 2.0),
+            )
+            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+            alive = sum(
+                1 for expiry in (beats[1::2] if isinstance(beats, list) else ())
+                if int(expiry) >= now_ms
+            )
+        except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
+            return f"could not ask Redis why ({type(exc).__name__}: {exc})"
+        in_progress = pending[0] if isinstance(pending, list) else 0
+        if alive == 0:
+            return (
+                f"no worker of queue {self.queue!r} is alive: start one with `asyncgraph worker "
+                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)"
+            )
+        rejected = self.stats.rejected_replies
+        return (
+            f"{alive} worker(s) alive, {length} task(s) in the stream, {in_progress} being "
+            f"processed: the workers are busy or the function is slower than the timeout"
+            + (f"; {rejected} repl(ies) were rejected as unsigned or forged: do the client "
+               f"and the workers share the same secret?" if rejected else "")
+        )
+
+    # -- background tasks -----------------------------------------------------------
+    async def _flusher(self) -> None:
+        while True:
+            # Nodes submitted while a round trip is in flight wake this task: they all
+            # go in the next one (a node submitted when none is in flight goes at once).
+            await self._flush_wanted.wait()
+            self._flush_wanted = anyio.Event()
+            await self._flush_now()
+
+    async def _flush_now(self) -> None:
+        # Shielded (and bounded by the pool's deadline): a flush cut in the middle would
+        # lose the tasks or cancellations it carries.
+        self._flushing += 1
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._flush()
+        finally:
+            self._flushing -= 1
+
+    async def _flush(self, *, timeout_s: float | None = None) -> None:
+        outbox = [p for p in self._outbox if not p.cancelled]
+        # Tasks cancelled before they were sent are simply never sent.
+        cancels = [p for p in self._cancels if p.sent]
+        self._outbox, self._cancels = [], []
+        commands: list[list[Any]] = [
+            ["XADD", self._task_stream, "*", keys.F_MESSAGE, p.packed, keys.F_SIGNATURE, p.signature]
+            for p in outbox
+        ]
+        for p in outbox:
+            p.sent = True
+        if cancels:
+            # Queued entries are deleted (no worker will start them); running ones are
+            # stopped by the workers watching the cancel stream.
+            entry_ids = [p.entry_id for p in cancels if p.entry_id is not None]
+            if entry_ids:
+                commands.append(["XDEL", self._task_stream, *entry_ids])
+            packed, signature = encode(
+                CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
+                self._signer,
+            )
+            commands.append(["XADD", keys.cancel_stream(self.queue), "MAXLEN", "~",
+                             keys.CANCEL_MAXLEN, "*", keys.F_MESSAGE, packed,
+                             keys.F_SIGNATURE, signature])
+        if not commands:
+            return
+        self.stats.flushes += 1
+        try:
+            replies = await self._pool.pipeline(commands, timeout_s=timeout_s)
+        except RedisConnectionLost as exc:
+            for p in outbox:
+                self._fail(p, self._connection_error(exc, "sending the task"))
+            return
+        for p, reply in zip(outbox, replies, strict=False):
+            if isinstance(reply, ReplyError):
+                self._fail(p, RemoteConnectionError(
+                    f"Redis refused the task for {p.function!r} on queue {self.queue!r}: {reply}"))
+            else:
+                p.entry_id = reply
+
+    def _fail(self, pending: _Pending, error: BaseException) -> None:
+        if self._pending.pop(pending.task_id, None) is not None:
+            pending.error = error
+            pending.event.set()
+
+    def _connection_error(self, exc: Exception, doing: str) -> RemoteConnectionError:
+        error = RemoteConnectionError(
+            f"lost Redis while {doing} (queue {self.queue!r}): {exc}. The result of this "
+            f"remote node cannot arrive; check Redis and run the backward again."
+        )
+        error.__cause__ = exc
+        return error
+
+    async def _listener(self, conn: Connection | None) -> None:
+        """Read this client's reply stream; survive outages, failing what they cut off."""
+        last_id = b"0-0"
+        trim_below: bytes | None = None
+        backoff = 0.05
+        try:
+            while True:
+                if conn is None:
+                    try:
+                        conn = await self._connect_listener()
+                    except RedisConnectionLost as exc:
+                        self._fail_all(exc, "waiting for the reply")
+                        # Everything sent so far has failed: whichever Redis answers next
+                        # holds only tasks sent after this point.
+                        self._run_id = None
+                        await anyio.sleep(backoff)
+                        backoff = min(backoff * 2, 2.0)
+                        continue
+                    backoff = 0.05
+                commands: list[list[Any]] = []
+                if trim_below is not None:  # drop what was read, in the same round trip
+                    commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
+                commands.append(["XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
+                                 "STREAMS", self._reply_stream, last_id])
+                try:
+                    with anyio.fail_after(_BLOCK_MS / 1000 + self._pool.timeout_s):
+                        replies = await conn.pipeline(commands)
+                    if isinstance(replies[-1], ReplyError):
+                        raise RedisConnectionLost(f"XREAD of the reply stream failed: {replies[-1]}")
+                except (RedisConnectionLost, TimeoutError) as exc:
+                    log.warning("reply listener of queue %r: %s", self.queue, exc or "timeout")
+                    self.stats.reconnects += 1
+                    await conn.aclose()
+                    conn = None  # reconnect at once; if that fails, the waiting nodes fail
+                    continue
+                trim_below = None
+                if replies[-1]:
+                    entries = replies[-1][0][1]
+                    for _entry_id, fields in entries:
+                        self._on_reply(fields)
+                    last_id = entries[-1][0]
+                    trim_below = _next_id(last_id)
+        finally:
+            if conn is not None:
+                await conn.aclose()
+
+    async def _connect_listener(self) -> Connection:
+        """A connection for the listener; fails the waiting nodes if Redis restarted meanwhile."""
+        conn = await self._pool.connect()
+        try:
+            run_id = await _run_id(conn, self._pool.timeout_s)
+        except BaseException:
+            await conn.aclose()
+            raise
+        if self._run_id is not None and run_id != self._run_id:
+            self._fail_all(RedisConnectionLost(
+                f"Redis at {self._pool.address.display} restarted: tasks and replies in flight "
+                f"were lost"), "waiting for the reply")
+        self._run_id = run_id
+        return conn
+
+    def _fail_all(self, exc: Exception, doing: str) -> None:
+        for pending in list(self._pending.values()):
+            if pending.sent:
+                self._fail(pending, self._connection_error(exc, doing))
+
+    def _on_reply(self, fields: list[bytes]) -> None:
+        data = dict(zip(fields[::2], fields[1::2], strict=False))
+        try:
+            message = decode(data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE),
+                             self._signer, self.queue, self._limits)
+            if not isinstance(message, ReplyMessage) or message.client != self.client_id:
+                raise WireError("not a reply to this client")
+        except WireError as exc:
+            self.stats.rejected_replies += 1
+            log.warning("rejected a reply on queue %r: %s", self.queue, exc)
+            return
+        pending = self._pending.pop(message.id, None)
+        if pending is None:
+            self.stats.duplicate_replies += 1  # ran twice, cancelled, or timed out: joined once
+            return
+        pending.reply = message
+        pending.event.set()
+
+    async def _close(self) -> None:
+        """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
+        self._closed = True
+        for pending in list(self._pending.values()):
+            pending.cancelled = True
+            self._cancels.append(pending)
+            self._fail(pending, RuntimeError(
+                f"the RedisExecutor of queue {self.queue!r} was closed while this node waited"))
+        if self.stats.submitted:  # else there is nothing to cancel or delete
+            with anyio.move_on_after(self._pool.timeout_s, shield=True):
+                try:
+                    await self._flush(timeout_s=self._pool.timeout_s)
+                    await self._pool.execute("DEL", self._reply_stream)
+                except (RedisConnectionLost, ReplyError) as exc:
+                    log.warning("closing the executor of queue %r: %s", self.queue, exc)
+        with anyio.CancelScope(shield=True):
+            await self._pool.aclose()
+
+    def __repr__(self) -> str:
+        return (f"RedisExecutor(url={self._pool.address.display!r}, queue={self.queue!r}, "
+                f"timeout_s={self.timeout_s!r})")
+
+
+def _next_id(entry_id: bytes) -> bytes:
+    ms, _, seq = entry_id.partition(b"-")
+    return ms + b"-" + str(int(seq or b"0") + 1).encode()
+
+
+async def _run_id(conn: Connection, timeout_s: float) -> bytes:
+    """The server's run_id: it changes when Redis restarts (and forgets non-persisted data)."""
+    try:
+        with anyio.fail_after(timeout_s):
+            info = await conn.execute("INFO", "server")
+    except TimeoutError:
+        raise RedisConnectionLost(
+            f"Redis at {conn.address.display} did not answer within {timeout_s:g}s") from None
+    for line in bytes(info).splitlines():
+        if line.startswith(b"run_id:"):
+            return line[7:].strip()
+    return b""
+
+
+def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], Any, list[int], bool]:
+    if not isinstance(result, dict):
+        raise WireError("forward result must be a map")
+    outs, nd, is_tuple = result.get("out"), result.get("nd"), result.get("tuple")
+    if not isinstance(outs, list) or not outs or not isinstance(is_tuple, bool):
+        raise WireError("forward result needs a non-empty 'out' list and a 'tuple' flag")
+    outputs = []
+    for i, entry in enumerate(outs):
+        var = var_from_entry(entry, f"output {i}")
+        if var is None:
+            raise WireError(f"output {i} is nil")
+        outputs.append(var)
+    if not isinstance(nd, list) or not all(isinstance(i, int) and 0 <= i < len(outputs) for i in nd):
+        raise WireError("forward result 'nd' must list output indices")
+    return outputs, result.get("ctx"), nd, is_tuple
+
+
+@asynccontextmanager
+async def open_redis_executor(
+    url: str,
+    queue: str = "grads",
+    *,
+    secret: str | bytes | None = None,
+    timeout_s: float = 600.0,
+    redis_timeout_s: float = 5.0,
+    local: Executor | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> AsyncIterator[RedisExecutor]:
+    """Open a :class:`RedisExecutor` on ``url`` / ``queue`` for the block's duration.
+
+    ``secret``: shared with the workers (``--secret`` / ``ASYNCGRAPH_SECRET``);
+    tasks are signed and replies must be. ``timeout_s``: how long one remote
+    node may take from submission to reply (also its deadline on the workers).
+    ``redis_timeout_s``: bound on every Redis call; an unreachable Redis raises
+    ``RemoteConnectionError`` here, and one lost mid-pass fails the waiting
+    nodes within about that long. ``local``: runs the nodes that are not
+    ``dispatch = "remote"`` (default: a new LocalExecutor). ``rediss://`` URLs
+    and ACL ``user:password@`` work as in redis-py.
+
+    Example::
+
+        async with open_redis_executor("redis://127.0.0.1:6379/0", queue="grads") as ex:
+            await loss.backward(executor=ex)
+    """
+    keys.check_queue_name(queue)
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    signer = Signer(secret)
+    address = parse_redis_url(url)
+    pool = Pool(address, timeout_s=redis_timeout_s)
+    executor = RedisExecutor(
+        pool, queue, signer=signer, timeout_s=timeout_s,
+        local=local if local is not None else LocalExecutor(), limits=limits, run_id=None,
+    )
+    try:
+        # Tasks sent before any worker exists must wait for it: create the group at 0.
+        await pool.execute("XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0",
+                           "MKSTREAM")
+    except ReplyError as exc:
+        if exc.code != "BUSYGROUP":
+            await pool.aclose()
+            raise RemoteConnectionError(
+                f"Redis at {address.display} refused to set up queue {queue!r}: {exc}") from None
+    except RedisConnectionLost as exc:
+        await pool.aclose()
+        raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
+    try:
+        listener = await executor._connect_listener()
+    except RedisConnectionLost as exc:
+        await pool.aclose()
+        raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(executor._listener, listener)
+            tg.start_soon(executor._flusher)
+            tg.start_soon(executor._deadline_watcher)
+            try:
+                yield executor
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        await executor._close()

@@ -1,0 +1,19 @@
+"""What crosses a process boundary: msgpack codec, message schema, signing, key names.
+
+Private modules, shared by ``asyncgraph.executors.RedisExecutor`` (the client)
+and ``asyncgraph.worker`` (the server):
+
+- ``_keys``: every Redis key, stream, group and field name of the protocol;
+- ``_codec``: msgpack with size, length and depth limits (numpy arrays as an
+  extension type with a dtype whitelist; never pickle);
+- ``_schema``: the versioned task, reply and cancel messages, validated on receipt;
+- ``_signing``: HMAC-SHA256 signatures with a shared secret;
+- ``_payload``: a Function's remote identity and how its ctx and gradients travel;
+- ``_resp``: the small async Redis client both sides use (asyncio and trio).
+"""
+
+from ._codec import DEFAULT_LIMITS, Limits
+from ._keys import PROTOCOL_VERSION
+from ._payload import fingerprint, remote_name
+
+__all__ = ["DEFAULT_LIMITS", "PROTOCOL_VERSION", "Limits", "fingerprint", "remote_name"]

@@ -1,0 +1,230 @@
+"""msgpack, with limits, for everything that crosses a process boundary.
+
+``pack(obj)`` accepts None, bool, int (64-bit), float, str, bytes, list, tuple,
+dict with str keys, and (when numpy is installed) numpy arrays and scalars of a
+whitelisted numeric dtype. Anything else raises ``TypeError`` naming where it
+sits (``check_packable`` finds the offending path). Tuples stay tuples.
+
+``unpack(data, limits)`` rejects, with ``WireError`` and the reason, a message
+larger than ``limits.max_message_bytes``, any string or binary longer than
+``limits.max_str_len``, containers longer than ``limits.max_container_len``,
+nesting deeper than ``limits.max_depth``, unknown extension types and numpy
+dtypes outside the whitelist. Arrays are rebuilt with ``numpy.frombuffer``;
+nothing is ever unpickled or imported by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .._exceptions import WireError
+
+__all__ = ["DEFAULT_LIMITS", "Limits", "check_packable", "pack", "unpack"]
+
+EXT_TUPLE = 1
+EXT_NDARRAY = 2
+EXT_NPSCALAR = 3
+
+# Plain numeric dtypes only ('O' object arrays would need pickle); little-endian or byte-free.
+_DTYPES = frozenset(
+    {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8",
+     "<c8", "<c16"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits applied to every message received (and checked when sending)."""
+
+    max_message_bytes: int = 8 * 1024 * 1024
+    max_str_len: int = 4 * 1024 * 1024
+    max_container_len: int = 1_000_000
+    max_depth: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_message_bytes", "max_str_len", "max_container_len", "max_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # numpy is optional
+        return None
+    return numpy
+
+
+def _default(obj: Any) -> Any:
+    kind = type(obj)
+    if kind is tuple:
+        return msgpack.ExtType(EXT_TUPLE, _packb(list(obj)))
+    if kind.__module__ == "numpy":
+        numpy = _numpy()
+        if numpy is not None:
+            if isinstance(obj, numpy.ndarray):
+                dtype = _wire_dtype(obj.dtype, numpy)
+                arr = numpy.ascontiguousarray(obj, dtype=dtype)
+                body = _packb([dtype.str, list(arr.shape), arr.tobytes()])
+                return msgpack.ExtType(EXT_NDARRAY, body)
+            if isinstance(obj, numpy.generic):
+                dtype = _wire_dtype(obj.dtype, numpy)
+                body = _packb([dtype.str, numpy.asarray(obj, dtype=dtype).tobytes()])
+                return msgpack.ExtType(EXT_NPSCALAR, body)
+    # Subclasses (IntEnum, str subclasses, OrderedDict...) travel as their base type.
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, bytes):
+        return bytes(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    if isinstance(obj, dict):
+        return dict(obj)
+    raise TypeError(f"cannot serialize {kind.__name__} ({obj!r:.60}) to msgpack")
+
+
+def _wire_dtype(dtype: Any, numpy: Any) -> Any:
+    if dtype.byteorder == ">":
+        dtype = dtype.newbyteorder("<")
+    if dtype.str not in _DTYPES:
+        raise TypeError(
+            f"numpy dtype {dtype!s} cannot cross the wire (allowed: bool, ints, floats, complex)"
+        )
+    return dtype
+
+
+def _packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)  # type: ignore[no-any-return]
+
+
+def pack(obj: Any) -> bytes:
+    """Serialize ``obj``; raise ``TypeError`` (naming the type) if it cannot travel."""
+    try:
+        return _packb(obj)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(str(exc)) from None
+
+
+def check_packable(obj: Any, where: str) -> None:
+    """Raise ``TypeError`` naming the path under ``where`` of the first value that cannot travel."""
+    stack: list[tuple[Any, str]] = [(obj, where)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, (list, tuple)):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"{path} has a non-str key {key!r:.60}; msgpack maps need str keys")
+                stack.append((item, f"{path}[{key!r}]"))
+        else:
+            try:
+                _packb(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise TypeError(f"{path}: {exc}") from None
+
+
+def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Deserialize one message; raise ``WireError`` with the reason when it breaks a limit."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"message must be bytes, got {type(data).__name__}")
+    if len(data) > limits.max_message_bytes:
+        raise WireError(
+            f"message is {len(data)} bytes, above the limit of {limits.max_message_bytes}"
+        )
+    try:
+        value = _unpackb(bytes(data), limits, 0)
+    except WireError:
+        raise
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            RecursionError) as exc:
+        raise WireError(f"message is not valid msgpack within limits: {type(exc).__name__}: {exc}") from None
+    _check_depth(value, limits.max_depth)
+    return value
+
+
+def _unpackb(data: bytes, limits: Limits, depth: int) -> Any:
+    if depth > limits.max_depth:
+        raise WireError(f"message nests deeper than {limits.max_depth} levels")
+
+    def ext_hook(code: int, body: bytes) -> Any:
+        if code == EXT_TUPLE:
+            items = _unpackb(body, limits, depth + 1)
+            if not isinstance(items, list):
+                raise WireError("tuple extension does not hold an array")
+            return tuple(items)
+        if code == EXT_NDARRAY:
+            return _ndarray(_unpackb(body, limits, depth + 1))
+        if code == EXT_NPSCALAR:
+            return _npscalar(_unpackb(body, limits, depth + 1))
+        raise WireError(f"unknown msgpack extension type {code}")
+
+    return msgpack.unpackb(
+        data,
+        raw=False,
+        use_list=True,
+        strict_map_key=True,
+        ext_hook=ext_hook,
+        max_str_len=limits.max_str_len,
+        max_bin_len=limits.max_str_len,
+        max_array_len=limits.max_container_len,
+        max_map_len=limits.max_container_len,
+        max_ext_len=limits.max_message_bytes,
+    )
+
+
+def _dtype(name: Any) -> Any:
+    numpy = _numpy()
+    if numpy is None:
+        raise WireError("message holds a numpy array but numpy is not installed here")
+    if not isinstance(name, str) or name not in _DTYPES:
+        raise WireError(f"numpy dtype {name!r:.40} is not allowed on the wire")
+    return numpy, numpy.dtype(name)
+
+
+def _ndarray(body: Any) -> Any:
+    if not (isinstance(body, list) and len(body) == 3 and isinstance(body[1], list)
+            and isinstance(body[2], bytes)):
+        raise WireError("malformed numpy array extension")
+    numpy, dtype = _dtype(body[0])
+    shape = body[1]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise WireError(f"malformed numpy array shape {shape!r:.60}")
+    if math.prod(shape) * dtype.itemsize != len(body[2]):
+        raise WireError(f"numpy array of shape {shape!r:.60} does not match its {len(body[2])} bytes")
+    return numpy.frombuffer(body[2], dtype=dtype).reshape(shape).copy()
+
+
+def _npscalar(body: Any) -> Any:
+    if not (isinstance(body, list) and len(body) == 2 and isinstance(body[1], bytes)):
+        raise WireError("malformed numpy scalar extension")
+    numpy, dtype = _dtype(body[0])
+    if len(body[1]) != dtype.itemsize:
+        raise WireError("numpy scalar does not match its dtype's size")
+    return numpy.frombuffer(body[1], dtype=dtype)[0]
+
+
+def _check_depth(value: Any, max_depth: int) -> None:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if depth >= max_depth:
+                raise WireError(f"message nests deeper than {max_depth} levels")
+            stack.extend((x, depth + 1) for x in item if isinstance(x, (list, tuple, dict)))
+        elif isinstance(item, dict):
+            if depth >= max_depth:
+                raise WireError(f"message nests deeper than {max_depth} levels")
+            stack.extend((x, depth + 1) for x in item.values() if isinstance(x, (list, tuple, dict)))

@@ -1,0 +1,99 @@
+"""Every Redis key, stream, consumer group and message field of the worker protocol.
+
+Both the client (``asyncgraph.executors.RedisExecutor``) and the worker import
+from here; nothing else spells a key. All keys of one queue share the hash tag
+``{queue}`` so a reply, an acknowledgement and a dead-letter entry touching
+several of them can go in one MULTI, also on Redis Cluster.
+
+Streams of queue ``q``::
+
+    asyncgraph:{q}:tasks          tasks, read by the consumer group "workers"
+    asyncgraph:{q}:reply:<client> one per client, read by that client's listener
+    asyncgraph:{q}:cancel         cancellations, read by every worker (no group)
+    asyncgraph:{q}:dead           dead letters: malformed, forged or failed tasks
+    asyncgraph:{q}:workers        hash: consumer name -> heartbeat expiry (ms, Redis clock)
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "CANCEL_MAXLEN",
+    "DEAD_MAXLEN",
+    "F_MESSAGE",
+    "F_SIGNATURE",
+    "GROUP",
+    "PROTOCOL_VERSION",
+    "REPLY_TTL_S",
+    "cancel_stream",
+    "check_queue_name",
+    "dead_stream",
+    "reply_stream",
+    "task_stream",
+    "workers_hash",
+]
+
+PROTOCOL_VERSION = 1
+PREFIX = "asyncgraph"
+GROUP = "workers"
+
+# Stream entry fields: the packed msgpack message and its HMAC (empty when unsigned).
+F_MESSAGE = b"m"
+F_SIGNATURE = b"s"
+
+# Dead-letter entry fields.
+F_REASON = b"reason"
+F_ERROR = b"error"
+F_TASK = b"task"
+F_WORKER = b"worker"
+F_ORIGINAL = b"original"
+
+# Reply streams outlive a client that died by at most this long.
+REPLY_TTL_S = 3600
+# Approximate caps: these streams are diagnostic or short-lived, never the only copy of work.
+CANCEL_MAXLEN = 10_000
+DEAD_MAXLEN = 10_000
+
+_QUEUE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_CLIENT_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def check_queue_name(queue: str) -> str:
+    """Return ``queue`` if it is a valid queue name (1-64 of ``A-Za-z0-9_.-``), else raise."""
+    if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
+        raise ValueError(
+            f"queue name must be 1 to 64 characters among A-Z a-z 0-9 _ . -, got {queue!r}"
+        )
+    return queue
+
+
+def is_client_id(client: str) -> bool:
+    return _CLIENT_RE.fullmatch(client) is not None
+
+
+def _base(queue: str) -> str:
+    return f"{PREFIX}:{{{queue}}}"
+
+
+def task_stream(queue: str) -> str:
+    return f"{_base(queue)}:tasks"
+
+
+def reply_stream(queue: str, client: str) -> str:
+    """The reply stream of one client; ``client`` is a validated 32-hex-digit id."""
+    if not is_client_id(client):
+        raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
+    return f"{_base(queue)}:reply:{client}"
+
+
+def cancel_stream(queue: str) -> str:
+    return f"{_base(queue)}:cancel"
+
+
+def dead_stream(queue: str) -> str:
+    return f"{_base(queue)}:dead"
+
+
+def workers_hash(queue: str) -> str:
+    return f"{_base(queue)}:workers"

@@ -1,0 +1,197 @@
+"""Versioned message types of the worker protocol, validated on receipt.
+
+Three kinds travel, each a msgpack map with the protocol version ``v``, its
+kind ``k`` and its queue ``q``:
+
+``task``   client -> workers. ``c`` client id, ``id`` task id, ``fn`` registered
+           function name, ``fp`` its fingerprint, ``op`` "backward" or
+           "forward", ``ttl`` milliseconds the client waits from enqueueing,
+           ``p`` the op's payload (ctx state and gradients, or arguments).
+``reply``  worker -> one client. ``c``, ``id``, ``ok``; ``r`` the result when
+           ok, else ``err`` = {``kind``, ``type``, ``message``, ``traceback``};
+           ``w`` the worker's consumer name.
+``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
+
+``decode_*`` raise ``WireError`` naming the first field that is missing or of
+the wrong type; the payload's inner structure is checked by ``asyncgraph.wire._payload``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._exceptions import WireError
+from ._codec import DEFAULT_LIMITS, Limits, pack, unpack
+from ._keys import PROTOCOL_VERSION, is_client_id
+from ._signing import Signer
+
+__all__ = [
+    "CancelMessage",
+    "ErrorInfo",
+    "ReplyMessage",
+    "TaskMessage",
+    "decode",
+    "encode",
+]
+
+Op = Literal["backward", "forward"]
+ErrorKind = Literal["error", "unknown_function", "fingerprint", "dead_letter", "invalid"]
+_OPS = ("backward", "forward")
+_ERROR_KINDS = ("error", "unknown_function", "fingerprint", "dead_letter", "invalid")
+_MAX_NAME = 256
+_MAX_ID = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMessage:
+    queue: str
+    client: str
+    id: str
+    function: str
+    fingerprint: str
+    op: Op
+    ttl_ms: int
+    payload: dict[str, Any]
+
+    def to_map(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "k": "task", "q": self.queue, "c": self.client,
+                "id": self.id, "fn": self.function, "fp": self.fingerprint, "op": self.op,
+                "ttl": self.ttl_ms, "p": self.payload}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    kind: ErrorKind
+    type: str
+    message: str
+    traceback: str = ""
+
+    def to_map(self) -> dict[str, Any]:
+        return {"kind": self.kind, "type": self.type, "message": self.message,
+                "traceback": self.traceback}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyMessage:
+    queue: str
+    client: str
+    id: str
+    worker: str
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    def to_map(self) -> dict[str, Any]:
+        m: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": "reply", "q": self.queue,
+                             "c": self.client, "id": self.id, "w": self.worker,
+                             "ok": self.error is None}
+        if self.error is None:
+            m["r"] = self.result
+        else:
+            m["err"] = self.error.to_map()
+        return m
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMessage:
+    queue: str
+    client: str
+    ids: tuple[str, ...]
+
+    def to_map(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "k": "cancel", "q": self.queue, "c": self.client,
+                "ids": list(self.ids)}
+
+
+Message = TaskMessage | ReplyMessage | CancelMessage
+
+
+def encode(message: Message, signer: Signer, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, bytes]:
+    """``(packed, signature)``; ``TypeError`` if a value cannot travel, ``WireError`` if too big."""
+    packed = pack(message.to_map())
+    if len(packed) > limits.max_message_bytes:
+        raise WireError(
+            f"{message.to_map()['k']} message is {len(packed)} bytes, above the limit of "
+            f"{limits.max_message_bytes}; send less data or raise max_message_bytes on the "
+            f"client and on the workers"
+        )
+    return packed, signer.sign(packed)
+
+
+def decode(
+    packed: Any, signature: Any, signer: Signer, queue: str, limits: Limits = DEFAULT_LIMITS
+) -> Message:
+    """Verify, unpack and validate one message of ``queue``; ``WireError`` says why not."""
+    if not isinstance(packed, bytes):
+        raise WireError("stream entry has no message field")
+    if signature is not None and not isinstance(signature, bytes):
+        raise WireError("signature field is not bytes")
+    reason = signer.verify(packed, signature)
+    if reason is not None:
+        raise WireError(reason)
+    m = unpack(packed, limits)
+    if not isinstance(m, dict):
+        raise WireError(f"message is a {type(m).__name__}, not a map")
+    version = m.get("v")
+    if version != PROTOCOL_VERSION:
+        raise WireError(
+            f"protocol version {version!r:.20} is not supported (this side speaks "
+            f"{PROTOCOL_VERSION}); run the same asyncgraph version on clients and workers"
+        )
+    if _str(m, "q", _MAX_NAME) != queue:
+        raise WireError(f"message is for queue {m['q']!r}, not {queue!r}")
+    client = _str(m, "c", 32)
+    if not is_client_id(client):
+        raise WireError(f"field 'c' is not a client id: {client!r}")
+    kind = m.get("k")
+    if kind == "task":
+        op = _str(m, "op", 16)
+        if op not in _OPS:
+            raise WireError(f"field 'op' must be one of {_OPS}, got {op!r}")
+        ttl = _int(m, "ttl")
+        if ttl <= 0:
+            raise WireError(f"field 'ttl' must be positive, got {ttl}")
+        payload = m.get("p")
+        if not isinstance(payload, dict):
+            raise WireError("field 'p' must be a map")
+        return TaskMessage(queue, client, _str(m, "id", _MAX_ID), _str(m, "fn", _MAX_NAME),
+                           _str(m, "fp", _MAX_ID), op, ttl, payload)  # type: ignore[arg-type]
+    if kind == "reply":
+        ok = m.get("ok")
+        if not isinstance(ok, bool):
+            raise WireError("field 'ok' must be a bool")
+        error = None
+        if not ok:
+            err = m.get("err")
+            if not isinstance(err, dict):
+                raise WireError("field 'err' must be a map")
+            ekind = _str(err, "kind", 32)
+            if ekind not in _ERROR_KINDS:
+                raise WireError(f"error kind {ekind!r} is unknown")
+            error = ErrorInfo(ekind, _str(err, "type", _MAX_NAME),  # type: ignore[arg-type]
+                              _str(err, "message", limits.max_str_len),
+                              _str(err, "traceback", limits.max_str_len))
+        return ReplyMessage(queue, client, _str(m, "id", _MAX_ID), _str(m, "w", _MAX_NAME),
+                            m.get("r"), error)
+    if kind == "cancel":
+        ids = m.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= _MAX_ID for i in ids):
+            raise WireError("field 'ids' must be a list of task ids")
+        return CancelMessage(queue, client, tuple(ids))
+    raise WireError(f"message kind {kind!r:.20} is unknown")
+
+
+def _str(m: dict[str, Any], key: str, max_len: int) -> str:
+    value = m.get(key)
+    if not isinstance(value, str):
+        raise WireError(f"field {key!r} must be a str, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise WireError(f"field {key!r} is longer than {max_len} characters")
+    return value
+
+
+def _int(m: dict[str, Any], key: str) -> int:
+    value = m.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WireError(f"field {key!r} must be an int, got {type(value).__name__}")
+    return value

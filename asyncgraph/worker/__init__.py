@@ -1,0 +1,14 @@
+"""The worker that serves remote backwards from a Redis queue (``asyncgraph worker``).
+
+Use the command (``asyncgraph worker --redis URL --queue grads --import
+myapp.functions``), or embed a worker in a program::
+
+    registry = build_registry(["myapp.functions"])
+    await Worker(WorkerConfig(redis_url="redis://127.0.0.1:6379/0"), registry).serve()
+"""
+
+from ._registry import RegisteredFunction, Registry, build_registry
+from ._supervisor import Supervisor
+from ._worker import Worker, WorkerConfig
+
+__all__ = ["RegisteredFunction", "Registry", "Supervisor", "Worker", "WorkerConfig", "build_registry"]

@@ -1,0 +1,156 @@
+"""``asyncgraph worker --processes N``: N worker processes, restarted when they die.
+
+The supervisor starts each child as ``python -m asyncgraph worker ... --processes 1``
+(the secret travels in the environment, never in argv), restarts one that
+exits (with a growing pause if it keeps dying at start), forwards SIGTERM /
+SIGINT so the children drain their tasks, and serves ``/healthz`` and
+``/metrics`` for all of them (children write metric snapshots to a private
+directory that the supervisor sums).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ._health import serve_health
+from ._metrics import Metrics, merge_snapshots, render
+
+__all__ = ["Supervisor"]
+
+log = logging.getLogger("asyncgraph.worker")
+
+
+class Supervisor:
+    """Runs ``processes`` copies of ``child_argv`` (plus ``--metrics-dir``) until signalled."""
+
+    def __init__(
+        self,
+        child_argv: Sequence[str],
+        processes: int,
+        *,
+        env: dict[str, str] | None = None,
+        drain_timeout_s: float = 30.0,
+        health_host: str = "0.0.0.0",
+        health_port: int | None = None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes!r}")
+        self.child_argv = list(child_argv)
+        self.processes = processes
+        self.env = dict(os.environ if env is None else env)
+        self.drain_timeout_s = drain_timeout_s
+        self.health_host = health_host
+        self.health_port = health_port
+        self.metrics = Metrics()
+        self._children: dict[int, anyio.abc.Process] = {}
+        self._stopping = False
+        self._dir = tempfile.mkdtemp(prefix="asyncgraph-metrics-")
+
+    async def run(self) -> int:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._signals, tg.cancel_scope)
+                if self.health_port is not None:
+                    await tg.start(functools.partial(
+                        serve_health, self.health_host, self.health_port, self.health,
+                        self.render_metrics))
+                async with anyio.create_task_group() as children:
+                    for slot in range(self.processes):
+                        children.start_soon(self._keep_alive, slot)
+                tg.cancel_scope.cancel()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        return 0
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        alive = {slot: p.pid for slot, p in self._children.items() if p.returncode is None}
+        ok = len(alive) == self.processes and not self._stopping
+        return ok, {
+            "status": "ok" if ok else ("stopping" if self._stopping else "degraded"),
+            "processes": self.processes,
+            "alive": len(alive),
+            "pids": sorted(alive.values()),
+            "restarts": int(self.metrics.get("asyncgraph_worker_restarts_total")),
+        }
+
+    def render_metrics(self) -> str:
+        live = {str(p.pid) for p in self._children.values() if p.returncode is None}
+        values = merge_snapshots(Path(self._dir).glob("*.json"), live)
+        self.metrics.set("asyncgraph_worker_processes", len(live))
+        values.update(self.metrics.values)
+        return render(values)
+
+    async def _keep_alive(self, slot: int) -> None:
+        pause = 0.5
+        while not self._stopping:
+            started = time.monotonic()
+            argv = [*self.child_argv, "--metrics-dir", self._dir,
+                    "--supervisor-pid", str(os.getpid())]
+            # Own session: a terminal's Ctrl-C reaches the supervisor only, which forwards
+            # SIGTERM once, so the children drain instead of stopping at a second signal.
+            process = await anyio.open_process(argv, stdin=subprocess.DEVNULL, stdout=None,
+                                               stderr=None, env=self.env,
+                                               start_new_session=True)
+            self._children[slot] = process
+            log.info("supervisor: worker %d started (pid %d)", slot, process.pid)
+            try:
+                code = await process.wait()
+            finally:
+                if process.returncode is None:  # we are being cancelled: do not orphan it
+                    with anyio.CancelScope(shield=True):
+                        await _stop(process, self.drain_timeout_s)
+            if self._stopping:
+                return
+            self.metrics.inc("asyncgraph_worker_restarts_total")
+            quick = time.monotonic() - started < 5.0
+            pause = min(pause * 2, 10.0) if quick else 0.5
+            log.warning("supervisor: worker %d (pid %d) exited with code %s; restarting in %.1fs",
+                        slot, process.pid, code, pause if quick else 0.0)
+            if quick:
+                await anyio.sleep(pause)
+
+    async def _signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self._stopping:
+                    scope.cancel()  # second signal: stop now (children are killed)
+                    return
+                log.info("supervisor: %s, draining %d worker(s)", signal.Signals(signum).name,
+                         len(self._children))
+                self._stopping = True
+                for process in self._children.values():
+                    if process.returncode is None:
+                        process.send_signal(signal.SIGTERM)
+                with anyio.move_on_after(self.drain_timeout_s + 5.0):
+                    for process in list(self._children.values()):
+                        await process.wait()
+                for process in self._children.values():
+                    if process.returncode is None:
+                        process.kill()
+
+
+async def _stop(process: anyio.abc.Process, drain_timeout_s: float) -> None:
+    process.send_signal(signal.SIGTERM)
+    with anyio.move_on_after(drain_timeout_s + 5.0):
+        await process.wait()
+        return
+    process.kill()
+    await process.wait()
+
+
+def child_command() -> list[str]:
+    return [sys.executable, "-m", "asyncgraph", "worker"]

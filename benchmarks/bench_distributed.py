@@ -1,0 +1,245 @@
+"""Distributed backward: asyncgraph's Redis executor against the local executor, a plain
+redis-py streams baseline, arq and saq, all in one run on one throwaway redis-server.
+
+    python benchmarks/bench_distributed.py [--quick] [--no-others]
+
+Prints, for each system: round trip of one no-op remote node (median, p99), throughput
+of 5,000 no-op nodes with 1 and 2 worker processes, and for asyncgraph the wall time of
+256 remote nodes sleeping 200 ms on 2 workers x 128 concurrency over the critical-path
+ideal (200 ms). Then the ratios the goals are stated in. arq and saq are optional
+(``pip install arq saq``); they are skipped when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import dist_functions as F  # noqa: E402
+
+from asyncgraph import LocalExecutor, Parameter, backward  # noqa: E402
+from asyncgraph._redis_server import RedisServer  # noqa: E402
+from asyncgraph.executors import open_redis_executor  # noqa: E402
+
+QUEUE = "bench"
+
+
+@contextlib.contextmanager
+def processes(argvs: list[list[str]], ready: Callable[[], bool] | None = None) -> Iterator[None]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen(argv, env=env, cwd=HERE, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for argv in argvs]
+    try:
+        deadline = time.monotonic() + 20
+        while ready is not None and not ready():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"workers did not start: {argvs[0]}")
+            time.sleep(0.05)
+        if ready is None:
+            time.sleep(1.5)
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def asyncgraph_workers(url: str, count: int, concurrency: int) -> list[list[str]]:
+    return [[sys.executable, "-m", "asyncgraph", "worker", "--redis", url, "--queue", QUEUE,
+             "--import", "dist_functions", "--concurrency", str(concurrency),
+             "--log-level", "WARNING"] for _ in range(count)]
+
+
+def workers_alive(url: str, count: int) -> Callable[[], bool]:
+    client = redis.Redis.from_url(url)
+    return lambda: int(client.hlen(f"asyncgraph:{{{QUEUE}}}:workers")) >= count
+
+
+def stats(times: list[float]) -> tuple[float, float]:
+    ordered = sorted(times)
+    return statistics.median(ordered) * 1e3, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3
+
+
+async def graph_latency(executor: Any, n: int) -> list[float]:
+    times = []
+    for i in range(n + 20):
+        y = F.Noop.apply(Parameter(1.0))
+        started = time.perf_counter()
+        await backward(y, executor=executor)
+        if i >= 20:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+async def graph_throughput(executor: Any, n: int, rounds: int = 3) -> float:
+    best = 0.0
+    for _ in range(rounds):
+        leaves = [Parameter(1.0) for _ in range(n)]
+        outs = [F.Noop.apply(p) for p in leaves]
+        started = time.perf_counter()
+        await backward(outs, executor=executor)
+        best = max(best, n / (time.perf_counter() - started))
+    return best
+
+
+async def sleepers(executor: Any, n: int = 256, seconds: float = 0.2) -> float:
+    leaves = [Parameter(1.0) for _ in range(n)]
+    outs = [F.Sleep.apply(p, seconds) for p in leaves]
+    started = time.perf_counter()
+    await backward(outs, executor=executor)
+    return (time.perf_counter() - started) / seconds
+
+
+def run_remote(url: str, body: Callable[[Any], Awaitable[Any]], backend: str = "asyncio") -> Any:
+    async def main() -> Any:
+        async with open_redis_executor(url, queue=QUEUE, timeout_s=120) as ex:
+            return await body(ex)
+
+    return anyio.run(main, backend=backend)
+
+
+def other(script: str, url: str, latency_n: int, tasks: int) -> tuple[list[float], float]:
+    """Measure a compared system in a subprocess, killed if it hangs."""
+    result = subprocess.run([sys.executable, script, "measure", url, str(latency_n), str(tasks)],
+                            cwd=HERE, capture_output=True, text=True, timeout=240, check=True)
+    *times, rate = map(float, result.stdout.split())
+    return times, rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--no-others", action="store_true", help="skip arq and saq")
+    args = parser.parse_args()
+    lat_n = 200 if args.quick else 1000
+    tasks = 5000
+    rows: list[tuple[str, str, str, str, str]] = []
+    figures: dict[str, float] = {}
+
+    def row(name: str, times: list[float] | None, one: float | None, two: float | None,
+            note: str = "") -> None:
+        med, p99 = stats(times) if times else (float("nan"), float("nan"))
+        rows.append((name, f"{med:7.3f}", f"{p99:7.3f}",
+                     f"{one:8.0f}" if one else "       -", (f"{two:8.0f}" if two else "       -")
+                     + (f"  {note}" if note else "")))
+
+    with RedisServer() as server:
+        url = server.url
+        flush = redis.Redis.from_url(url).flushall
+
+        # In-process reference.
+        local = LocalExecutor()
+        times = anyio.run(graph_latency, local, lat_n)
+        rate = anyio.run(graph_throughput, local, tasks)
+        figures["local_rate"] = rate
+        row("asyncgraph local executor", times, rate, None, "(in-process)")
+
+        # Round trips, interleaved with the raw baseline's in rounds so that both see the
+        # same machine (a shared 2-core host is noisy); both fleets idle meanwhile.
+        import dist_raw
+
+        flush()
+        raw = [sys.executable, str(HERE / "dist_raw.py"), "worker", url]
+        round_trips: dict[str, list[float]] = {"asyncio": [], "trio": [], "raw": []}
+        with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 1)), processes([raw]):
+            for _ in range(5):
+                for backend in ("asyncio", "trio"):
+                    round_trips[backend] += run_remote(
+                        url, lambda ex: graph_latency(ex, lat_n // 5), backend)
+                round_trips["raw"] += asyncio.run(dist_raw.latency(url, lat_n // 5))
+
+        # asyncgraph: 1 worker, then 2.
+        for backend in ("asyncio", "trio"):
+            flush()
+            with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 1)):
+                times = round_trips[backend]
+                one = run_remote(url, lambda ex: graph_throughput(ex, tasks), backend)
+                with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 2)):
+                    two = run_remote(url, lambda ex: graph_throughput(ex, tasks), backend)
+            figures[f"ag_{backend}_median"] = stats(times)[0]
+            figures[f"ag_{backend}_one"], figures[f"ag_{backend}_two"] = one, two
+            row(f"asyncgraph Redis ({backend} client)", times, one, two)
+
+        flush()
+        with processes(asyncgraph_workers(url, 2, 128), workers_alive(url, 2)):
+            run_remote(url, lambda ex: sleepers(ex, 16, 0.01))  # warm up
+            ratio = min(run_remote(url, sleepers) for _ in range(2 if args.quick else 3))
+        figures["critical_path_ratio"] = ratio
+        local_ratio = anyio.run(sleepers, local)
+
+        # Plain redis-py streams.
+        flush()
+        with processes([raw]):
+            _, one, piped_one = asyncio.run(dist_raw.measure(url, 10, tasks))
+            with processes([raw]):
+                _, two, piped_two = asyncio.run(dist_raw.measure(url, 10, tasks))
+        times = round_trips["raw"]
+        figures["raw_median"], figures["raw_one"], figures["raw_two"] = stats(times)[0], one, two
+        figures["piped_one"], figures["piped_two"] = piped_one, piped_two
+        row("raw redis-py streams, per task", times, one, two)
+        row("raw redis-py streams, 1 pipeline", None, piped_one, piped_two, "(no per-task work)")
+
+        for name in ([] if args.no_others else ["arq", "saq"]):
+            try:
+                __import__(name)
+            except ImportError:
+                rows.append((name, "skipped", f"({name} not installed)", "", ""))
+                continue
+            flush()
+            script = str(HERE / f"dist_{name}.py")
+            worker = [sys.executable, script, "worker", url]
+            note = ""
+            with processes([worker]):
+                try:
+                    times, one = other(script, url, min(lat_n, 300), tasks)
+                except Exception as exc:  # a comparison must not sink the run
+                    rows.append((name, "failed", f"{type(exc).__name__}: {exc}"[:60], "", ""))
+                    continue
+                try:
+                    with processes([worker]):
+                        _, two = other(script, url, 10, tasks)
+                except Exception as exc:  # report what worked
+                    two, note = None, f"2 workers: {type(exc).__name__}"
+            row(f"{name} (tuned)", times, one, two, note)
+
+    print()
+    print(f"{'system':34} {'rt med ms':>9} {'rt p99 ms':>9} {'1 worker/s':>10} {'2 workers/s':>11}")
+    for r in rows:
+        print(f"{r[0]:34} {r[1]:>9} {r[2]:>9} {r[3]:>10} {r[4]:>11}")
+    print()
+    print(f"256 remote nodes x 200 ms, 2 workers x 128: wall / critical-path ideal = "
+          f"{figures['critical_path_ratio']:.3f} (goal <= 1.25; local executor: {local_ratio:.3f})")
+    for backend in ("asyncio", "trio"):
+        rt = figures[f"ag_{backend}_median"] / figures["raw_median"]
+        t1 = figures[f"ag_{backend}_one"] / figures["raw_one"]
+        t2 = figures[f"ag_{backend}_two"] / figures["raw_two"]
+        p1 = figures[f"ag_{backend}_one"] / figures["piped_one"]
+        p2 = figures[f"ag_{backend}_two"] / figures["piped_two"]
+        print(f"asyncgraph ({backend}) vs raw per task: round trip {rt:.2f}x (goal <= 1.5x), "
+              f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2 (goal >= 70%); vs the "
+              f"single-pipeline floor: {p1:.0%} and {p2:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Remote Functions served by the worker processes of tests/distributed (``--import agdist_functions``).
+
+Functions that need to tell the test what happened on the worker write to Redis
+at ``AGDIST_REDIS_URL`` (synchronous redis-py, in a worker thread: ``blocking = True``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import anyio
+
+from asyncgraph import Function, Variable
+
+
+def _redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(os.environ["AGDIST_REDIS_URL"])
+
+
+class Shout(Function):
+    """Text: upper-cases; backward returns feedback naming the input."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, text: Variable) -> Variable:
+        ctx.save_for_backward(text)
+        ctx.prefix = "calm"
+        return Variable(text.data.upper(), role="shout")
+
+    @staticmethod
+    async def backward(ctx: Any, feedback: Variable | None) -> Variable:
+        (text,) = ctx.saved_variables
+        fb = feedback.data if feedback is not None else None
+        return Variable(f"{ctx.prefix}: {text.data!r} <- {fb!r}", role=f"fb for {text.role}")
+
+
+class Scale(Function):
+    """Numbers: y = a * x; sync backward (runs inline on the worker)."""
+
+    dispatch = "remote"
+    remote_name = "agdist.scale"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, a: float) -> Variable:
+        ctx.save_for_backward(x)
+        ctx.a = a
+        ctx.shape = (1, 2)
+        return Variable(x.data * a)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> tuple[Any, None]:
+        assert ctx.shape == (1, 2), ctx.shape  # tuples stay tuples
+        return grad.data * ctx.a, None
+
+
+class Split(Function):
+    """Two outputs; blocking sync backward (runs in a worker thread)."""
+
+    dispatch = "remote"
+    blocking = True
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> tuple[Variable, Variable]:
+        return Variable(x.data * 2.0), Variable(x.data * 3.0)
+
+    @staticmethod
+    def backward(ctx: Any, g1: Variable | None, g2: Variable | None) -> float:
+        return (g1.data if g1 is not None else 0.0) * 2.0 + (g2.data if g2 is not None else 0.0) * 3.0
+
+
+class Sleep(Function):
+    """Sleeps ``ctx.seconds`` in backward, recording start/finish/cancel in Redis under ``ctx.tag``."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, seconds: float, tag: str) -> Variable:
+        ctx.seconds = seconds
+        ctx.tag = tag
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Any:
+        client = _redis()
+        try:
+            await anyio.to_thread.run_sync(client.rpush, f"agdist:started:{ctx.tag}", os.getpid())
+            try:
+                await anyio.sleep(ctx.seconds)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        client.rpush, f"agdist:cancelled:{ctx.tag}", os.getpid())
+                raise
+            await anyio.to_thread.run_sync(client.rpush, f"agdist:finished:{ctx.tag}", os.getpid())
+        finally:
+            client.close()
+        return grad.data, None, None
+
+
+class Noop(Function):
+    """The cheapest remote node: identity."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Variable:
+        return grad
+
+
+class Boom(Function):
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Variable:
+        raise ValueError(f"boom on {grad.data!r}")
+
+
+class Crash(Function):
+    """Kills the worker process in backward (a poison task)."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Variable:
+        _redis().rpush("agdist:crashes", os.getpid())
+        time.sleep(0.05)
+        os._exit(17)
+
+
+class Double(Function):
+    """Remote forward and backward (for RedisExecutor.apply)."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        ctx.save_for_backward(x)
+        ctx.factor = 2
+        return Variable(x.data * 2, role="doubled")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Any:
+        (x,) = ctx.saved_variables
+        assert x.data is not None  # saved variables travel with the task
+        return grad.data * ctx.factor

@@ -1,0 +1,229 @@
+"""Remote backwards give the local executor's gradients, byte for byte; errors are clear."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import agdist_functions as F
+import numpy as np
+import pytest
+
+from asyncgraph import (
+    BackwardError,
+    Function,
+    GraphError,
+    LocalExecutor,
+    Parameter,
+    RemoteError,
+    Variable,
+    backward,
+    grad,
+    use_executor,
+)
+from asyncgraph.executors import open_redis_executor
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+class Add(Function):
+    """A cheap local node between remote ones."""
+
+    @staticmethod
+    def forward(ctx: Any, a: Variable, b: Variable) -> Variable:
+        return Variable(a.data + b.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
+        return g, g
+
+
+def canonical(value: Any) -> Any:
+    """An exact, comparable form of gradient data (type, dtype and bytes for arrays)."""
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, np.generic):
+        return ("npscalar", value.dtype.str, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [canonical(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", [(k, canonical(v)) for k, v in value.items()])
+    return (type(value).__name__, repr(value))
+
+
+def grads_of(leaves: list[Parameter]) -> list[Any]:
+    return [None if p.grad is None else (p.grad.role, canonical(p.grad.data)) for p in leaves]
+
+
+Graph = Callable[[], tuple[list[Parameter], list[Variable]]]
+
+
+def text_and_numbers() -> tuple[list[Parameter], list[Variable]]:
+    x = Parameter(3.0, role="x")
+    t = Parameter("hello", role="t")
+    y = F.Scale.apply(x, 2.5)
+    a, b = F.Split.apply(y)
+    z = Add.apply(F.Scale.apply(a, 0.1), b)
+    s1, s2 = F.Shout.apply(t), F.Shout.apply(t)
+    return [x, t], [z, s1, s2]
+
+
+def fan_in() -> tuple[list[Parameter], list[Variable]]:
+    leaves = [Parameter(float(i) + 0.1, role=f"p{i}") for i in range(8)]
+    outs = []
+    for i, p in enumerate(leaves):
+        for j in range(3):
+            outs.append(F.Scale.apply(F.Noop.apply(p), 1.0 / (i + j + 1)))
+    return leaves, [Add.apply(outs[i], outs[i + 1]) for i in range(0, len(outs) - 1, 2)]
+
+
+def arrays() -> tuple[list[Parameter], list[Variable]]:
+    x = Parameter(np.linspace(0.0, 1.0, 5, dtype=np.float32), role="x")
+    y = F.Scale.apply(x, np.float32(0.3))
+    z = F.Scale.apply(F.Noop.apply(x), np.float32(1.7))
+    return [x], [Add.apply(y, z)]
+
+
+def seed(outs: list[Variable]) -> tuple[Any, ...]:
+    return tuple(np.ones_like(o.data) if isinstance(o.data, np.ndarray) else None for o in outs)
+
+
+@pytest.mark.parametrize("graph", [text_and_numbers, fan_in, arrays])
+async def test_grads_equal_local_executor_byte_for_byte(
+    redis_server_url: str, shared_fleet: str, graph: Graph
+) -> None:
+    leaves, outs = graph()
+    await backward(outs, seed(outs), executor=LocalExecutor())
+    expected = grads_of(leaves)
+
+    leaves, outs = graph()
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        await backward(outs, seed(outs), executor=ex)
+        assert ex.stats.submitted > 0
+        assert ex.stats.duplicate_replies == 0
+    assert grads_of(leaves) == expected
+
+
+async def test_grad_and_use_executor_run_remotely(redis_server_url: str, shared_fleet: str) -> None:
+    x = Parameter(2.0, role="x")
+    y = F.Scale.apply(F.Scale.apply(x, 3.0), 5.0)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with use_executor(ex):
+            (g,) = await grad(y, x)
+        assert ex.stats.completed == 2
+    assert g is not None and g.data == 15.0
+    assert x.grad is None
+
+
+async def test_local_nodes_never_cross_the_network(redis_server_url: str, shared_fleet: str) -> None:
+    a, b = Parameter(1.0), Parameter(2.0)
+    z = Add.apply(Add.apply(a, b), F.Noop.apply(b))
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        await backward(z, executor=ex)
+        assert ex.stats.submitted == 1  # only Noop
+    assert (a.grad.data, b.grad.data) == (1.0, 2.0)  # type: ignore[union-attr]
+
+
+async def test_remote_forward_with_apply(redis_server_url: str, shared_fleet: str) -> None:
+    x = Parameter(4.0, role="x")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        y = await ex.apply(F.Double, x)
+        assert (y.data, y.role, y.grad_fn.name) == (8.0, "doubled", "Double")
+        assert y.grad_fn.ctx.factor == 2
+        await backward(y, executor=ex)
+    assert x.grad is not None and x.grad.data == 2.0
+
+
+class NotServed(Function):
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+class OtherScale(Function):
+    """Same registered name as agdist_functions.Scale, other code: a version mismatch."""
+
+    dispatch = "remote"
+    remote_name = "agdist.scale"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, a: float) -> Variable:
+        return Variable(x.data * a)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Any, None]:
+        return g.data, None
+
+
+async def test_unknown_function_is_a_clear_error_not_a_timeout(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    x = Parameter(1.0)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with pytest.raises(RemoteError) as info:
+            await backward(NotServed.apply(x), executor=ex)
+    message = str(info.value)
+    assert "NotServed" in message and repr(shared_fleet) in message and "--import" in message
+    assert x.grad is None
+
+
+async def test_fingerprint_mismatch_is_reported(redis_server_url: str, shared_fleet: str) -> None:
+    x = Parameter(1.0)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with pytest.raises(RemoteError, match="different code"):
+            await backward(OtherScale.apply(x, 2.0), executor=ex)
+
+
+async def test_remote_exception_carries_the_worker_traceback(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    x = Parameter(1.0, role="x")
+    y = F.Boom.apply(x)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with pytest.raises(RemoteError) as info:
+            await backward(y, executor=ex)
+    error = info.value
+    assert error.function == "Boom" and error.input_roles == ("x",)
+    assert "ValueError: boom on 1.0" in str(error)
+    assert "agdist_functions.py" in error.remote_traceback
+    assert "raise ValueError" in error.remote_traceback
+    assert error.__cause__ is not None and "traceback on the worker" in str(error.__cause__)
+
+
+class HoldsALock(Function):
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        ctx.lock = threading.Lock()
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+async def test_unserializable_ctx_attribute_is_named(redis_server_url: str, shared_fleet: str) -> None:
+    y = HoldsALock.apply(Parameter(1.0))
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with pytest.raises(BackwardError) as info:
+            await backward(y, executor=ex)
+    cause = info.value.__cause__
+    assert isinstance(cause, TypeError)
+    assert "HoldsALock" in str(cause) and "'lock'" in str(cause) and "lock" in str(cause)
+
+
+async def test_remote_backward_refuses_create_graph(redis_server_url: str, shared_fleet: str) -> None:
+    y = F.Scale.apply(Parameter(1.0), 2.0)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with pytest.raises(BackwardError) as info:
+            await backward(y, create_graph=True, executor=ex)
+    assert isinstance(info.value.__cause__, GraphError)
+    assert "create_graph" in str(info.value.__cause__)

@@ -1,0 +1,82 @@
+"""``asyncgraph worker --processes N``: restarts, dead letters after max attempts, health, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+
+import agdist_functions as F
+import anyio
+import pytest
+import redis
+from agdist_helpers import StartWorker, wait_for_workers
+
+from asyncgraph import Parameter, RemoteError, backward
+from asyncgraph._redis_server import free_port
+from asyncgraph.executors import open_redis_executor
+from asyncgraph.wire import _keys as keys
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status), str(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), str(exc.read().decode())
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the supervisor's behaviour, not the client's
+async def test_supervisor_restarts_workers_and_poison_task_is_dead_lettered(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    port = free_port()
+    supervisor = start_worker(
+        redis_url, "super", "--processes", "2", "--lease-ms", "1000", "--max-attempts", "2",
+        "--drain-timeout-s", "2", "--health-port", str(port), "--health-host", "127.0.0.1",
+        wait=False)
+    wait_for_workers(redis_url, "super", 2)
+    x = Parameter(1.0, role="x")
+    async with open_redis_executor(redis_url, queue="super", timeout_s=60) as ex:
+        with pytest.raises(RemoteError, match="delivered 3 times") as info:
+            await backward(F.Crash.apply(x), executor=ex)
+        assert info.value.function == "Crash"
+        # The fleet is whole again and serves other work.
+        y = F.Scale.apply(x, 3.0)
+        await backward(y, executor=ex)
+        assert x.grad is not None and x.grad.data == 3.0
+
+    client = redis.Redis.from_url(redis_url)
+    crashes = [int(p) for p in client.lrange("agdist:crashes", 0, -1)]
+    assert len(crashes) == 2 and len(set(crashes)) == 2
+    ((_, dead),) = client.xrange(keys.dead_stream("super"))
+    assert dead[keys.F_REASON] == b"max_attempts"
+    client.close()
+
+    with anyio.fail_after(20):
+        while True:
+            status, body = await anyio.to_thread.run_sync(get, port, "/healthz")
+            if status == 200 and json.loads(body)["alive"] == 2:
+                break
+            await anyio.sleep(0.1)
+    health = json.loads(body)
+    assert health["restarts"] >= 2
+    wanted = ["asyncgraph_worker_processes 2",
+              'asyncgraph_worker_tasks_total{outcome="dead_letter"} 1',
+              'asyncgraph_worker_tasks_total{outcome="ok"} 1']
+    with anyio.fail_after(10):  # children write their snapshots about once a second
+        while True:
+            status, metrics = await anyio.to_thread.run_sync(get, port, "/metrics")
+            if status == 200 and all(line in metrics for line in wanted):
+                break
+            await anyio.sleep(0.1)
+
+    supervisor.signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(supervisor.proc.wait, 15) == 0
+    for pid in health["pids"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

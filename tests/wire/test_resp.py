@@ -1,0 +1,83 @@
+"""The small RESP client, against the real Redis of the suite."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from asyncgraph.wire._resp import (
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+    redact_url,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_commands_pipelines_and_errors(redis_url: str) -> None:
+    pool = Pool(parse_redis_url(redis_url), timeout_s=2)
+    try:
+        big = b"\x00\r\n" * 200_000
+        assert await pool.execute("SET", "k", big) == b"OK"
+        assert await pool.execute("GET", "k") == big
+        replies = await pool.pipeline([["INCR", "n"], ["INCRBYFLOAT", "f", 0.5], ["NOPE"],
+                                       ["GET", "missing"], ["XRANGE", "s", "-", "+"]])
+        assert replies[:2] == [1, b"0.5"]
+        assert isinstance(replies[2], ReplyError) and replies[2].code == "ERR"
+        assert replies[3:] == [None, []]
+        with pytest.raises(ReplyError):
+            await pool.execute("NOPE")
+    finally:
+        await pool.aclose()
+
+
+async def test_cancelled_blocking_read_discards_the_connection(redis_url: str) -> None:
+    pool = Pool(parse_redis_url(redis_url), timeout_s=2)
+    conn = await pool.connect()
+    with anyio.move_on_after(0.1):
+        await conn.execute("XREAD", "BLOCK", 0, "STREAMS", "nothing", "$")
+    assert conn.broken
+    with pytest.raises(RedisConnectionLost):
+        await conn.execute("PING")
+    assert await pool.execute("PING") == b"PONG"
+    await pool.aclose()
+
+
+async def test_timeout_and_unreachable_are_connection_errors(redis_url: str) -> None:
+    from asyncgraph._redis_server import free_port
+
+    pool = Pool(parse_redis_url(redis_url), timeout_s=0.2)
+    with pytest.raises(RedisConnectionLost, match="did not answer within"):
+        await pool.execute("BLPOP", "never", 5)
+    await pool.aclose()
+    nowhere = Pool(parse_redis_url(f"redis://127.0.0.1:{free_port()}"), timeout_s=1)
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        await nowhere.execute("PING")
+
+
+async def test_acl_user_and_password_from_the_url(redis_url: str) -> None:
+    admin = Pool(parse_redis_url(redis_url), timeout_s=2)
+    await admin.execute("ACL", "SETUSER", "agtest", "on", ">pw-123", "~*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://agtest:pw-123@")
+        pool = Pool(parse_redis_url(url), timeout_s=2)
+        assert await pool.execute("ACL", "WHOAMI") == b"agtest"
+        await pool.aclose()
+        wrong = Pool(parse_redis_url(redis_url.replace("redis://", "redis://agtest:nope@")),
+                     timeout_s=2)
+        with pytest.raises(ReplyError, match="WRONGPASS"):
+            await wrong.execute("PING")
+    finally:
+        await admin.execute("ACL", "DELUSER", "agtest")
+        await admin.aclose()
+
+
+def test_urls() -> None:
+    address = parse_redis_url("rediss://u:secret@example.com:6380/3?ssl_cert_reqs=none")
+    assert (address.host, address.port, address.db, address.username) == ("example.com", 6380, 3, "u")
+    assert address.ssl_context is not None and "secret" not in address.display
+    assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    with pytest.raises(ValueError):
+        parse_redis_url("http://nope")
