@@ -609,6 +609,7 @@ async def open_redis_executor(
     except RedisConnectionLost as exc:
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
+    body_error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(executor._listener, listener)
@@ -616,7 +617,12 @@ async def open_redis_executor(
             tg.start_soon(executor._deadline_watcher)
             try:
                 yield executor
+            except Exception as exc:
+                # Re-raised below as itself, not wrapped in the task group's ExceptionGroup.
+                body_error = exc
             finally:
                 tg.cancel_scope.cancel()
     finally:
         await executor._close()
+    if body_error is not None:
+        raise body_error

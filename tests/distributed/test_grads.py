@@ -227,3 +227,10 @@ async def test_remote_backward_refuses_create_graph(redis_server_url: str, share
             await backward(y, create_graph=True, executor=ex)
     assert isinstance(info.value.__cause__, GraphError)
     assert "create_graph" in str(info.value.__cause__)
+
+
+@pytest.mark.anyio
+async def test_an_error_in_the_block_comes_out_unwrapped(redis_url: str) -> None:
+    with pytest.raises(KeyError, match="mine"):
+        async with open_redis_executor(redis_url, queue="unwrap"):
+            raise KeyError("mine")
