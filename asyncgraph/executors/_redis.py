@@ -41,6 +41,7 @@ from .._exceptions import (
 from .._function import Function
 from .._grad_mode import is_grad_enabled
 from .._variable import Variable
+from ..models._usage import Usage, meters_for
 from ..wire import _keys as keys
 from ..wire._codec import DEFAULT_LIMITS, Limits
 from ..wire._payload import (
@@ -255,6 +256,9 @@ class RedisExecutor:
             raise
         if pending.reply is not None:
             self.stats.completed += 1
+            if pending.reply.usage:
+                # Model usage the worker spent: counted by this caller's track_usage() blocks.
+                _count_remote_usage(pending.reply.usage)
             if pending.reply.error is None:
                 return pending.reply.result
         describe = node.describe() if node is not None else f"{fn.__name__}.forward"
@@ -553,6 +557,16 @@ def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], An
     if not isinstance(nd, list) or not all(isinstance(i, int) and 0 <= i < len(outputs) for i in nd):
         raise WireError("forward result 'nd' must list output indices")
     return outputs, result.get("ctx"), nd, is_tuple
+
+
+def _count_remote_usage(usage: dict[str, int | float]) -> None:
+    try:
+        spent = Usage.from_dict(usage)
+    except ValueError:
+        log.warning("ignoring a malformed usage report from a worker: %.200r", usage)
+        return
+    for meter in meters_for():
+        meter.add(spent)
 
 
 @asynccontextmanager

@@ -57,7 +57,7 @@ from asyncgraph.models._simulated import (
 )
 from asyncgraph.models._spec import model_options_from_env, parse_model_spec
 from asyncgraph.models._types import ChatModel, Completion, Message
-from asyncgraph.models._usage import Pricing, Usage, UsageMeter
+from asyncgraph.models._usage import Pricing, Usage, UsageMeter, track_usage
 
 __all__ = [
     "BaseChatModel",
@@ -98,4 +98,5 @@ __all__ = [
     "parse_model_spec",
     "request_key",
     "simulated_reply",
+    "track_usage",
 ]

@@ -16,7 +16,7 @@ from asyncgraph.models._exceptions import ModelBackendError, ModelError, ModelRe
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
-from asyncgraph.models._usage import Pricing, UsageMeter
+from asyncgraph.models._usage import Pricing, UsageMeter, meters_for
 
 __all__ = ["BaseChatModel"]
 
@@ -86,6 +86,11 @@ class BaseChatModel(ABC):
     def cache_endpoint(self) -> str:
         """Where requests go, part of the cache key (the same request elsewhere is another)."""
         return self.name
+
+    def _record_usage(self, record: Callable[..., None], *args: Any) -> None:
+        """Record on this model's meter and on every enclosing ``track_usage`` meter."""
+        for meter in meters_for(self.usage):
+            record(meter, *args)
 
     def cache_request(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]
@@ -162,16 +167,16 @@ class BaseChatModel(ABC):
             hit = await self._cache_get(store, key)
             if hit is not None:
                 if cache_if is None or cache_if(hit):
-                    self.usage.record_cache_hit()
+                    self._record_usage(UsageMeter.record_cache_hit)
                     return replace(hit, cached=True)
                 # Replaying an answer the caller cannot use would fail the same way forever.
                 await self._cache_delete(store, key)
         try:
             completion = await self._complete_with_retries(msgs, params)
         except Exception:
-            self.usage.record_error()
+            self._record_usage(UsageMeter.record_error)
             raise
-        self.usage.record_completion(completion, self.pricing)
+        self._record_usage(UsageMeter.record_completion, completion, self.pricing)
         if store is not None and (cache_if is None or cache_if(completion)):
             await self._cache_set(store, key, completion)
         return completion
@@ -213,7 +218,7 @@ class BaseChatModel(ABC):
                     exc,
                     delay,
                 )
-                self.usage.record_retry()
+                self._record_usage(UsageMeter.record_retry)
                 await anyio.sleep(delay)
                 continue
             # A server that reports no usage leaves the estimate booked: settling with 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields, replace
 
 from asyncgraph.models._types import Completion
 
-__all__ = ["Pricing", "Usage", "UsageMeter"]
+__all__ = ["Pricing", "Usage", "UsageMeter", "meters_for", "track_usage"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,24 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def to_dict(self) -> dict[str, int | float]:
+        """A msgpack/JSON-ready map (what a worker sends back with a task's result)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Usage:
+        """Inverse of ``to_dict``; ``ValueError`` names a field that is not a number >= 0."""
+        values: dict[str, int | float] = {}
+        for f in fields(cls):
+            value = data.get(f.name, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"usage field {f.name!r} must be a number >= 0, got {value!r:.40}")
+            values[f.name] = float(value) if f.name == "cost_usd" else int(value)
+        return cls(**values)  # type: ignore[arg-type]
+
 
 class UsageMeter:
     """Thread-safe running totals; ``snapshot()`` returns a ``Usage``.
@@ -91,6 +112,11 @@ class UsageMeter:
                 cost_usd=u.cost_usd + cost,
             )
 
+    def add(self, usage: Usage) -> None:
+        """Add a whole ``Usage`` (e.g. what a worker reported for a remote task)."""
+        with self._lock:
+            self._usage = self._usage + usage
+
     def record_cache_hit(self) -> None:
         with self._lock:
             self._usage = replace(self._usage, cache_hits=self._usage.cache_hits + 1)
@@ -105,3 +131,40 @@ class UsageMeter:
 
     def __repr__(self) -> str:
         return f"UsageMeter({self.snapshot()!r})"
+
+
+_SINKS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar(
+    "asyncgraph_usage_sinks", default=()
+)
+
+
+@contextmanager
+def track_usage(meter: UsageMeter | None = None) -> Iterator[UsageMeter]:
+    """Count every model call made inside the block, in this task and the tasks it starts.
+
+    Yields a ``UsageMeter`` (a new one, or ``meter``) that receives the usage of
+    every ``BaseChatModel`` call made in this context, whichever model made it, and
+    the usage that workers report for remote nodes of a backward run here (the
+    Redis executor adds it), so a job counts the same tokens and cost whether its
+    backward runs in-process or on a fleet::
+
+        with track_usage() as usage:
+            await loss.backward(executor=ex)
+        print(usage.snapshot().total_tokens)
+
+    Blocks nest: an inner block's calls count in the outer one too.
+    """
+    meter = meter if meter is not None else UsageMeter()
+    token = _SINKS.set((*_SINKS.get(), meter))
+    try:
+        yield meter
+    finally:
+        _SINKS.reset(token)
+
+
+def meters_for(own: UsageMeter | None = None) -> tuple[UsageMeter, ...]:
+    """``own`` plus the meters of the enclosing ``track_usage`` blocks (each once)."""
+    sinks = _SINKS.get()
+    if own is None:
+        return sinks
+    return (own, *(m for m in sinks if m is not own))

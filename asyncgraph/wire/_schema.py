@@ -9,7 +9,8 @@ kind ``k`` and its queue ``q``:
            ``p`` the op's payload (ctx state and gradients, or arguments).
 ``reply``  worker -> one client. ``c``, ``id``, ``ok``; ``r`` the result when
            ok, else ``err`` = {``kind``, ``type``, ``message``, ``traceback``};
-           ``w`` the worker's consumer name.
+           ``w`` the worker's consumer name; optional ``u``: the model usage the
+           task spent (``asyncgraph.models.Usage`` fields), for the caller's totals.
 ``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
 
 ``decode_*`` raise ``WireError`` naming the first field that is missing or of
@@ -80,11 +81,14 @@ class ReplyMessage:
     worker: str
     result: Any = None
     error: ErrorInfo | None = None
+    usage: dict[str, int | float] | None = None
 
     def to_map(self) -> dict[str, Any]:
         m: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": "reply", "q": self.queue,
                              "c": self.client, "id": self.id, "w": self.worker,
                              "ok": self.error is None}
+        if self.usage:
+            m["u"] = self.usage
         if self.error is None:
             m["r"] = self.result
         else:
@@ -172,13 +176,31 @@ def decode(
                               _str(err, "message", limits.max_str_len),
                               _str(err, "traceback", limits.max_str_len))
         return ReplyMessage(queue, client, _str(m, "id", _MAX_ID), _str(m, "w", _MAX_NAME),
-                            m.get("r"), error)
+                            m.get("r"), error, _usage(m))
     if kind == "cancel":
         ids = m.get("ids")
         if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= _MAX_ID for i in ids):
             raise WireError("field 'ids' must be a list of task ids")
         return CancelMessage(queue, client, tuple(ids))
     raise WireError(f"message kind {kind!r:.20} is unknown")
+
+
+_USAGE_FIELDS = ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cost_usd",
+                 "retries", "errors")
+
+
+def _usage(m: dict[str, Any]) -> dict[str, int | float] | None:
+    usage = m.get("u")
+    if usage is None:
+        return None
+    if not isinstance(usage, dict) or len(usage) > len(_USAGE_FIELDS):
+        raise WireError("field 'u' must be a map of usage counters")
+    for key, value in usage.items():
+        if key not in _USAGE_FIELDS:
+            raise WireError(f"usage field {key!r:.40} is unknown")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise WireError(f"usage field {key!r} must be a number >= 0")
+    return usage
 
 
 def _str(m: dict[str, Any], key: str, max_len: int) -> str:

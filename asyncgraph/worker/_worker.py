@@ -41,6 +41,7 @@ import anyio.to_thread
 from .._exceptions import WireError
 from .._function import FunctionCtx
 from .._grad_mode import no_grad
+from ..models._usage import Usage, track_usage
 from ..wire import _keys as keys
 from ..wire._codec import DEFAULT_LIMITS, Limits
 from ..wire._payload import (
@@ -455,7 +456,7 @@ class Worker:
         started = time.perf_counter()
         result: Any = None
         error: Exception | None = None
-        with anyio.CancelScope(deadline=held.deadline) as scope:
+        with anyio.CancelScope(deadline=held.deadline) as scope, track_usage() as usage:
             held.scope = scope
             self._running[held.key] = held
             try:
@@ -467,10 +468,13 @@ class Worker:
         if scope.cancelled_caught:
             self._finish(held, "cancelled" if held.key in self._cancelled else "expired")
             return
-        self._complete(held, message, data, started, result, error)
+        spent = usage.snapshot()
+        self._complete(held, message, data, started, result, error,
+                       spent.to_dict() if spent != Usage() else None)
 
     def _complete(self, held: _Held, message: TaskMessage, data: dict[Any, Any], started: float,
-                  result: Any, error: Exception | None) -> None:
+                  result: Any, error: Exception | None,
+                  usage: dict[str, int | float] | None = None) -> None:
         """Queue the reply: the result, or the error with this worker's traceback."""
         self.metrics.inc("asyncgraph_worker_task_seconds_sum", time.perf_counter() - started)
         self.metrics.inc("asyncgraph_worker_task_seconds_count")
@@ -478,9 +482,10 @@ class Worker:
             tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
             info = ErrorInfo("error", type(error).__qualname__, str(error)[:_MAX_TRACEBACK], tb)
             self._reply_error(held, message, info, "error", self._dead_letter(
-                held, "error", f"{type(error).__qualname__}: {error}\n{tb}", data))
+                held, "error", f"{type(error).__qualname__}: {error}\n{tb}", data), usage=usage)
             return
-        reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer, result)
+        reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer, result,
+                             usage=usage)
         try:
             packed, signature = encode(reply, self._signer, self.config.limits)
         except (TypeError, WireError) as exc:
@@ -560,9 +565,9 @@ class Worker:
         ], stream)
 
     def _reply_error(self, held: _Held, message: TaskMessage, info: ErrorInfo, outcome: str,
-                     *extra: list[Any]) -> None:
+                     *extra: list[Any], usage: dict[str, int | float] | None = None) -> None:
         reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer,
-                             error=info)
+                             error=info, usage=usage)
         packed, signature = encode(reply, self._signer)
         self._reply(held, message, packed, signature, outcome, *extra)
 

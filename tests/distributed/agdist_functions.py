@@ -160,3 +160,21 @@ class Double(Function):
         (x,) = ctx.saved_variables
         assert x.data is not None  # saved variables travel with the task
         return grad.data * ctx.factor
+
+
+class Ask(Function):
+    """Remote backward that calls a (simulated) model: its usage travels back in the reply."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data, role="asked")
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Any:
+        from asyncgraph.models import SimulatedModel
+
+        model = SimulatedModel(latency_s=0.0, responder=lambda messages: "one two three")
+        reply = await model.complete([{"role": "user", "content": f"feedback on {grad.data}"}])
+        return reply.text

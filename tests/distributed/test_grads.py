@@ -234,3 +234,22 @@ async def test_an_error_in_the_block_comes_out_unwrapped(redis_url: str) -> None
     with pytest.raises(KeyError, match="mine"):
         async with open_redis_executor(redis_url, queue="unwrap"):
             raise KeyError("mine")
+
+
+async def test_model_usage_spent_on_workers_counts_for_the_caller(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    from asyncgraph.models import SimulatedModel, track_usage
+
+    x = Parameter("draft", role="x")
+    outs = [F.Ask.apply(x) for _ in range(3)]
+    local = SimulatedModel(latency_s=0.0, responder=lambda messages: "a b")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        with track_usage() as usage:
+            await local.complete([{"role": "user", "content": "here"}])
+            await backward(outs, ["fb"] * 3, executor=ex)
+    spent = usage.snapshot()
+    assert spent.requests == 4  # one here, three on the workers
+    # "[simulated] one two three" is 4 words; "feedback on fb" 3; here: 1 + 3 ("[simulated] a b")
+    assert spent.completion_tokens == 3 * 4 + 3
+    assert spent.prompt_tokens == 3 * 3 + 1

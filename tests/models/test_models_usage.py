@@ -59,3 +59,25 @@ def test_snapshot_is_immutable_and_defaults_to_zero_cost() -> None:
         usage.requests = 5  # type: ignore[misc]
     with pytest.raises(ValueError, match="prices"):
         Pricing(-1.0, 1.0)
+
+
+@pytest.mark.anyio
+async def test_track_usage_counts_every_model_in_the_block_and_its_tasks() -> None:
+    import anyio
+
+    from asyncgraph.models import SimulatedModel, track_usage
+
+    a = SimulatedModel(latency_s=0.0, responder=lambda messages: "x")
+    b = SimulatedModel(latency_s=0.0, responder=lambda messages: "y")
+    message = [{"role": "user", "content": "hi"}]
+    await a.complete(message)  # before the block: not counted
+    with track_usage() as outer:
+        await a.complete(message)
+        with track_usage() as inner:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(b.complete, message)
+                tg.start_soon(b.complete, message)
+    assert inner.snapshot().requests == 2
+    assert outer.snapshot().requests == 3
+    assert a.usage.snapshot().requests == 2  # each model still keeps its own totals
+    assert b.usage.snapshot().requests == 2
