@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -54,15 +55,23 @@ class RedisServer:
     ``with RedisServer() as server: server.url`` starts it and waits until it
     answers PING (deadline ``start_timeout_s``); leaving the block stops it.
     ``stop()`` / ``start()`` can be called in between to simulate an outage on
-    the same port.
+    the same port. ``preexec_fn`` is run in the child before exec, as in
+    ``subprocess.Popen`` (e.g. a new session and a parent-death signal).
     """
 
-    def __init__(self, port: int | None = None, *, start_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        start_timeout_s: float = 10.0,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.binary = find_redis_server()
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self._dir = tempfile.TemporaryDirectory(prefix="asyncgraph-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
+        self._preexec_fn = preexec_fn
 
     @property
     def url(self) -> str:
@@ -81,7 +90,8 @@ class RedisServer:
             "--protected-mode", "no",
         ]
         self._proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            preexec_fn=self._preexec_fn,
         )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:

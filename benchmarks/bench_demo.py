@@ -50,7 +50,8 @@ def run_once(args: argparse.Namespace) -> tuple[float, Any, int]:
             start = time.perf_counter()
             result, _info = await run_demo(args, Path(tmp))
             wall = time.perf_counter() - start
-        calls = resolve_model(_demo.DEMO_MODEL).usage.snapshot().requests
+        model: Any = resolve_model(_demo.DEMO_MODEL)  # the demo's SimulatedModel: metered
+        calls = model.usage.snapshot().requests
         return wall, result, int(calls)
 
     return anyio.run(main)
@@ -73,7 +74,7 @@ def main() -> int:
     wall, result, calls = run_once(demo_args(opts.latency_ms))
     sequential = calls * latency_s
     reference = outcome(result)
-    rows = [("in-process", wall, None)]
+    rows: list[tuple[str, float, float | None]] = [("in-process", wall, None)]
     same = True
     for n in opts.workers:
         queue = f"bench-demo-{uuid.uuid4().hex[:8]}"
@@ -89,8 +90,8 @@ def main() -> int:
     print(f"model calls (in-process run's usage): {calls}; one after another they take "
           f"{calls} x {latency_s:g} s = {sequential:.1f} s\n")
     print(f"{'executor':<28} {'wall':>8} {'sequential':>11} {'sequential/wall':>16} {'fleet start':>12}")
-    for name, wall_s, startup in rows:
-        start_text = "-" if startup is None else f"{startup:.1f} s"
+    for name, wall_s, fleet_start_s in rows:
+        start_text = "-" if fleet_start_s is None else f"{fleet_start_s:.1f} s"
         print(f"{name:<28} {wall_s:>6.2f} s {sequential:>9.1f} s {sequential / wall_s:>15.1f}x "
               f"{start_text:>12}")
     print(f"\nsame final prompt and metrics on every executor: {'yes' if same else 'NO'}")

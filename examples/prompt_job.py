@@ -3,7 +3,8 @@
 Run it with::
 
     asyncgraph run examples/prompt_job.py --out runs/ticket-router
-    asyncgraph run examples/prompt_job.py --out runs/ticket-router --resume   # after Ctrl-C
+    asyncgraph run examples/prompt_job.py --out runs/ticket-router --resume     # after Ctrl-C
+    asyncgraph run examples/prompt_job.py --out runs/ticket-router --overwrite  # start over
 
 ``asyncgraph run`` imports this file, calls ``build_job()`` and runs the job:
 mini-batches of tickets, a concurrent forward (router call, then a judge call
@@ -40,7 +41,7 @@ from asyncgraph import Parameter, Variable
 from asyncgraph.jobs import Evaluation, Job
 from asyncgraph.models import SimulatedModel
 from asyncgraph.optim import TGD
-from asyncgraph.text import TextLoss, llm_call, register_model, resolve_model
+from asyncgraph.text import TextLoss, llm_call, register_model
 
 SIMULATED = "simulated-ticket-router"
 MODEL = os.environ.get("PROMPT_JOB_MODEL", SIMULATED)
@@ -196,5 +197,6 @@ def build_job() -> Job:
         validate_every=2,
         max_concurrency=16,
         seed=7,
-        models=[resolve_model(MODEL, BASE_URL)],
+        # Settings that change the results: --resume refuses a checkpoint made with others.
+        config={"model": MODEL, "base_url": BASE_URL, "judge": JUDGE_INSTRUCTION},
     )

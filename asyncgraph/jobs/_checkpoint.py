@@ -6,13 +6,20 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .._exceptions import AsyncGraphError
 
-__all__ = ["CheckpointError", "atomic_write_json", "load_checkpoint", "fingerprint_data"]
+__all__ = [
+    "CheckpointError",
+    "HISTORY_FIELDS",
+    "atomic_write_json",
+    "check_history",
+    "fingerprint_data",
+    "load_checkpoint",
+]
 
 FORMAT = "asyncgraph-checkpoint"
 VERSION = 1
@@ -74,6 +81,11 @@ def load_checkpoint(path: Path, expected: Mapping[str, Any]) -> dict[str, Any]:
             f"checkpoint {str(path)!r} is corrupt (not valid JSON: {exc}); delete it to "
             f"start over, or restore a backup"
         ) from exc
+    except RecursionError:  # valid JSON nested deeper than Python's parser recurses
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt (its JSON is nested too deeply to be a "
+            f"checkpoint); delete it to start over, or restore a backup"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
             f"{str(path)!r} is not an asyncgraph checkpoint (missing format marker); "
@@ -93,9 +105,63 @@ def load_checkpoint(path: Path, expected: Mapping[str, Any]) -> dict[str, Any]:
     for key, want in expected.items():
         have = found.get(key)
         if have != want:
+            what = f"{key} is {have!r} there but {want!r} now"
+            if isinstance(have, dict) and isinstance(want, dict):
+                # A configuration map: name the settings that differ, not the whole map.
+                what = "; ".join(
+                    f"{key}[{sub!r}] is {have.get(sub)!r} there but {want.get(sub)!r} now"
+                    for sub in sorted({*have, *want}, key=str)
+                    if have.get(sub) != want.get(sub)
+                )
             raise CheckpointError(
-                f"checkpoint {str(path)!r} belongs to a different job: {key} is {have!r} "
-                f"there but {want!r} now. Resume with the same job settings, or use another "
-                f"output directory (or delete the checkpoint) to start fresh"
+                f"checkpoint {str(path)!r} belongs to a different job: {what}. Resume with "
+                f"the same job settings, or use another output directory (or delete the "
+                f"checkpoint) to start fresh"
             )
     return state
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# Every field of a metrics history row and the check its value must pass.
+HISTORY_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "step": ("a step number", _is_count),
+    "epoch": ("an epoch number", _is_count),
+    "train_score": ("a number", _is_number),
+    "train_loss": ("a number", _is_number),
+    "val_score": ("a number or null", lambda v: v is None or _is_number(v)),
+    "tokens": ("a token count", _is_count),
+    "cost_usd": ("a number", _is_number),
+    "step_s": ("a number", _is_number),
+}
+
+
+def check_history(history: Any, steps: int, steps_per_epoch: int) -> str | None:
+    """What is wrong with a checkpoint's metrics history, or None if it is sound.
+
+    A sound history is a list of ``steps`` rows, row ``i`` a map holding every
+    field of ``HISTORY_FIELDS`` with a value of the right type, ``step == i + 1``
+    and the epoch of that step.
+    """
+    if not isinstance(history, list) or len(history) != steps:
+        return f"the metrics history does not have one row per step ({steps} steps)"
+    for i, row in enumerate(history):
+        if not isinstance(row, dict):
+            return f"history row {i} is {row!r:.60}, not a map"
+        for name, (kind, ok) in HISTORY_FIELDS.items():
+            if name not in row:
+                return f"history row {i} has no field {name!r}"
+            if not ok(row[name]):
+                return f"history row {i} field {name!r} is {row[name]!r:.60}, not {kind}"
+        if row["step"] != i + 1 or row["epoch"] != i // steps_per_epoch:
+            return (
+                f"history row {i} is for step {row['step']!r} of epoch {row['epoch']!r}, "
+                f"expected step {i + 1} of epoch {i // steps_per_epoch}"
+            )
+    return None

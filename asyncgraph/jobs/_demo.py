@@ -167,8 +167,14 @@ def build_demo_job(
     batch_size: int = 8,
     epochs: int = 2,
     seed: int = 0,
+    latency_ms: float | None = None,
 ) -> tuple[Job, Parameter]:
-    """The demo job and its parameter (the system prompt)."""
+    """The demo job and its parameter (the system prompt).
+
+    Its ``config`` (part of what a checkpoint must match to be resumed) holds
+    the model spec, ``base_url``, the simulated model's ``latency_ms`` (None for
+    a real model), epochs, batch size and the optimizer's settings.
+    """
     data = load_dataset()
     prompt = Parameter(INITIAL_PROMPT, role="system prompt of the question answerer")
     judge = TextLoss(JUDGE_INSTRUCTION, model=model, template=JUDGE_TEMPLATE, base_url=base_url,
@@ -186,6 +192,18 @@ def build_demo_job(
         return Evaluation(loss=loss, score=score, prediction=answer.data)
 
     optimizer = TGD([prompt], model=model, base_url=base_url, momentum=2)
+    (group,) = optimizer.state_dict()["param_groups"]
+    config = {
+        "model": model,
+        "base_url": base_url,
+        "latency_ms": latency_ms,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "optimizer": {
+            "name": type(optimizer).__name__,
+            **{key: value for key, value in group.items() if key != "params"},
+        },
+    }
     job = Job(
         name="demo-prompt-optimization",
         parameters=[prompt],
@@ -197,6 +215,6 @@ def build_demo_job(
         epochs=epochs,
         seed=seed,
         max_concurrency=32,
-        models=[],
+        config=config,
     )
     return job, prompt

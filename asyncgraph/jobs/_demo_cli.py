@@ -2,8 +2,9 @@
 
 ``asyncgraph demo`` runs in-process on the simulated model; ``--workers N``
 runs the backward on N local worker processes through an embedded Redis;
-``--redis URL`` uses an existing Redis and its workers instead; ``--model
-openai:MODEL --base-url URL`` switches to a real OpenAI-compatible endpoint.
+``--redis URL`` uses an existing Redis and its workers instead (it must have a
+live worker); ``--model openai:MODEL --base-url URL`` switches to a real
+OpenAI-compatible endpoint. Outputs are kept only with ``--out DIR``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from ._checkpoint import CheckpointError
+from ._cli_common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    check_live_workers,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    redis_problem,
+    run_command,
+    usage_error,
+)
+from ._run_cli import outputs
 from ._runner import JobResult, run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
@@ -28,33 +38,39 @@ WORKER_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs._demo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, default=0, metavar="N",
-                        help="run backwards on N local worker processes (embedded redis-server)")
-    parser.add_argument("--redis", metavar="URL",
-                        help="use this Redis and the workers already serving it (queue --queue)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=non_negative_int, default=0, metavar="N",
+                       help="run backwards on N local worker processes (embedded redis-server)")
+    where.add_argument("--redis", metavar="URL",
+                       help="use this Redis and the workers already serving it (queue --queue)")
     parser.add_argument("--queue", default=DEMO_QUEUE, help=f"worker queue (default: {DEMO_QUEUE})")
     parser.add_argument("--model", default="demo",
                         help="'demo' (simulated, offline; default) or openai:MODEL")
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --model")
-    parser.add_argument("--latency-ms", type=float, default=100.0,
+    parser.add_argument("--latency-ms", type=non_negative_float, default=100.0,
                         help="simulated model latency per call (default 100)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--out", metavar="DIR", help="checkpoint/metrics directory (default: a temporary one)")
-    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument("--out", metavar="DIR",
+                        help="keep the checkpoint, history.json and metrics.png in DIR "
+                             "(default: a temporary directory, discarded at the end)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start over even if --out holds a checkpoint (it is replaced)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
 async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
-    from ..text import register_model, resolve_model
+    from ..models import track_usage
+    from ..text import register_model
     from . import _demo
     from ._demo import build_demo_job
 
     simulated = args.model == "demo"
     if simulated:
         register_model(_demo.DEMO_MODEL, _demo.make_demo_model(args.latency_ms / 1000))
-    job, prompt = build_demo_job(args.model, base_url=args.base_url, epochs=args.epochs)
-    model = resolve_model(args.model, args.base_url)
-    job.models = [model]  # type: ignore[list-item]
+    job, prompt = build_demo_job(args.model, base_url=args.base_url, epochs=args.epochs,
+                                 latency_ms=args.latency_ms if simulated else None)
     before = prompt.data
     progress = not args.no_progress
     info: dict[str, Any] = {
@@ -62,19 +78,22 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
         "simulated": simulated,
         "latency_s": args.latency_ms / 1000 if simulated else None,
     }
-    if args.workers and not args.redis:
-        from ._fleet import local_fleet
+    with track_usage() as usage:  # every model call, the workers' included
+        if args.workers and not args.redis:
+            from ._fleet import local_fleet
 
-        # The workers build their "demo" model at import, from this variable.
-        os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)
-        with local_fleet(args.workers, WORKER_IMPORTS, queue=args.queue) as url:
-            result = await _run_remote(job, out, url, args, progress)
-    elif args.redis:
-        result = await _run_remote(job, out, args.redis, args, progress)
-    else:
-        result = await run_job(job, out, resume=args.resume, progress=progress, handle_sigint=True)
+            # The workers build their "demo" model at import, from this variable.
+            os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)
+            with local_fleet(args.workers, WORKER_IMPORTS, queue=args.queue) as url:
+                result = await _run_remote(job, out, url, args, progress)
+        elif args.redis:
+            result = await _run_remote(job, out, args.redis, args, progress)
+        else:
+            result = await run_job(job, out, resume=args.resume,
+                                   overwrite=getattr(args, "overwrite", False), progress=progress,
+                                   handle_sigint=True)
     info["after"] = prompt.data
-    info["local_calls"] = model.usage.snapshot().requests if hasattr(model, "usage") else None
+    info["calls"] = usage.snapshot().requests
     return result, info
 
 
@@ -82,8 +101,9 @@ async def _run_remote(job: Any, out: Path, url: str, args: argparse.Namespace, p
     from ..executors import open_redis_executor
 
     async with open_redis_executor(url, queue=args.queue, timeout_s=120.0) as executor:
-        return await run_job(job, out, resume=args.resume, executor=executor, progress=progress,
-                             handle_sigint=True)
+        return await run_job(job, out, resume=args.resume,
+                             overwrite=getattr(args, "overwrite", False), executor=executor,
+                             progress=progress, handle_sigint=True)
 
 
 def _pct(value: float | None) -> str:
@@ -102,51 +122,70 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
     table.add_row("validation accuracy (exact match)", _pct(result.initial_val_score), _pct(result.final_val_score))
     table.add_row("system prompt", info["before"], info["after"])
     console.print(table)
-    calls = info.get("local_calls")
+    calls = info["calls"]
     print(f"steps: {result.steps_done}   wall time: {wall_s:.1f}s   executor: {where}")
-    if calls is not None:
-        note = "" if where == "in-process" else " (the backward's calls ran on the workers)"
-        print(f"model calls made in this process: {calls}{note}")
-        latency_s = info.get("latency_s")
-        if where == "in-process" and latency_s:
-            sequential = calls * latency_s
-            print(f"one call at a time they would take {sequential:.1f}s: "
-                  f"{sequential / wall_s:.1f}x faster concurrently")
-    print(f"checkpoint, history.json and metrics.png: {result.out_dir}")
+    note = "" if where == "in-process" else " (the workers' included)"
+    print(f"model calls: {calls}{note}")
+    latency_s = info.get("latency_s")
+    if latency_s and calls:
+        sequential = calls * latency_s
+        print(f"one call at a time they would take {sequential:.1f}s: "
+              f"{sequential / wall_s:.1f}x faster concurrently")
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the combination of options, or None (argparse checked each one)."""
+    if args.model != "demo" and not args.model.startswith("openai:"):
+        return f"--model must be 'demo' or openai:MODEL, got {args.model!r}"
+    if args.model == "demo" and args.base_url is not None:
+        return ("--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "
+                "model makes no requests")
+    if args.resume and not args.out:
+        return ("--resume needs --out DIR: without --out the demo writes to a temporary "
+                "directory that is deleted at the end, so there is nothing to resume")
+    return redis_problem(args.redis, args.queue)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workers < 0:
-        print("asyncgraph demo: --workers must be >= 0", file=sys.stderr)
-        return 2
-    if args.model != "demo" and not args.model.startswith("openai:"):
-        print(f"asyncgraph demo: --model must be 'demo' or openai:MODEL, got {args.model!r}", file=sys.stderr)
-        return 2
-    where = (f"{args.workers} local worker processes via an embedded redis-server" if args.workers and not args.redis
+    problem = _usage_problem(args)
+    if problem is not None:
+        return usage_error(problem)
+    where = (f"{args.workers} local worker processes via an embedded redis-server" if args.workers
              else f"workers of {args.redis}" if args.redis else "in-process")
-    if args.model == "demo":
-        print("asyncgraph demo: prompt optimization on 24 training / 16 validation questions.\n"
-              "Model: SIMULATED (offline, scripted replies, not a language model; "
-              f"{args.latency_ms:.0f} ms per call). Use --model openai:MODEL for a real one.")
-    else:
-        print(f"asyncgraph demo: prompt optimization with {args.model} at {args.base_url or 'the default endpoint'}")
-    print(f"executor: {where}\n", flush=True)
 
     async def main() -> int:
+        if args.redis:
+            missing = await check_live_workers(args.redis, args.queue, WORKER_IMPORTS)
+            if missing is not None:
+                print(f"error: {missing}", file=sys.stderr)
+                return EXIT_ERROR
+        if args.model == "demo":
+            print("asyncgraph demo: prompt optimization on 24 training / 16 validation questions.\n"
+                  "Model: SIMULATED (offline, scripted replies, not a language model; "
+                  f"{args.latency_ms:.0f} ms per call). Use --model openai:MODEL for a real one.")
+        else:
+            print(f"asyncgraph demo: prompt optimization with {args.model} at "
+                  f"{args.base_url or 'the default endpoint'}")
+        print(f"executor: {where}\n", flush=True)
         with tempfile.TemporaryDirectory(prefix="asyncgraph-demo-") as tmp:
             out = Path(args.out) if args.out else Path(tmp)
             start = time.perf_counter()
-            try:
-                result, info = await run_demo(args, out)
-            except CheckpointError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
+            result, info = await run_demo(args, out)
             _table(result, info, time.perf_counter() - start, where)
-            if not args.out:
-                print("(pass --out DIR to keep them)")
+            if args.out:
+                print(f"{outputs(result)}: {result.out_dir}")
+            else:
+                print(f"{outputs(result)} went to a temporary directory and are discarded "
+                      f"(pass --out DIR to keep them)")
             if result.interrupted:
-                print("interrupted: the last completed step is checkpointed; rerun with --out DIR --resume")
-                return 130
+                if args.out:
+                    print("interrupted: the last completed step is checkpointed; resume with the "
+                          "same command plus --resume"
+                          + (" (instead of --overwrite)" if args.overwrite else ""))
+                else:
+                    print("interrupted: nothing is kept without --out DIR, so this run cannot be "
+                          "resumed")
+                return EXIT_INTERRUPTED
             return 0
 
-    return anyio.run(main)
+    return run_command(main)

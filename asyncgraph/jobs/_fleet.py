@@ -4,43 +4,175 @@ Starts an embedded ``redis-server`` (unless a URL is given) and one
 ``asyncgraph worker --processes N`` supervisor, waits until N workers have
 announced themselves, and tears everything down on exit (SIGTERM, which lets
 the workers drain, then SIGKILL after a deadline).
+
+The fleet must not outlive the process that started it: redis-server and the
+supervisor run in their own session (a terminal's Ctrl-C reaches the demo only,
+which then stops them in order) and, on Linux, with a parent-death signal
+(SIGTERM when the starting thread's process dies, even by ``kill -9``).
+
+Also here: :func:`live_workers`, how many workers of a queue sent a heartbeat
+recently, so a command can refuse to start against a queue nobody serves.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import anyio
 import redis
 
+from .._exceptions import AsyncGraphError, RemoteConnectionError
 from .._redis_server import RedisServer
 from ..wire import _keys as keys
+from ..wire._resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
-__all__ = ["local_fleet"]
+__all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class FleetError(AsyncGraphError, RuntimeError):
+    """The local fleet could not start (no redis-server binary, workers that exit or hang)."""
+
+
+def child_setup() -> Callable[[], None]:
+    """A ``preexec_fn`` that detaches a child from the terminal and ties it to this process.
+
+    In the child, before exec: a new session (``setsid``: no controlling terminal,
+    so a terminal's Ctrl-C is not delivered to it) and, on Linux, ``prctl(
+    PR_SET_PDEATHSIG, SIGTERM)``: the kernel sends it SIGTERM when the thread
+    that started it exits, however this process dies. Start fleets from a thread
+    that lives as long as they do (the main thread). If this process is already
+    gone when the child gets there, the child exits at once.
+    """
+    parent = os.getpid()
+    sigterm = int(signal.SIGTERM)
+    prctl: Any = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            prctl = libc.prctl
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup() -> None:  # runs in the forked child: async-signal-safe calls only
+        os.setsid()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+def _live_now(client: redis.Redis, queue: str) -> set[bytes]:
+    """Consumers of ``queue`` whose heartbeat has not expired (expiry ms in Redis TIME)."""
+    now_s, now_us = client.time()
+    now_ms = int(now_s) * 1000 + int(now_us) // 1000
+    beats: Any = client.hgetall(keys.workers_hash(queue))  # sync client: a dict
+    live = set()
+    for consumer, expiry in beats.items():
+        try:
+            if int(expiry) >= now_ms:
+                live.add(consumer)
+        except ValueError:
+            continue
+    return live
 
 
 def wait_for_workers(url: str, queue: str, count: int, *, timeout_s: float = 30.0,
-                     proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Block until ``count`` workers of ``queue`` sent a heartbeat (deadline ``timeout_s``)."""
+                     proc: subprocess.Popen[bytes] | None = None,
+                     ignore: frozenset[bytes] = frozenset()) -> None:
+    """Block until ``count`` live workers of ``queue``, not in ``ignore``, sent a heartbeat.
+
+    Raises FleetError when the supervisor ``proc`` exits first or ``timeout_s`` passes.
+    """
     client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"the worker supervisor exited with code {proc.returncode} at start")
-            announced: Any = client.hlen(keys.workers_hash(queue))  # sync client: an int
-            if int(announced) >= count:
+                raise FleetError(
+                    f"the worker supervisor (`asyncgraph worker --processes {count}`) exited with "
+                    f"code {proc.returncode} at start; run it by hand to see why"
+                )
+            if len(_live_now(client, queue) - ignore) >= count:
                 return
             time.sleep(0.05)
     finally:
         client.close()
-    raise TimeoutError(f"{count} worker(s) of queue {queue!r} did not start within {timeout_s}s")
+    raise FleetError(f"{count} worker(s) of queue {queue!r} did not start within {timeout_s}s")
+
+
+async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
+    """How many workers of ``queue`` at ``url`` are alive (heartbeat not expired).
+
+    The workers' heartbeat hash maps each consumer to the expiry of its last
+    heartbeat, in ms of the Redis server's clock (``TIME``). Raises
+    ``RemoteConnectionError`` when Redis does not answer within ``timeout_s``,
+    ``ValueError`` for a bad URL or queue name.
+    """
+    keys.check_queue_name(queue)
+    address = parse_redis_url(url)
+    pool = Pool(address, timeout_s=timeout_s)
+    try:
+        now, beats = await pool.pipeline(
+            [["TIME"], ["HGETALL", keys.workers_hash(queue)]], timeout_s=timeout_s
+        )
+    except RedisConnectionLost as exc:
+        raise RemoteConnectionError(
+            f"cannot reach Redis at {address.display} (queue {queue!r}): {exc}"
+        ) from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await pool.aclose()
+    if isinstance(now, ReplyError) or isinstance(beats, ReplyError):
+        raise RemoteConnectionError(
+            f"Redis at {address.display} refused to report the workers of queue {queue!r}: "
+            f"{now if isinstance(now, ReplyError) else beats}"
+        )
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    alive = 0
+    for expiry in beats[1::2] if isinstance(beats, list) else ():
+        try:
+            alive += int(expiry) >= now_ms
+        except ValueError:
+            continue
+    return alive
+
+
+def no_live_workers_message(queue: str, imports: Sequence[str] = ("MODULE",)) -> str:
+    """The executor's "no worker alive" diagnosis, with the command that starts one."""
+    modules = " ".join(f"--import {m}" for m in imports)
+    return (
+        f"no worker of queue {queue!r} is alive: start one with `asyncgraph worker "
+        f"--redis URL --queue {queue} {modules}` (or drop --redis to run in-process)"
+    )
+
+
+def _stop_supervisor(proc: subprocess.Popen[bytes], drain_s: float) -> None:
+    """SIGTERM (the workers drain), then SIGKILL after ``drain_s`` or at a second Ctrl-C."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(drain_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    except KeyboardInterrupt:  # a second Ctrl-C while the workers drain: stop now
+        proc.kill()
+        proc.wait(5)
+        raise
 
 
 @contextmanager
@@ -53,24 +185,42 @@ def local_fleet(
     concurrency: int = 128,
     extra_args: Sequence[str] = (),
     quiet: bool = True,
+    drain_s: float = 30.0,
 ) -> Iterator[str]:
-    """Run ``processes`` local workers serving ``imports``; yields the Redis URL."""
+    """Run ``processes`` local workers serving ``imports``; yields the Redis URL.
+
+    With ``redis_url`` the workers join that Redis (other workers of the queue,
+    and their heartbeat entries, are left alone); without, a redis-server is
+    started for the fleet. Call it from the main thread (see :func:`child_setup`).
+    """
+    keys.check_queue_name(queue)
     with ExitStack() as stack:
-        url = redis_url or stack.enter_context(RedisServer()).url
-        redis.Redis.from_url(url, socket_timeout=2.0).delete(keys.workers_hash(queue))
+        if redis_url is None:
+            try:
+                server = RedisServer(preexec_fn=child_setup())
+            except FileNotFoundError as exc:  # no redis-server binary: say what to install
+                raise FleetError(str(exc)) from None
+            url = stack.enter_context(server).url
+        else:
+            url = redis_url
+        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        try:
+            if redis_url is None:
+                client.delete(keys.workers_hash(queue))  # our own Redis: start from a clean slate
+                already: frozenset[bytes] = frozenset()
+            else:
+                # Someone else's Redis: count only the workers that start now.
+                already = frozenset(client.hkeys(keys.workers_hash(queue)))  # type: ignore[arg-type]
+        finally:
+            client.close()
         args = [sys.executable, "-m", "asyncgraph", "worker", "--redis", url, "--queue", queue,
                 "--processes", str(processes), "--concurrency", str(concurrency),
                 *(arg for module in imports for arg in ("--import", module)), *extra_args]
         out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.Popen(args, stdout=out, stderr=out, env=dict(os.environ))
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env=dict(os.environ), preexec_fn=child_setup())
         try:
-            wait_for_workers(url, queue, processes, proc=proc)
+            wait_for_workers(url, queue, processes, proc=proc, ignore=already)
             yield url
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            _stop_supervisor(proc, drain_s)

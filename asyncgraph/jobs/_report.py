@@ -15,8 +15,26 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _tokens(count: int) -> str:
+    if count < 10_000:
+        return f"{count:,}"
+    if count < 10_000_000:
+        return f"{count / 1000:.0f}k"
+    return f"{count / 1_000_000:.0f}M"
+
+
 class Reporter:
-    """A rich progress bar (on a terminal) or one line per step (elsewhere)."""
+    """A rich progress bar (when stderr is a terminal) or one line per step (elsewhere).
+
+    The bar goes to stderr, the stream whose ``isatty()`` chose it; the plain
+    lines go to stdout. On a narrow terminal the bar keeps its name, bar, M/N
+    and elapsed time, and cuts the metrics short (with an ellipsis).
+    """
+
+    # The widths that fit an 80-column terminal: name, bar, "12/12", "0:01:23", and
+    # the rest (about 30 columns) for the metrics.
+    NAME_WIDTH = 20
+    BAR_WIDTH = 16
 
     def __init__(self, name: str, total_steps: int, *, enabled: bool = True) -> None:
         self.name = name
@@ -32,6 +50,7 @@ class Reporter:
         if not self.enabled:
             return
         if sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -39,31 +58,64 @@ class Reporter:
                 TextColumn,
                 TimeElapsedColumn,
             )
+            from rich.table import Column
 
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                TextColumn(
+                    "[bold]{task.description}",
+                    table_column=Column(max_width=self.NAME_WIDTH, no_wrap=True,
+                                        overflow="ellipsis"),
+                ),
+                BarColumn(bar_width=self.BAR_WIDTH),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[metrics]}"),
                 TimeElapsedColumn(),
+                TextColumn(
+                    "{task.fields[metrics]}",
+                    table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+                ),
+                console=Console(stderr=True),
                 transient=False,
+                # Expand: the metrics column (ratio 1) gets the width the others leave, and
+                # is cut short there; without it rich shrinks every column, elapsed time too.
+                expand=True,
             )
             self._task = self._progress.add_task(
-                self.name, total=self.total, completed=step, metrics=self._metrics(history)
+                self.name, total=self.total, completed=step,
+                metrics=self._compact(self._rows(history)),
             )
             self._progress.start()
         elif step:
             print(f"{self.name}: resuming at step {step}/{self.total}", flush=True)
 
     @staticmethod
-    def _metrics(history: list[dict[str, Any]]) -> str:
-        if not history:
+    def _rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        validated = [h for h in history if h["val_score"] is not None][-1:]
+        return [*validated, history[-1]] if history else []
+
+    @staticmethod
+    def _val(rows: list[dict[str, Any]]) -> float | None:
+        return next((x["val_score"] for x in reversed(rows) if x["val_score"] is not None), None)
+
+    @classmethod
+    def _metrics(cls, rows: list[dict[str, Any]]) -> str:
+        """The metrics of a plain progress line (all of them, spelled out)."""
+        if not rows:
             return ""
-        h = history[-1]
-        val = next((x["val_score"] for x in reversed(history) if x["val_score"] is not None), None)
+        h = rows[-1]
         return (
-            f"loss {h['train_loss']:.2f}  acc {h['train_score']:.2f}  val {_fmt(val)}  "
+            f"loss {h['train_loss']:.2f}  acc {h['train_score']:.2f}  val {_fmt(cls._val(rows))}  "
             f"tokens {h['tokens']:,}  ${h['cost_usd']:.4f}"
+        )
+
+    @classmethod
+    def _compact(cls, rows: list[dict[str, Any]]) -> str:
+        """The metrics next to the bar: short, most important first (the end may be cut)."""
+        if not rows:
+            return ""
+        h = rows[-1]
+        return (
+            f"loss {h['train_loss']:.2f} acc {h['train_score']:.2f} val {_fmt(cls._val(rows))} "
+            f"{_tokens(int(h['tokens']))} tok ${h['cost_usd']:.2f}"
         )
 
     def update(self, step: int, row: dict[str, Any]) -> None:
@@ -71,11 +123,11 @@ class Reporter:
             self._validated = [row]
         if not self.enabled:
             return
-        metrics = self._metrics([*self._validated, row])
+        rows = [*self._validated, row]
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, metrics=metrics)
+            self._progress.update(self._task, completed=step, metrics=self._compact(rows))
         else:
-            print(f"{self.name}: step {step}/{self.total}  {metrics}", flush=True)
+            print(f"{self.name}: step {step}/{self.total}  {self._metrics(rows)}", flush=True)
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -90,7 +142,11 @@ def write_history(path: Path, history: list[dict[str, Any]]) -> None:
 def write_plot(
     path: Path, history: list[dict[str, Any]], title: str, initial_val: float | None = None
 ) -> bool:
-    """Plot train and validation scores per step to a PNG; False if matplotlib is missing."""
+    """Draw the metrics per step to a PNG; False (and a note on stderr) if matplotlib is missing.
+
+    Two panels: the score (train per step, validation with the initial one at
+    step 0) and the training loss.
+    """
     try:
         import matplotlib
 
@@ -104,21 +160,30 @@ def write_plot(
         )
         return False
     steps = [h["step"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot(steps, [h["train_score"] for h in history], marker="o", label="train score")
+    fig, (score_ax, loss_ax) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100)
+    score_ax.plot(steps, [h["train_score"] for h in history], marker="o", label="train")
     val = [(h["step"], h["val_score"]) for h in history if h["val_score"] is not None]
     if initial_val is not None:
         val.insert(0, (0, initial_val))
     if val:
-        ax.plot([s for s, _ in val], [v for _, v in val], marker="s", label="validation score")
-    ax.set_xlabel("step")
-    ax.set_ylabel("score")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+        score_ax.plot([s for s, _ in val], [v for _, v in val], marker="s", label="validation")
+    score_ax.set_xlabel("step")
+    score_ax.set_ylabel("score")
+    score_ax.set_ylim(-0.05, 1.05)
+    score_ax.set_title("score")
+    score_ax.grid(alpha=0.3)
+    score_ax.legend(loc="lower right")
+    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", color="tab:red",
+                 label="train loss")
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("loss")
+    loss_ax.set_title("training loss")
+    loss_ax.grid(alpha=0.3)
+    fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
     return True

@@ -10,9 +10,13 @@ checkpoint of the last completed step.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import numbers
 import random
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,11 +30,13 @@ from .._grad_mode import no_grad
 from .._graph import graph_order
 from .._variable import Parameter, Variable
 from ..executors import Executor
+from ..models._usage import UsageMeter, track_usage
 from ._checkpoint import (
     FORMAT,
     VERSION,
     CheckpointError,
     atomic_write_json,
+    check_history,
     fingerprint_data,
     load_checkpoint,
 )
@@ -62,19 +68,21 @@ class _Optimizer(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-class _HasUsage(Protocol):
-    @property
-    def usage(self) -> Any: ...
-
-
 @dataclass
 class Job:
     """A prompt (or program) optimization job.
 
     ``forward(example)`` builds the graph for one example and returns an
     :class:`Evaluation`. ``parameters`` are what ``optimizer`` updates; their
-    values are checkpointed. ``models`` are the models whose usage (tokens,
-    cost) the progress display reports.
+    values are checkpointed. Tokens and cost are those of every model call
+    made by the job (``asyncgraph.models.track_usage``), on workers too when
+    the backward runs on a fleet. ``config`` holds the settings that
+    change the job's results and are not visible to the runner (model, endpoint,
+    optimizer options, ...): a JSON-able map, part of the job's identity, so a
+    checkpoint is only resumed by a job configured the same way.
+
+    Raises ``ValueError`` for an empty ``train_set``, a non-positive size or a
+    ``config`` that is not JSON.
     """
 
     name: str
@@ -88,7 +96,7 @@ class Job:
     max_concurrency: int = 16
     validate_every: int = 1
     seed: int = 0
-    models: Sequence[_HasUsage] = ()
+    config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.train_set:
@@ -97,6 +105,21 @@ class Job:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"job {self.name!r}: {name} must be a positive int, got {value!r}")
+        self._config_json()
+
+    def _config_json(self) -> dict[str, Any]:
+        """``config`` as it reads back from a checkpoint (tuples become lists, ...)."""
+        if not isinstance(self.config, Mapping):
+            raise ValueError(f"job {self.name!r}: config must be a map, got {self.config!r:.80}")
+        try:
+            text = json.dumps(dict(self.config), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"job {self.name!r}: config must be JSON (str keys; str, numbers, bool, None, "
+                f"lists and maps; no NaN), got {self.config!r:.120} ({exc})"
+            ) from None
+        loaded: dict[str, Any] = json.loads(text)
+        return loaded
 
     @property
     def steps_per_epoch(self) -> int:
@@ -107,7 +130,7 @@ class Job:
         return self.epochs * self.steps_per_epoch
 
     def identity(self) -> dict[str, Any]:
-        """What a checkpoint must match to be resumed by this job."""
+        """What a checkpoint must match to be resumed by this job (JSON data)."""
         return {
             "name": self.name,
             "parameters": [p.role for p in self.parameters],
@@ -116,6 +139,8 @@ class Job:
             "batch_size": self.batch_size,
             "epochs": self.epochs,
             "seed": self.seed,
+            "optimizer": type(self.optimizer).__name__,
+            "config": self._config_json(),
         }
 
     def batch(self, step: int) -> list[Mapping[str, Any]]:
@@ -128,7 +153,11 @@ class Job:
 
 @dataclass
 class JobResult:
-    """How a job ended: its metrics history and final parameter values."""
+    """How a job ended: its metrics history and final parameter values.
+
+    ``plot_path`` is where ``metrics.png`` was written, None when it was not
+    (matplotlib is not installed, or drawing failed).
+    """
 
     history: list[dict[str, Any]]
     parameters: list[Any]
@@ -139,6 +168,7 @@ class JobResult:
     out_dir: Path
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    plot_path: Path | None = None
 
 
 async def _map_bounded(
@@ -176,20 +206,79 @@ async def evaluate(job: Job, examples: Sequence[Mapping[str, Any]]) -> float:
     return sum(e.score for e in evals) / len(evals)
 
 
-def _usage(job: Job) -> tuple[int, float]:
-    tokens, cost = 0, 0.0
-    for model in job.models:
-        snap = model.usage.snapshot()
-        tokens += int(snap.total_tokens)
-        cost += float(snap.cost_usd)
-    return tokens, cost
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def train_loss(evals: Sequence[Evaluation], train_score: float) -> float:
+    """The ``train_loss`` of a step's history row.
+
+    The mean of the batch's losses when every ``Evaluation.loss.data`` is a
+    number. Text losses (a judge's feedback) have no numeric value: then it is
+    ``1 - train_score``, the fraction of the batch scored wrong.
+    """
+    values = [e.loss.data for e in evals]
+    if values and all(_is_number(v) for v in values):
+        return float(sum(values)) / len(values)
+    return 1.0 - train_score
+
+
+def _is_numpy(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and hasattr(value, "tolist")
+
+
+def _kind(value: Any) -> str:
+    """The JSON kind of a parameter value, to check a checkpoint's values against."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "str"
+    if _is_numpy(value):
+        return "array"
+    if _is_number(value):
+        return "number"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, Mapping):
+        return "map"
+    return "other"
+
+
+def _parameter_data(param: Parameter) -> Any:
+    """A parameter's value as JSON data (numpy arrays as nested lists)."""
+    return param.data.tolist() if _is_numpy(param.data) else param.data
+
+
+def _saved_value(param: Parameter, saved: Any) -> tuple[Any, str | None]:
+    """The value to give ``param`` from its checkpointed data, or why it does not fit."""
+    want, have = _kind(param.data), _kind(saved)
+    if want in ("null", "other"):
+        return saved, None  # nothing to check against
+    if want == "array":
+        import numpy
+
+        if have not in ("list", "number"):
+            return None, f"a {have}, not the numbers of an array"
+        try:
+            value = numpy.asarray(saved, dtype=param.data.dtype)
+        except (TypeError, ValueError) as exc:
+            return None, f"not an array of {param.data.dtype} ({exc})"
+        if value.shape != param.data.shape:
+            return None, f"an array of shape {value.shape}, not {param.data.shape}"
+        return value, None
+    if have != want:
+        return None, f"a {have}, but the parameter holds a {want}"
+    return saved, None
 
 
 def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
     """Put a loaded checkpoint's parameters and optimizer state into ``job``.
 
-    Raises CheckpointError when the fields do not fit the job (a hand-edited or
-    damaged file that still parses), rather than a bare KeyError/ValueError.
+    Everything is checked before anything is changed. Raises CheckpointError
+    when the fields do not fit the job (a hand-edited or damaged file that still
+    parses), rather than a bare KeyError/ValueError; the job is left as it was.
     """
 
     def corrupt(what: str) -> CheckpointError:
@@ -201,20 +290,57 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
     step, history, saved = state["step"], state["history"], state["parameters"]
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= job.total_steps:
         raise corrupt(f"step is {step!r}, not a step number in 0..{job.total_steps}")
-    if not isinstance(history, list) or len(history) != step:
-        raise corrupt(f"the metrics history does not have one row per step ({step} steps)")
+    epoch, index = divmod(step, job.steps_per_epoch)
+    if state["epoch"] != epoch or state["position"] != index * job.batch_size:
+        raise corrupt(
+            f"epoch {state['epoch']!r} and position {state['position']!r} do not match step "
+            f"{step} (epoch {epoch}, position {index * job.batch_size})"
+        )
+    problem = check_history(history, step, job.steps_per_epoch)
+    if problem is not None:
+        raise corrupt(problem)
+    initial = state.get("initial_val_score")
+    if initial is not None and not _is_number(initial):
+        raise corrupt(f"initial_val_score is {initial!r:.60}, not a number or null")
     if (
         not isinstance(saved, list)
         or len(saved) != len(job.parameters)
         or not all(isinstance(item, dict) and "data" in item for item in saved)
     ):
         raise corrupt(f"'parameters' is not a list of {len(job.parameters)} {{role, data}} maps")
+    values = []
+    for i, (param, item) in enumerate(zip(job.parameters, saved, strict=True)):
+        if item.get("role") != param.role:
+            raise corrupt(f"parameter {i} has role {item.get('role')!r}, not {param.role!r}")
+        value, wrong = _saved_value(param, item["data"])
+        if wrong is not None:
+            raise corrupt(f"the value of parameter {i} ({param.role!r}) is {wrong}")
+        values.append(value)
+    before = job.optimizer.state_dict()
     try:
         job.optimizer.load_state_dict(state["optimizer"])
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise corrupt(f"its optimizer state does not load into this job's optimizer ({exc})") from exc
-    for param, item in zip(job.parameters, saved, strict=True):
-        param.data = item["data"]
+    except Exception as exc:  # whatever the optimizer raises for data it cannot take
+        with contextlib.suppress(Exception):
+            job.optimizer.load_state_dict(before)  # do not leave it half-loaded
+        raise corrupt(
+            f"its optimizer state does not load into this job's {type(job.optimizer).__name__} "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    for param, value in zip(job.parameters, values, strict=True):
+        param.data = value
+
+
+def _load(job: Job, path: Path, identity: Mapping[str, Any]) -> dict[str, Any]:
+    """``load_checkpoint`` + ``_restore``: the checkpoint's state, now in ``job``."""
+    try:
+        state = load_checkpoint(path, identity)
+        _restore(job, state, path)
+    except RecursionError:  # nested JSON deep enough to exhaust the stack while checking it
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: its data is nested too deeply; delete it to "
+            f"start over, or restore a backup"
+        ) from None
+    return state
 
 
 async def run_job(
@@ -222,6 +348,7 @@ async def run_job(
     out_dir: str | Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     executor: Executor | None = None,
     progress: bool = True,
     handle_sigint: bool = False,
@@ -229,32 +356,59 @@ async def run_job(
 ) -> JobResult:
     """Run ``job``, checkpointing into ``out_dir`` after every step.
 
+    The step-0 checkpoint is written before the initial validation (with
+    ``initial_val_score`` None until it is known), then one after every step;
+    ``history.json`` and ``metrics.png`` are written when the job ends, also
+    when it fails or is interrupted (for the steps completed).
+
     ``resume=True`` loads ``out_dir/checkpoint.json`` (CheckpointError if it is
-    missing, corrupt or from another job) and continues from there.
-    ``handle_sigint=True`` turns SIGINT into a clean stop: the current step is
+    missing, corrupt or from another job) and continues from there, running the
+    initial validation first if it is still missing. Without it an existing
+    checkpoint raises CheckpointError unless ``overwrite=True`` (then the job
+    starts over). ``handle_sigint=True`` turns SIGINT into a clean stop, from
+    the start of the run (initial validation included): the current step is
     abandoned, the checkpoint of the last completed step stays, and the result
-    says ``interrupted=True``.
+    says ``interrupted=True``; more SIGINTs while it stops are ignored.
     """
     out = Path(out_dir)
     ckpt_path = out / "checkpoint.json"
     started = time.perf_counter()
     identity = job.identity()
-    reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
 
     history: list[dict[str, Any]]
+    initial_val: float | None
     if resume:
-        state = load_checkpoint(ckpt_path, identity)
-        _restore(job, state, ckpt_path)
+        if overwrite:
+            raise ValueError("run_job: resume=True and overwrite=True exclude each other")
+        state = _load(job, ckpt_path, identity)
         step = state["step"]
         history = list(state["history"])
         initial_val = state.get("initial_val_score")
     else:
-        step = 0
-        history = []
-        initial_val = await evaluate(job, job.val_set) if job.val_set else None
+        if ckpt_path.exists() and not overwrite:
+            raise CheckpointError(
+                f"{str(ckpt_path)!r} already holds a checkpoint: continue that job with "
+                f"--resume (resume=True), start it over with --overwrite (overwrite=True), "
+                f"or choose another output directory"
+            )
+        step, history, initial_val = 0, [], None
+    reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
+
+    checkpointed = resume  # out_dir holds this job's checkpoint (then history and plot too)
 
     def save() -> None:
+        nonlocal checkpointed
         epoch, position = divmod(step, job.steps_per_epoch)
+        try:
+            _write_checkpoint(epoch, position)
+            checkpointed = True
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write the checkpoint {str(ckpt_path)!r}: {exc}; choose an output "
+                f"directory you can write to"
+            ) from exc
+
+    def _write_checkpoint(epoch: int, position: int) -> None:
         atomic_write_json(
             ckpt_path,
             {
@@ -264,24 +418,30 @@ async def run_job(
                 "step": step,
                 "epoch": epoch,
                 "position": position * job.batch_size,
-                "parameters": [{"role": p.role, "data": p.data} for p in job.parameters],
+                "parameters": [{"role": p.role, "data": _parameter_data(p)} for p in job.parameters],
                 "optimizer": job.optimizer.state_dict(),
                 "history": history,
                 "initial_val_score": initial_val,
             },
         )
 
-    if not resume:
-        save()
+    async def run() -> None:
+        nonlocal step, initial_val
+        reporter.start(step, history)
+        if not resume:
+            save()  # before the initial validation: an interrupt there leaves a checkpoint
+        if job.val_set and initial_val is None and step == 0:
+            initial_val = await evaluate(job, job.val_set)
+            save()
+        # Usage is counted from here: the initial validation's calls are not in the
+        # history, whether it ran in this process or in an interrupted one.
+        with track_usage() as usage:
+            await steps(usage)
 
-    interrupted = False
-    tokens_before, cost_before = _usage(job)
-    base_tokens = int(history[-1]["tokens"]) if history else 0
-    base_cost = float(history[-1]["cost_usd"]) if history else 0.0
-    reporter.start(step, history)
-
-    async def loop() -> None:
+    async def steps(usage: UsageMeter) -> None:
         nonlocal step
+        base_tokens = int(history[-1]["tokens"]) if history else 0
+        base_cost = float(history[-1]["cost_usd"]) if history else 0.0
         while step < job.total_steps:
             t0 = time.perf_counter()
             job.optimizer.zero_grad()
@@ -294,17 +454,17 @@ async def run_job(
             val_score = None
             if job.val_set and ((step + 1) % job.validate_every == 0 or step + 1 == job.total_steps):
                 val_score = await evaluate(job, job.val_set)
-            tokens, cost = _usage(job)
+            spent = usage.snapshot()
             step += 1
             history.append(
                 {
                     "step": step,
                     "epoch": (step - 1) // job.steps_per_epoch,
                     "train_score": train_score,
-                    "train_loss": 1.0 - train_score,
+                    "train_loss": train_loss(evals, train_score),
                     "val_score": val_score,
-                    "tokens": base_tokens + tokens - tokens_before,
-                    "cost_usd": base_cost + cost - cost_before,
+                    "tokens": base_tokens + spent.total_tokens,
+                    "cost_usd": base_cost + spent.cost_usd,
                     "step_s": time.perf_counter() - t0,
                 }
             )
@@ -313,37 +473,62 @@ async def run_job(
             save()
             reporter.update(step, history[-1])
 
-    failure: Exception | None = None
-    try:
-        if handle_sigint:
-            async with anyio.create_task_group() as tg:
+    interrupted = False
+    running = True
+    stop = anyio.CancelScope()
 
-                async def watch_sigint() -> None:
-                    nonlocal interrupted
-                    with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                        async for _ in signals:
-                            interrupted = True
-                            tg.cancel_scope.cancel()
-                            return
+    async def watch_sigint(signals: Any) -> None:
+        nonlocal interrupted
+        async for _ in signals:
+            if running and not interrupted:
+                interrupted = True
+                stop.cancel()
+            elif running:
+                print(f"{job.name}: already stopping after Ctrl-C", file=sys.stderr, flush=True)
 
-                tg.start_soon(watch_sigint)
-                try:
-                    await loop()
-                except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
-                    failure = exc
-                tg.cancel_scope.cancel()
-            if failure is not None:
-                raise failure
-        else:
-            await loop()
-    finally:
+    def finish() -> Path | None:
+        """Stop the display, roll back a half-done step, write history and plot."""
         reporter.stop()
+        if not checkpointed:  # out_dir could not even take the step-0 checkpoint
+            return None
+        if interrupted:
+            # Parameters may hold a half-finished step: put back the saved state.
+            _load(job, ckpt_path, identity)
+        try:
+            write_history(out / "history.json", history)
+            drawn = write_plot(out / "metrics.png", history, job.name, initial_val)
+        except Exception as exc:  # do not hide the job's own outcome behind a reporting error
+            print(f"note: could not write {out}/history.json or metrics.png: {exc}",
+                  file=sys.stderr)
+            return None
+        return out / "metrics.png" if drawn else None
 
-    if interrupted:
-        # Parameters may hold a half-finished step: put back the saved state.
-        _restore(job, load_checkpoint(ckpt_path, identity), ckpt_path)
-    write_history(out / "history.json", history)
-    write_plot(out / "metrics.png", history, job.name, initial_val)
+    failure: Exception | None = None
+    plot_path: Path | None = None
+    receiver = anyio.open_signal_receiver(signal.SIGINT) if handle_sigint else None
+    with receiver if receiver is not None else contextlib.nullcontext() as signals:
+        async with anyio.create_task_group() as tg:
+            if signals is not None:
+                tg.start_soon(watch_sigint, signals)
+            try:
+                with stop:
+                    await run()
+            except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
+                failure = exc
+            except BaseException:  # cancelled from outside: still report the completed steps
+                running = False
+                with contextlib.suppress(Exception):
+                    finish()
+                raise
+            running = False
+            try:
+                plot_path = finish()
+            except Exception as exc:
+                failure = failure or exc
+            tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+
     final_val = next((h["val_score"] for h in reversed(history) if h["val_score"] is not None), None)
     return JobResult(
         history=history,
@@ -354,4 +539,5 @@ async def run_job(
         interrupted=interrupted,
         out_dir=out,
         wall_s=time.perf_counter() - started,
+        plot_path=plot_path,
     )

@@ -5,19 +5,21 @@ OpenAI-compatible endpoint.
 The distributed runs must give the same final prompt, optimizer state and metrics
 as the in-process run. Compared: the checkpoint's parameters, optimizer state,
 step/position and initial validation score, and every history row without
-``step_s`` (wall clock), ``tokens`` and ``cost_usd``: the job's process meters
-only the model calls it makes itself, and on workers the backward's feedback
-calls are made (and metered) in the worker processes, so the distributed run
-legitimately reports fewer tokens for the same work.
+``step_s`` (wall clock). Tokens and cost match too: the workers report the usage
+of the model calls they make for the job (``track_usage``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,18 @@ from asyncgraph.jobs._demo_cli import WORKER_IMPORTS
 from asyncgraph.jobs._fleet import local_fleet
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
-from .jobs_helpers import PNG_MAGIC, TIMING_FIELDS, cli_env, describe, read_json, run_cli, without
+from .jobs_helpers import (
+    PNG_MAGIC,
+    REPO,
+    TIMING_FIELDS,
+    cli_env,
+    describe,
+    read_json,
+    run_cli,
+    without,
+)
 
-NOT_COMPARABLE = TIMING_FIELDS | {"tokens", "cost_usd"}
+NOT_COMPARABLE = TIMING_FIELDS
 ACCURACY_ROW = re.compile(r"validation accuracy.*?│\s*0%\s*│\s*100%\s*│")
 
 
@@ -53,9 +64,14 @@ def _check_learned(out: Path) -> dict[str, Any]:
     return ckpt
 
 
-def _assert_same_run(ckpt: Mapping[str, Any], local: Mapping[str, Any]) -> None:
-    for key in ("step", "epoch", "position", "job", "initial_val_score", "parameters", "optimizer"):
+def _assert_same_run(
+    ckpt: Mapping[str, Any], local: Mapping[str, Any], *, config: frozenset[str] = frozenset()
+) -> None:
+    """Same outcome; the job's ``config`` may differ only in the settings named in ``config``."""
+    for key in ("step", "epoch", "position", "initial_val_score", "parameters", "optimizer"):
         assert ckpt[key] == local[key], key
+    assert without([ckpt["job"]], frozenset({"config"})) == without([local["job"]], frozenset({"config"}))
+    assert without([ckpt["job"]["config"]], config) == without([local["job"]["config"]], config)
     assert without(ckpt["history"], NOT_COMPARABLE) == without(local["history"], NOT_COMPARABLE)
 
 
@@ -79,7 +95,15 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert proc.returncode == 0, describe(proc)
     _check_table(proc.stdout)
     assert "executor: in-process" in proc.stdout
-    return _check_learned(out)
+    assert f"checkpoint, history.json and metrics.png: {out}" in proc.stdout
+    assert "discarded" not in proc.stdout
+    ckpt = _check_learned(out)
+    assert ckpt["job"]["optimizer"] == "TGD"
+    assert ckpt["job"]["config"] == {
+        "model": "demo", "base_url": None, "latency_ms": 10.0, "epochs": 2, "batch_size": 8,
+        "optimizer": {"name": "TGD", "momentum": 2, "max_feedback_tokens": 4000, "constraints": []},
+    }  # fmt: skip
+    return ckpt
 
 
 def test_demo_without_arguments(tmp_path: Path) -> None:
@@ -92,7 +116,11 @@ def test_demo_without_arguments(tmp_path: Path) -> None:
     progress = [line for line in out.splitlines() if line.startswith("demo-prompt-optimization: step ")]
     assert len(progress) == 6 and "tokens" in progress[-1] and "acc 1.00" in progress[-1]
     _check_table(out)
-    assert "(pass --out DIR to keep them)" in out
+    assert (
+        "checkpoint, history.json and metrics.png went to a temporary directory and are "
+        "discarded (pass --out DIR to keep them)"
+    ) in out
+    assert "asyncgraph-demo-" not in out  # the temporary directory is gone: not worth naming
     assert "Traceback" not in proc.stderr
 
 
@@ -117,11 +145,9 @@ def test_demo_on_two_local_workers_matches_the_local_run(
     assert proc.returncode == 0, describe(proc)
     _check_table(proc.stdout)
     assert "executor: 2 local worker processes via an embedded redis-server" in proc.stdout
-    assert "(the backward's calls ran on the workers)" in proc.stdout
+    assert "model calls: 422 (the workers' included)" in proc.stdout
     ckpt = _check_learned(out)
-    _assert_same_run(ckpt, local_run)
-    # Fewer calls were metered here: the feedback requests ran in the workers.
-    assert 0 < ckpt["history"][-1]["tokens"] < local_run["history"][-1]["tokens"]
+    _assert_same_run(ckpt, local_run)  # tokens included: the workers report theirs
     # The fleet is torn down when the demo ends.
     deadline = time.monotonic() + 15
     while (left := _processes_mentioning(queue)) and time.monotonic() < deadline:
@@ -174,7 +200,9 @@ def test_demo_against_an_openai_compatible_endpoint(
     assert "SIMULATED" not in proc.stdout
     _check_table(proc.stdout)
     ckpt = _check_learned(out)
-    _assert_same_run(ckpt, local_run)
+    _assert_same_run(ckpt, local_run, config=frozenset({"model", "base_url", "latency_ms"}))
+    assert ckpt["job"]["config"]["model"] == "openai:test-model"
+    assert ckpt["job"]["config"]["base_url"] == url and ckpt["job"]["config"]["latency_ms"] is None
     assert len(requests) > 100
     assert {r.body["model"] for r in requests} == {"test-model"}
     assert {r.headers.get("authorization") or r.headers.get("Authorization") for r in requests} == {
@@ -192,3 +220,213 @@ def test_demo_resume_with_other_settings_exits_2(tmp_path: Path) -> None:
     assert again.returncode == 2, describe(again)
     assert "belongs to a different job: epochs is 1 there but 2 now" in again.stderr
     assert "Traceback" not in again.stderr
+    slower = run_cli(
+        "demo", "--no-progress", "--latency-ms", "2", "--epochs", "1", "--out", str(out), "--resume"
+    )
+    assert slower.returncode == 2, describe(slower)
+    assert "config['latency_ms'] is 1.0 there but 2.0 now" in slower.stderr
+
+
+# --- Ctrl-C, kill -9, and errors -----------------------------------------------------------
+
+
+def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 90) -> None:
+    """Until ``out/checkpoint.json`` records ``step`` completed steps (or more)."""
+    deadline = time.monotonic() + timeout_s
+    path = out / "checkpoint.json"
+    while True:
+        if path.exists() and read_json(path)["step"] >= step:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the demo exited ({proc.returncode}) before step {step}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the demo did not complete step {step} within {timeout_s} s")
+        time.sleep(0.02)
+
+
+@contextmanager
+def _demo_process(*args: str, logs: Path) -> Iterator[subprocess.Popen[str]]:
+    """``asyncgraph demo --no-progress ARGS`` running, output to ``logs``; killed if still alive."""
+    with (logs / "stdout").open("w") as out, (logs / "stderr").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncgraph", "demo", "--no-progress", *args], cwd=REPO,
+            env=cli_env(), stdout=out, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def test_ctrl_c_of_the_demo_keeps_its_checkpoint_and_resume_finishes_it(
+    tmp_path: Path, local_run: dict[str, Any]
+) -> None:
+    out = tmp_path / "out"
+    # 60 ms a call: a step takes several hundred ms, so the SIGINT sent once step 1 is
+    # checkpointed lands in the middle of the run, not after its end.
+    args = ("--latency-ms", "60", "--out", str(out))
+    with _demo_process(*args, logs=tmp_path) as proc:
+        _wait_for_step(out, 1, proc)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+    assert code == 130, f"{code}\n{stdout}\n{stderr}"
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted: the last completed step is checkpointed; resume with the same command " \
+           "plus --resume" in stdout
+    ckpt = read_json(out / "checkpoint.json")
+    done = ckpt["step"]
+    assert 1 <= done < 6 and f"steps: {done} " in stdout
+    assert read_json(out / "history.json") == {"history": ckpt["history"]}
+
+    resumed = run_cli("demo", "--no-progress", *args, "--resume")
+    assert resumed.returncode == 0, describe(resumed)
+    assert "steps: 6 " in resumed.stdout
+    _assert_same_run(_check_learned(out), local_run, config=frozenset({"latency_ms"}))
+
+
+def _process(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, session id) of a live process, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+    return (state, int(ppid), int(session)) if state not in ("Z", "X") else None
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """The live descendants of ``pid``: pid -> command line."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        info = _process(int(entry.name))
+        if info is not None:
+            children.setdefault(info[1], []).append(int(entry.name))
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            try:
+                found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            todo.append(child)
+    return found
+
+
+def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path) -> None:
+    queue = f"ag-demo-kill-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "out"
+    args = ("--workers", "2", "--queue", queue, "--latency-ms", "50", "--out", str(out))
+    with _demo_process(*args, logs=tmp_path) as proc:
+        _wait_for_step(out, 1, proc)
+        fleet = _descendants(proc.pid)
+        own_session = os.getsid(proc.pid)
+        # pid -> session of the demo's own children (redis-server, the worker supervisor)
+        direct = {pid: info[2] for pid in fleet if (info := _process(pid)) and info[1] == proc.pid}
+        proc.kill()  # SIGKILL: no cleanup code of the demo runs
+        proc.wait(10)
+    commands = " | ".join(fleet.values())
+    assert "redis-server" in commands and "worker --redis" in commands, fleet
+    assert len(direct) == 2, fleet  # redis-server and the worker supervisor
+    for pid, session in direct.items():  # own sessions: a terminal's Ctrl-C does not reach them
+        assert session == pid != own_session, (pid, fleet[pid])
+    deadline = time.monotonic() + 30
+    while (left := [pid for pid in fleet if _process(pid) is not None]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, {pid: fleet[pid] for pid in left}
+
+
+def test_ctrl_c_while_the_fleet_starts_stops_it_cleanly(tmp_path: Path) -> None:
+    queue = f"ag-demo-start-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "out"
+    with _demo_process("--workers", "2", "--queue", queue, "--out", str(out), logs=tmp_path) as proc:
+        deadline = time.monotonic() + 60
+        while not (fleet := _descendants(proc.pid)) or not any(queue in c for c in fleet.values()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the fleet did not start"
+            time.sleep(0.02)
+        # The supervisor is starting its workers: the demo waits for them to announce themselves.
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 130, f"{code}\n{(tmp_path / 'stdout').read_text()}\n{stderr}"
+    assert "Traceback" not in stderr, stderr
+    deadline = time.monotonic() + 30
+    while (left := [pid for pid in fleet if _process(pid) is not None]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, {pid: fleet[pid] for pid in left}
+
+
+def _demo_main(*args: str) -> int:
+    from asyncgraph.cli import main
+
+    try:
+        return main(["demo", *args])
+    except SystemExit as exc:  # argparse's usage errors
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+        (["--latency-ms", "-5"], "argument --latency-ms: must be a finite number >= 0"),
+        (["--workers", "-1"], "argument --workers: must be >= 0, got -1"),
+        (["--resume"], "error: --resume needs --out DIR"),
+        (["--workers", "2", "--redis", "redis://127.0.0.1:6379/0"],
+         "argument --redis: not allowed with argument --workers"),
+        (["--base-url", "http://127.0.0.1:9/v1"], "error: --base-url is for a real model"),
+        (["--model", "gpt-4o"], "error: --model must be 'demo' or openai:MODEL"),
+        (["--out", "x", "--resume", "--overwrite"], "not allowed with argument"),
+        (["--redis", "redis://127.0.0.1:6379/0", "--queue", "a/b"], "error: queue name must be"),
+    ],
+    ids=["epochs-0", "negative-latency", "negative-workers", "resume-without-out",
+         "workers-and-redis", "base-url-with-simulated-model", "unknown-model",
+         "resume-and-overwrite", "bad-queue"],
+)
+def test_demo_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], words: str
+) -> None:
+    assert _demo_main(*args) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err, captured.err
+    assert "Traceback" not in captured.err and "asyncgraph demo: prompt" not in captured.out
+
+
+def test_demo_refuses_to_overwrite_a_checkpoint_unless_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.json").write_text("{}")
+    assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)) == 2
+    assert "already holds a checkpoint" in capsys.readouterr().err
+    assert (out / "checkpoint.json").read_text() == "{}"
+    assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out),
+                      "--overwrite") == 0
+    assert read_json(out / "checkpoint.json")["step"] == 3
+
+
+def test_demo_on_a_redis_without_workers_fails_fast(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _demo_main("--redis", redis_url, "--queue", "nobody-serves-this") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no worker of queue 'nobody-serves-this' is alive")
+    assert "--import asyncgraph.text --import asyncgraph.jobs._demo" in err
+
+
+def test_demo_workers_without_a_redis_server_binary_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncgraph._redis_server
+
+    def missing() -> str:
+        raise FileNotFoundError("no redis-server found: install one (apt-get install redis-server)")
+
+    monkeypatch.setattr(asyncgraph._redis_server, "find_redis_server", missing)
+    assert _demo_main("--workers", "1", "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err == "error: no redis-server found: install one (apt-get install redis-server)\n"

@@ -1,18 +1,38 @@
-"""``asyncgraph run``: the shipped example job file end to end, and its usage errors."""
+"""``asyncgraph run``: the shipped example job file end to end, on a terminal, on the
+workers of a Redis, and its errors (one ``error:`` line, never a traceback)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pty
 import re
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
-from .jobs_helpers import PNG_MAGIC, REPO, cli_env, describe, listing, read_json, run_cli
+import pytest
+
+from .jobs_helpers import (
+    JOB_FILES,
+    PNG_MAGIC,
+    REPO,
+    TIMING_FIELDS,
+    cli_env,
+    describe,
+    listing,
+    read_json,
+    run_cli,
+    without,
+)
 
 EXAMPLE = str(REPO / "examples" / "prompt_job.py")
 FAST = cli_env(PROMPT_JOB_LATENCY_MS="5")
@@ -51,12 +71,19 @@ def test_run_shows_progress_off_a_terminal(tmp_path: Path) -> None:
         assert word in lines[-1]
 
 
-def _run_on_a_terminal(*args: str, timeout_s: float = 120.0) -> tuple[int, str]:
-    """Run ``python -m asyncgraph ARGS`` with a pseudo-terminal as stdin/stdout/stderr."""
+def _run_on_a_terminal(
+    *args: str, columns: int, stdout: Path | None = None, timeout_s: float = 120.0
+) -> tuple[int, str]:
+    """Run ``python -m asyncgraph ARGS`` with a pseudo-terminal ``columns`` wide as
+    stdin/stdout/stderr (stdout to the file ``stdout`` if given); its exit code and
+    what the terminal showed (escapes removed)."""
     master, slave = pty.openpty()
-    env = {**FAST, "COLUMNS": "160", "TERM": "xterm-256color"}
-    proc = subprocess.Popen([sys.executable, "-m", "asyncgraph", *args], cwd=REPO, env=env,
-                            stdin=slave, stdout=slave, stderr=slave)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**FAST, "COLUMNS": str(columns), "TERM": "xterm-256color"}
+    with contextlib.ExitStack() as files:
+        out: Any = files.enter_context(stdout.open("w")) if stdout is not None else slave
+        proc = subprocess.Popen([sys.executable, "-m", "asyncgraph", *args], cwd=REPO, env=env,
+                                stdin=slave, stdout=out, stderr=slave)
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout_s
@@ -82,16 +109,37 @@ def _run_on_a_terminal(*args: str, timeout_s: float = 120.0) -> tuple[int, str]:
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
 
-def test_run_shows_a_rich_progress_bar_on_a_terminal(tmp_path: Path) -> None:
-    code, screen = _run_on_a_terminal("run", EXAMPLE, "--out", str(tmp_path / "o"))
+@pytest.mark.parametrize(
+    ("columns", "stdout_to_a_file"), [(80, False), (160, True)], ids=["80-columns", "stdout-to-a-file"]
+)
+def test_run_shows_a_rich_progress_bar_on_a_terminal(
+    tmp_path: Path, columns: int, stdout_to_a_file: bool
+) -> None:
+    stdout = tmp_path / "stdout" if stdout_to_a_file else None
+    code, screen = _run_on_a_terminal(
+        "run", EXAMPLE, "--out", str(tmp_path / "o"), columns=columns, stdout=stdout
+    )
     assert code == 0, screen
+    if stdout is not None:
+        # The bar went to stderr (the terminal that chose it); stdout has the summary only.
+        printed = stdout.read_text()
+        assert "finished after 12 step(s)" in printed and "ticket-router" not in printed, printed
+        assert "finished after" not in screen
     frames = [frame for frame in re.split(r"[\r\n]+", screen) if frame.startswith("ticket-router ")]
     assert frames, screen
     last = frames[-1]
-    assert "━" in last and "12/12" in last
-    assert re.search(r"loss 0\.00  acc 1\.00  val 1\.00  tokens [\d,]+  \$0\.0000", last), last
+    # Bar, M/N and elapsed time stay visible, and the frame fits the terminal.
+    assert "━" in last and "12/12" in last, last
+    assert re.search(r"12/12 +\d+:\d\d:\d\d ", last), last
+    assert all(len(frame) <= columns for frame in frames), [f for f in frames if len(f) > columns]
+    assert "loss 0.00 acc 1.00 val 1.00" in last, last
+    if columns >= 120:  # the whole metrics text fits
+        assert re.search(r"val 1\.00 [\d,.]+k? tok \$0\.00$", last.rstrip()), last
+    else:
+        assert last.rstrip().endswith("…") or "tok" in last, last
     # A step without validation shows the last validation score, not a dash.
     assert not [f for f in frames if "/12" in f and "val -" in f and " 1/12" not in f], frames
+    assert "Traceback" not in screen
 
 
 def test_resume_from_a_corrupt_checkpoint_exits_2_with_the_reason(tmp_path: Path) -> None:
@@ -135,3 +183,183 @@ def test_a_missing_job_file_or_one_without_build_job_exits_2(tmp_path: Path) -> 
     proc = run_cli("run", str(no_factory), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2, describe(proc)
     assert "defines no build_job()" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- Errors are one line, not a traceback (in-process: ``asyncgraph.cli.main``) ----------
+
+
+def _main(*args: str) -> int:
+    from asyncgraph.cli import main
+
+    try:
+        return main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        return int(exc.code or 0)
+
+
+@pytest.fixture
+def fast_example(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PROMPT_JOB_LATENCY_MS", "1")
+    return EXAMPLE
+
+
+def test_rerunning_into_a_checkpoint_needs_resume_or_overwrite(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoint.json").write_text('{"an": "old checkpoint"}')
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {str(out / 'checkpoint.json')!r} already holds a checkpoint")
+    assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+    assert listing(out) == ["checkpoint.json"]  # untouched
+    assert (out / "checkpoint.json").read_text() == '{"an": "old checkpoint"}'
+
+    assert _main("run", fast_example, "--out", str(out), "--no-progress", "--overwrite") == 0
+    assert read_json(out / "checkpoint.json")["step"] == 12
+    assert _main("run", fast_example, "--out", str(out), "--resume", "--overwrite") == 2  # usage
+
+
+def test_without_matplotlib_the_summary_does_not_claim_a_plot(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 0
+    captured = capsys.readouterr()
+    assert "finished after 12 step(s)" in captured.out
+    assert f"checkpoint and history.json in {out}" in captured.out
+    assert "metrics.png" not in captured.out
+    assert "matplotlib is not installed" in captured.err
+    assert listing(out) == ["checkpoint.json", "history.json"]
+
+
+def test_resume_from_a_checkpoint_with_a_damaged_history_row_exits_2(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 0
+    ckpt = read_json(out / "checkpoint.json")
+    del ckpt["history"][3]["train_score"]
+    (out / "checkpoint.json").write_text(json.dumps(ckpt))
+    capsys.readouterr()
+    assert _main("run", fast_example, "--out", str(out), "--resume", "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: checkpoint") and "history row 3 has no field 'train_score'" in err
+
+
+def test_an_asyncgraph_error_in_the_job_is_one_line(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # build_job() fails with UnknownModelError (resolve_model of an unknown spec).
+    monkeypatch.setenv("PROMPT_JOB_MODEL", "no-such-model")
+    assert _main("run", fast_example, "--out", str(tmp_path / "o"), "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no-such-model" in err and "Traceback" not in err
+
+
+def test_a_model_error_inside_the_concurrent_forward_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The forward's task group raises an ExceptionGroup holding the ModelConnectionError.
+    job_file = tmp_path / "failing_job.py"
+    job_file.write_text(
+        "from asyncgraph import Parameter\n"
+        "from asyncgraph.jobs import Job\n"
+        "from asyncgraph.models import ModelConnectionError\n"
+        "from asyncgraph.optim import SGD\n\n"
+        "def build_job():\n"
+        "    w = Parameter(0.0, role='w')\n"
+        "    async def forward(example):\n"
+        "        raise ModelConnectionError('cannot reach http://model.invalid: refused')\n"
+        "    return Job(name='failing', parameters=[w], optimizer=SGD([w]), forward=forward,\n"
+        "               train_set=[{'x': 1}] * 4, batch_size=2)\n"
+    )
+    out = tmp_path / "o"
+    assert _main("run", str(job_file), "--out", str(out), "--no-progress") == 1
+    err = capsys.readouterr().err
+    assert err == "error: cannot reach http://model.invalid: refused\n"
+    assert listing(out) == ["checkpoint.json", "history.json", "metrics.png"]  # step 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--redis", "http://not-redis"], "invalid Redis URL"),
+        (["--redis", "redis://127.0.0.1:6379/0", "--queue", "no spaces"], "queue name must be"),
+    ],
+    ids=["bad-url", "bad-queue"],
+)
+def test_bad_redis_options_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], words: str
+) -> None:
+    assert _main("run", EXAMPLE, "--out", str(tmp_path / "o"), *args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err
+
+
+def test_run_on_a_redis_without_live_workers_fails_fast(
+    tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:  # a worker that died a minute ago: its heartbeat entry expired
+        (now_s, _us) = client.time()
+        client.hset("asyncgraph:{lonely}:workers", "dead-worker", (now_s - 60) * 1000)
+    finally:
+        client.close()
+    out = tmp_path / "o"
+    assert _main("run", EXAMPLE, "--redis", redis_url, "--queue", "lonely", "--out", str(out)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no worker of queue 'lonely' is alive: start one with")
+    assert "asyncgraph worker --redis URL --queue lonely" in err
+    assert not out.exists()  # refused before the job started
+
+
+def test_run_on_an_unreachable_redis_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph._redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    assert _main("run", EXAMPLE, "--redis", url, "--out", str(tmp_path / "o")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot reach Redis at {url}") and "Traceback" not in err
+
+
+def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
+    tmp_path: Path, redis_url: str
+) -> None:
+    from asyncgraph.jobs._demo_cli import WORKER_IMPORTS
+    from asyncgraph.jobs._fleet import local_fleet
+
+    job_file = str(JOB_FILES / "demo_job.py")
+    env = cli_env(ASYNCGRAPH_DEMO_LATENCY_MS="5")
+    local = run_cli("run", job_file, "--out", str(tmp_path / "local"), "--no-progress", env=env)
+    assert local.returncode == 0, describe(local)
+    queue = f"ag-run-test-{uuid.uuid4().hex[:8]}"
+    saved = os.environ.get("ASYNCGRAPH_DEMO_LATENCY_MS")
+    os.environ["ASYNCGRAPH_DEMO_LATENCY_MS"] = "5"  # the workers' "demo" model
+    try:
+        with local_fleet(2, WORKER_IMPORTS, redis_url=redis_url, queue=queue):
+            remote = run_cli("run", job_file, "--redis", redis_url, "--queue", queue,
+                             "--out", str(tmp_path / "remote"), "--no-progress", env=env)
+    finally:
+        if saved is None:
+            os.environ.pop("ASYNCGRAPH_DEMO_LATENCY_MS", None)
+        else:
+            os.environ["ASYNCGRAPH_DEMO_LATENCY_MS"] = saved
+    assert remote.returncode == 0, describe(remote)
+    assert "finished after 3 step(s)" in remote.stdout
+    want, got = read_json(tmp_path / "local" / "checkpoint.json"), read_json(
+        tmp_path / "remote" / "checkpoint.json"
+    )
+    for key in ("step", "job", "initial_val_score", "parameters", "optimizer"):
+        assert got[key] == want[key], key
+    # Tokens and cost included: the workers report the usage of the calls they made.
+    assert without(got["history"], TIMING_FIELDS) == without(want["history"], TIMING_FIELDS)
+    assert got["history"][-1]["tokens"] > 0

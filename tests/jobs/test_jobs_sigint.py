@@ -5,7 +5,10 @@ without interruption (shared), once held inside step K at a given phase and sent
 SIGINT there (the job writes a marker file when it is inside the step, so the
 signal lands mid-step deterministically, without sleeps), and once resumed with
 ``--resume``. The interrupted run must exit 130 leaving the checkpoint of step
-K; the resumed run must end exactly like the uninterrupted one.
+K; the resumed run must end exactly like the uninterrupted one. Also: Ctrl-C during
+the initial validation (before any step: the step-0 checkpoint is already there,
+without the initial score, and ``--resume`` runs the validation first), and two
+Ctrl-C in a row (the second is ignored while the first one stops the job).
 
 What is compared: the final checkpoint's parameters, optimizer state (TGD's
 momentum memory: past prompts and the feedback they got), step, data position,
@@ -61,7 +64,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return ckpt
 
 
-def _interrupt_mid_step(out: Path, phase: str, step: int, logs: Path) -> tuple[int, str, str]:
+def _interrupt_mid_step(
+    out: Path, phase: str, step: int, logs: Path, *, sigints: int = 1
+) -> tuple[int, str, str]:
     marker = logs / f"marker-{phase}"
     stdout, stderr = logs / f"{phase}.out", logs / f"{phase}.err"
     env = cli_env(AG_TEST_HOLD_STEP=str(step), AG_TEST_HOLD_PHASE=phase, AG_TEST_MARKER=str(marker))
@@ -82,7 +87,8 @@ def _interrupt_mid_step(out: Path, phase: str, step: int, logs: Path) -> tuple[i
                     pytest.fail(f"the job did not reach step {step}'s {phase} within 90 s")
                 time.sleep(0.02)
             assert marker.read_text() == f"{phase} {step}\n"
-            proc.send_signal(signal.SIGINT)
+            for _ in range(sigints):  # a second one lands while the first is being handled
+                proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
@@ -92,15 +98,17 @@ def _interrupt_mid_step(out: Path, phase: str, step: int, logs: Path) -> tuple[i
 
 
 @pytest.mark.parametrize(
-    ("phase", "step"),
-    [("forward", 2), ("backward", 7), ("optimizer", 3)],
-    ids=["during-forward", "during-backward", "during-optimizer-step"],
+    ("phase", "step", "sigints"),
+    [("forward", 2, 1), ("backward", 7, 1), ("optimizer", 3, 1), ("validation", 0, 1),
+     ("backward", 4, 2)],
+    ids=["during-forward", "during-backward", "during-optimizer-step",
+         "during-the-initial-validation", "twice-during-backward"],
 )
 def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
-    tmp_path: Path, reference: dict[str, Any], phase: str, step: int
+    tmp_path: Path, reference: dict[str, Any], phase: str, step: int, sigints: int
 ) -> None:
     out = tmp_path / "run"
-    code, stdout, stderr = _interrupt_mid_step(out, phase, step, tmp_path)
+    code, stdout, stderr = _interrupt_mid_step(out, phase, step, tmp_path, sigints=sigints)
     assert code == 130, f"exit code {code}\n{stdout}\n{stderr}"
     assert "Traceback" not in stderr, stderr
     assert f"interrupted after {step} step(s)" in stdout
@@ -115,10 +123,14 @@ def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
     )
     assert read_json(out / "history.json") == {"history": ckpt["history"]}
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
+    # Interrupted before the initial validation finished: the checkpoint says it is missing.
+    want_initial = None if phase == "validation" else reference["initial_val_score"]
+    assert ckpt["initial_val_score"] == want_initial
 
     resumed = run_cli("run", JOB_FILE, "--out", str(out), "--resume")  # with progress lines
     assert resumed.returncode == 0, describe(resumed)
-    assert f"interruptible-demo: resuming at step {step}/{TOTAL_STEPS}" in resumed.stdout
+    if step:
+        assert f"interruptible-demo: resuming at step {step}/{TOTAL_STEPS}" in resumed.stdout
     assert f"interruptible-demo: step {step + 1}/{TOTAL_STEPS}" in resumed.stdout
     assert f"interruptible-demo: step {step}/{TOTAL_STEPS} " not in resumed.stdout
     assert f"finished after {TOTAL_STEPS} step(s)" in resumed.stdout

@@ -9,7 +9,9 @@ inside that step, so a test can send SIGINT knowing the step is half done:
   others are running or done; no backward yet;
 - ``backward``: the batch's feedback requests are in flight;
 - ``optimizer``: backward is done (the prompt holds its gradient) and TGD's
-  request for the new prompt is in flight.
+  request for the new prompt is in flight;
+- ``validation``: the initial validation (before step 0) is running: one of
+  its examples has made its model calls (``AG_TEST_HOLD_STEP`` must be 0).
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class Hold:
     def current_step(self) -> int:
         return (self.train_forwards - 1) // BATCH_SIZE
 
-    async def at(self, phase: str) -> None:
-        if self.step is None or phase != self.phase or self.current_step != self.step:
+    async def at(self, phase: str, *, step: int | None = None) -> None:
+        current = self.current_step if step is None else step
+        if self.step is None or phase != self.phase or current != self.step:
             return
         if not self.marker.exists():
             tmp = self.marker.with_name(self.marker.name + ".tmp")
@@ -71,7 +74,6 @@ def build_job() -> Job:
     register_model(MODEL, model)
     job, _prompt = build_demo_job(MODEL, batch_size=BATCH_SIZE, epochs=2, seed=11)
     job.name = "interruptible-demo"
-    job.models = [model]
     inner = job.forward
 
     async def forward(example: Mapping[str, Any]) -> Evaluation:
@@ -83,6 +85,8 @@ def build_job() -> Job:
         evaluation = await inner(example)
         if first_of_step:
             await hold.at("forward")
+        elif not training and hold.train_forwards == 0:
+            await hold.at("validation", step=0)  # no training step has started yet
         return evaluation
 
     job.forward = forward

@@ -1,0 +1,163 @@
+"""What ``asyncgraph run`` and ``asyncgraph demo`` share: argument types, the check that
+a Redis queue has live workers, and turning errors into one ``error: ...`` line.
+
+Exit codes: 0 done, 1 an asyncgraph error (model, Redis, backward, ...), 2 a usage
+error or a checkpoint that cannot be used, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from types import FrameType
+
+import anyio
+
+from .._exceptions import AsyncGraphError
+from ..wire import _keys as keys
+from ..wire._resp import parse_redis_url
+from ._checkpoint import CheckpointError
+from ._fleet import live_workers, no_live_workers_message
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "check_live_workers",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_int",
+    "redis_problem",
+    "run_command",
+    "usage_error",
+]
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def usage_error(message: str) -> int:
+    """Print ``error: message`` on stderr; the exit code of a usage error."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def redis_problem(url: str | None, queue: str) -> str | None:
+    """What is wrong with ``--redis URL`` / ``--queue NAME`` before connecting, or None."""
+    try:
+        keys.check_queue_name(queue)
+        if url is not None:
+            parse_redis_url(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+async def check_live_workers(url: str, queue: str, imports: Sequence[str]) -> str | None:
+    """None if ``queue`` at ``url`` has a live worker, else the error to show.
+
+    Without it a job would wait for the executor's timeout on every node before
+    saying nobody serves the queue. Raises ``RemoteConnectionError`` when Redis
+    does not answer (within 5 s).
+    """
+    if await live_workers(url, queue, timeout_s=5.0):
+        return None
+    return no_live_workers_message(queue, imports)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _report(errors: Sequence[BaseException]) -> int:
+    """Print one ``error:`` line per distinct error; the exit code for them."""
+    seen: set[str] = set()
+    for error in errors:
+        text = str(error) if isinstance(error, AsyncGraphError) else f"{type(error).__name__}: {error}"
+        if text not in seen:
+            seen.add(text)
+            print(f"error: {text}", file=sys.stderr, flush=True)
+    if all(isinstance(e, CheckpointError) for e in errors):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def _interrupted() -> int:
+    print("interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def _keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run_command(main: Callable[[], Awaitable[int]]) -> int:
+    """``anyio.run(main)``, with asyncgraph's errors and Ctrl-C as one line, not a traceback.
+
+    ``AsyncGraphError`` (and subclasses: CheckpointError exits 2, the others 1),
+    exception groups holding one, and ``KeyboardInterrupt`` (130) are reported
+    this way; anything else (a bug, in asyncgraph or in a job file) keeps its
+    traceback.
+
+    Ctrl-C outside ``run_job`` (which turns it into a clean stop) raises
+    KeyboardInterrupt where the program is, even in blocking code such as a
+    fleet's start: asyncio's runner would otherwise only cancel the main task,
+    which blocking code does not notice, and which a task group can absorb.
+    """
+    install = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _keyboard_interrupt) if install else None
+    try:
+        return anyio.run(main)
+    except KeyboardInterrupt:
+        return _interrupted()
+    except AsyncGraphError as exc:
+        return _report([exc])
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return _interrupted()
+        if not any(isinstance(leaf, AsyncGraphError) for leaf in leaves):
+            raise
+        return _report(leaves)
+    finally:
+        if install:
+            signal.signal(signal.SIGINT, previous)
