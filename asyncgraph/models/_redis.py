@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio.to_thread
 import redis
@@ -19,20 +18,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
 from asyncgraph.models._exceptions import ModelBackendError
+from asyncgraph.wire._resp import redact_url
 
 __all__ = ["RedisHandle", "redact_url"]
 
 T = TypeVar("T")
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
 
 
 class RedisHandle:
