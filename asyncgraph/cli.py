@@ -14,7 +14,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 # name -> (module, help). Each module defines ``add_arguments(parser)`` and
-# ``run(args) -> int``; imported only when its subcommand is used.
+# ``run(args) -> int``; only the module of the subcommand being run is imported.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("asyncgraph.worker._cli", "serve remote backwards from a Redis queue"),
     "demo": ("asyncgraph.jobs._demo_cli", "run the shipped prompt-optimization demo"),
@@ -22,27 +22,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``asyncgraph`` parser; only ``command``'s module is imported (for its options)."""
     parser = argparse.ArgumentParser(
         prog="asyncgraph", description="Async autodiff for slow functions (textual gradients)."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if not exc.name or not module_name.startswith(exc.name):
-                raise
-            continue  # subcommand not built in this version
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub_parser)
-        sub_parser.set_defaults(_run=module.run)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
+    args = parser.parse_args(args_list)
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2

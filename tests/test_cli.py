@@ -1,0 +1,43 @@
+"""The ``asyncgraph`` command: subcommands listed, and only the one being run is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run(*code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_help_lists_every_subcommand() -> None:
+    done = subprocess.run([sys.executable, "-m", "asyncgraph", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0
+    for name in ("worker", "demo", "run"):
+        assert name in done.stdout
+
+
+def test_a_subcommand_imports_only_its_own_module() -> None:
+    done = run(
+        "import sys",
+        "from asyncgraph.cli import build_parser",
+        "build_parser('worker').parse_args(['worker', '--help'])",
+    )
+    assert done.returncode == 0, done.stderr  # argparse exits 0 after --help
+    check = run(
+        "import sys",
+        "from asyncgraph.cli import build_parser",
+        "build_parser('worker')",
+        "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.jobs')))",
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip() == "[]"
+
+
+def test_no_command_prints_help_and_exits_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "asyncgraph"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "COMMAND" in done.stdout
