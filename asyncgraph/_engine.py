@@ -177,6 +177,10 @@ class Engine:
         self._accumulate = True
         self._error: BaseException | None = None
         self._ran: list[Node] = []
+        # Slow nodes waiting for a task, and the runner tasks that take them.
+        self._slow: deque[WorkItem] = deque()
+        self._runners_starting = 0
+        self._runners_alive = 0
         self._tg: anyio.abc.TaskGroup | None = None
 
     # -- planning -------------------------------------------------------------
@@ -348,12 +352,46 @@ class Engine:
                 if keep is None:
                     keep = item
                 else:
-                    self._spawn(self._work, item)
+                    self._slow.append(item)
             since_yield += 1
             if since_yield >= _YIELD_EVERY:
                 since_yield = 0
                 await anyio.lowlevel.checkpoint()
+        if self._slow:
+            self._grow()
         return keep if self._error is None else None
+
+    def _grow(self) -> None:
+        """Start runner tasks for waiting slow nodes, doubling the pool while it is short.
+
+        A runner takes slow nodes one after another. New runners are started only
+        when none is still starting: nodes that never suspend are then run by the
+        few runners there are (no task per node), while nodes that wait (an LLM
+        call) make every runner busy, so the pool doubles each time a runner
+        starts until every waiting node has one.
+        """
+        if self._runners_starting:
+            return
+        want = min(len(self._slow), max(2, self._runners_alive))
+        for _ in range(want):
+            self._runners_starting += 1
+            self._runners_alive += 1
+            self._spawn(self._runner)
+
+    async def _runner(self) -> None:
+        self._runners_starting -= 1
+        try:
+            ran = 0
+            while self._slow and self._error is None:
+                item = self._slow.popleft()
+                if self._slow:
+                    self._grow()
+                await self._work(item)
+                ran += 1
+                if ran % _YIELD_EVERY == 0:
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            self._runners_alive -= 1
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         assert self._tg is not None

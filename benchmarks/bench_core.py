@@ -202,7 +202,7 @@ async def main(args: argparse.Namespace) -> None:
     asy = await chain_overhead(AsyncNop, n)
     print(f"   {'asyncgraph async no-op':28s} {asy[0]:11.2f} us {asy[1]:12.0f} B {asy[2]:11.0f} B")
     wide = await wide_overhead(n)
-    print(f"   {'asyncgraph async no-op, wide':28s} {wide:11.2f} us   (side by side: one task per node)")
+    print(f"   {'asyncgraph async no-op, wide':28s} {wide:11.2f} us   (side by side: run by a pool of runner tasks)")
     torch_row = torch_chain(n)
     if torch_row is None:
         print("   torch not installed: pip install -e '.[bench]' to compare")

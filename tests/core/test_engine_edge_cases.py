@@ -281,3 +281,34 @@ async def test_graph_order_makes_concurrently_built_graphs_deterministic(
 def test_graph_order_keys_are_ints() -> None:
     with pytest.raises(TypeError, match="ints"), graph_order("a"):  # type: ignore[arg-type]
         pass
+
+
+class Barrier(Function):
+    """Async backward that waits until every one of its kind has started."""
+
+    total = 0
+    started = 0
+    all_started: anyio.Event | None = None
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> Variable:
+        assert Barrier.all_started is not None
+        Barrier.started += 1
+        if Barrier.started == Barrier.total:
+            Barrier.all_started.set()
+        with anyio.fail_after(10):  # only trips if the nodes do not all run at once
+            await Barrier.all_started.wait()
+        return g
+
+
+@pytest.mark.anyio
+async def test_hundreds_of_waiting_nodes_all_run_at_once() -> None:
+    Barrier.total, Barrier.started, Barrier.all_started = 300, 0, anyio.Event()
+    x = Parameter(1.0)
+    outs = [Barrier.apply(x) for _ in range(300)]
+    await backward(outs, [1.0] * 300)
+    assert x.grad is not None and x.grad.data == 300.0
