@@ -10,7 +10,24 @@ from asyncgraph import Function, Variable
 
 
 class Noop(Function):
-    """The cheapest remote node: the gradient passes through."""
+    """The cheapest remote node: the gradient passes through, on the worker's event loop.
+
+    Async on purpose: a worker runs every synchronous backward in a thread (see SyncNoop).
+    """
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Variable:
+        return grad
+
+
+class SyncNoop(Function):
+    """The same with a synchronous backward: it runs in one of the worker's threads."""
 
     dispatch = "remote"
 

@@ -3,13 +3,19 @@
 Client side of the worker protocol (keys in ``asyncgraph.wire._keys``, messages
 in ``asyncgraph.wire._schema``). One executor owns, in its task group:
 
-- a *flusher*: remote nodes made ready in the same event-loop tick are XADDed
-  to the task stream in one pipelined round trip; cancellations ride along;
+- a *flusher*: remote nodes made ready together are XADDed to the task stream
+  in one pipelined round trip (it waits until submissions stop arriving for two
+  event-loop checkpoints, so the engine's runners that start a wide level of
+  ready nodes over a few ticks all make the same trip; at most 1,024 tasks per
+  trip); cancellations ride along;
 - a *listener*: one blocking XREAD on this client's reply stream that resolves
   the waiting nodes; a reply for a task already resolved (a task that ran
-  twice) is ignored, so every task is joined exactly once;
+  twice) is ignored, so every task is joined exactly once; a reply it cannot
+  accept (forged, malformed, too big) fails its task at once when the task id
+  can be read;
 - a *deadline watcher*: a node gets its reply within ``timeout_s`` or raises
-  ``RemoteTimeoutError`` (and its task is cancelled on the workers).
+  ``RemoteTimeoutError`` with a diagnosis (taken before its task is cancelled
+  on the workers).
 
 Every wait has a deadline: a Redis that is unreachable or goes away fails the
 waiting nodes with ``RemoteConnectionError`` within ``redis_timeout_s``.
@@ -54,9 +60,16 @@ from ..wire._payload import (
     remote_name,
     var_from_entry,
 )
-from ..wire._resp import Connection, Pool, RedisConnectionLost, ReplyError, parse_redis_url
-from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode
-from ..wire._signing import Signer
+from ..wire._resp import (
+    Connection,
+    Oversize,
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+)
+from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode, peek_ids
+from ..wire._signing import SECRET_ENV, Signer, secret_from_env
 from ._base import Executor
 from ._local import LocalExecutor
 
@@ -69,6 +82,12 @@ log = logging.getLogger("asyncgraph.executors.redis")
 
 _READ_COUNT = 1024
 _BLOCK_MS = 2000
+_DEAD_LOOKBACK = 200  # dead letters read by a timeout diagnosis
+# ... without their original messages (up to 64 KiB each): bulks above this are skipped
+# unread; error texts (at most 32 KiB) are read.
+_DIAGNOSIS_MAX_BULK = 40_000
+_SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
+_MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
 
 
 class _RemoteTraceback(Exception):
@@ -144,12 +163,12 @@ class RedisExecutor:
         self._run_id = run_id
         self._task_stream = keys.task_stream(queue)
         self._reply_stream = keys.reply_stream(queue, self.client_id)
+        self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
-        self._flushing = 0
         self._closed = False
 
     # -- Executor protocol -------------------------------------------------------
@@ -246,10 +265,7 @@ class RedisExecutor:
         self.stats.submitted += 1
         # No cancel scope per node: the deadline watcher expires waits in submission order.
         try:
-            if self._flushing:
-                self._flush_wanted.set()  # joins the flusher's next round trip
-            else:
-                await self._flush_now()  # nothing in flight: send at once (one hop sooner)
+            self._flush_wanted.set()  # the flusher sends it with the others of this tick
             await pending.event.wait()
         except BaseException:
             self._cancel(pending)
@@ -265,10 +281,15 @@ class RedisExecutor:
         output_roles = node.output_roles if node is not None else ()
         where = {"function": fn.__name__, "input_roles": input_roles, "output_roles": output_roles}
         if pending.timed_out:
+            try:
+                # Asked before the task is cancelled (which deletes it from the stream), so
+                # the diagnosis sees where it was: queued, being processed, or gone.
+                diagnosis = await self._diagnose(pending)
+            finally:
+                self._send_cancel(pending)
             raise RemoteTimeoutError(
                 f"{describe}: no reply from the workers of queue {self.queue!r} within "
-                f"{self.timeout_s:g}s (task {task_id}, function {name!r}); "
-                f"{await self._diagnose()}",
+                f"{self.timeout_s:g}s (task {task_id}, function {name!r}); {diagnosis}",
                 **where,  # type: ignore[arg-type]
             )
         if pending.error is not None:
@@ -300,29 +321,38 @@ class RedisExecutor:
                 if oldest.deadline > now:
                     wake = oldest.deadline
                     break
-                self._cancel(oldest)
+                # Not cancelled yet: its waiter diagnoses first, then cancels it.
+                del self._pending[oldest.task_id]
                 oldest.timed_out = True
                 oldest.event.set()
             await anyio.sleep(max(wake - now, 0.001))
 
     def _cancel(self, pending: _Pending) -> None:
         """Forget a task this client stopped waiting for and tell the workers (off the caller's path)."""
-        if self._pending.pop(pending.task_id, None) is None:
-            return
+        if self._pending.pop(pending.task_id, None) is not None:
+            self._send_cancel(pending)
+
+    def _send_cancel(self, pending: _Pending) -> None:
         pending.cancelled = True
         self.stats.cancelled += 1
         if not self._closed:
             self._cancels.append(pending)
             self._flush_wanted.set()
 
-    async def _diagnose(self) -> str:
-        """Why a reply may be missing: how many workers sent a heartbeat lately, queue length."""
+    async def _diagnose(self, pending: _Pending) -> str:
+        """Why a reply may be missing: live workers, where the task is, this client's dead letters."""
+        entry = pending.entry_id
+        commands: list[list[Any]] = [
+            ["TIME"], ["HGETALL", keys.workers_hash(self.queue)], ["XLEN", self._task_stream],
+            ["XREVRANGE", keys.dead_stream(self.queue), "+", "-", "COUNT", _DEAD_LOOKBACK],
+        ]
+        if entry is not None:
+            commands += [["XPENDING", self._task_stream, keys.GROUP, entry, entry, 1],
+                         ["XRANGE", self._task_stream, entry, entry]]
         try:
-            now, beats, length, pending = await self._pool.pipeline(
-                [["TIME"], ["HGETALL", keys.workers_hash(self.queue)],
-                 ["XLEN", self._task_stream], ["XPENDING", self._task_stream, keys.GROUP]],
-                timeout_s=min(self._pool.timeout_s, 2.0),
-            )
+            replies = await self._pool.pipeline(
+                commands, timeout_s=min(self._pool.timeout_s, 2.0), max_bulk=_DIAGNOSIS_MAX_BULK)
+            now, beats, length, dead = replies[:4]
             now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
             alive = sum(
                 1 for expiry in (beats[1::2] if isinstance(beats, list) else ())
@@ -330,38 +360,82 @@ class RedisExecutor:
             )
         except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
             return f"could not ask Redis why ({type(exc).__name__}: {exc})"
-        in_progress = pending[0] if isinstance(pending, list) else 0
+        parts: list[str] = []
         if alive == 0:
-            return (
+            parts.append(
                 f"no worker of queue {self.queue!r} is alive: start one with `asyncgraph worker "
-                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)"
-            )
+                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)")
+        else:
+            where = ""
+            if entry is not None and not any(isinstance(r, ReplyError) for r in replies[4:]):
+                held, queued = replies[4], replies[5]
+                if held:
+                    _, consumer, idle_ms, deliveries = held[0]
+                    where = (f"task {pending.task_id} is being processed by worker "
+                             f"{bytes(consumer).decode(errors='replace')} (delivered "
+                             f"{int(deliveries)} time(s), lease renewed {int(idle_ms)} ms ago): ")
+                elif queued:
+                    where = f"task {pending.task_id} is still waiting in the stream: "
+                else:
+                    where = (f"task {pending.task_id} is no longer in the stream (answered, "
+                             f"dead-lettered or deleted) but its reply did not arrive: ")
+            parts.append(
+                f"{where}{alive} worker(s) alive, {length} task(s) in the stream; the workers "
+                f"are busy or the function is slower than the timeout")
+        parts += self._dead_letter_hints(dead)
         rejected = self.stats.rejected_replies
-        return (
-            f"{alive} worker(s) alive, {length} task(s) in the stream, {in_progress} being "
-            f"processed: the workers are busy or the function is slower than the timeout"
-            + (f"; {rejected} repl(ies) were rejected as unsigned or forged: do the client "
-               f"and the workers share the same secret?" if rejected else "")
-        )
+        if rejected:
+            parts.append(f"{rejected} repl(ies) to this client were rejected (see the log)")
+        return "; ".join(parts)
+
+    def _dead_letter_hints(self, dead: Any) -> list[str]:
+        """What the recent dead letters of this client's tasks say (forged: the secret)."""
+        reasons: dict[str, list[str]] = {}
+        for _entry_id, fields in dead if isinstance(dead, list) else ():
+            data = dict(zip(fields[::2], fields[1::2], strict=False))
+            if data.get(keys.F_CLIENT) != self.client_id.encode():
+                continue
+            reason = data.get(keys.F_REASON)
+            error = data.get(keys.F_ERROR)
+            if isinstance(reason, bytes):
+                reasons.setdefault(reason.decode(errors="replace"), []).append(
+                    error.decode(errors="replace") if isinstance(error, bytes) else "")
+        hints = []
+        forged = reasons.pop(keys.REASON_FORGED, [])
+        if forged:
+            if self._signer.enabled:
+                fix = (f"this client signs with another secret than the workers: give both the "
+                       f"same {SECRET_ENV}")
+            else:
+                fix = (f"the workers require signed tasks and this client has no secret: pass "
+                       f"secret= to open_redis_executor or set {SECRET_ENV} to the workers' value")
+            hints.append(f"{len(forged)} task(s) of this client were dead-lettered as unsigned or "
+                         f"forged ({forged[0]}): {fix}")
+        for reason, errors in sorted(reasons.items()):
+            hints.append(f"{len(errors)} task(s) of this client were dead-lettered ({reason}: "
+                         f"{errors[0][:300]})")
+        return hints
 
     # -- background tasks -----------------------------------------------------------
     async def _flusher(self) -> None:
         while True:
-            # Nodes submitted while a round trip is in flight wake this task: they all
-            # go in the next one (a node submitted when none is in flight goes at once).
             await self._flush_wanted.wait()
-            self._flush_wanted = anyio.Event()
-            await self._flush_now()
-
-    async def _flush_now(self) -> None:
-        # Shielded (and bounded by the pool's deadline): a flush cut in the middle would
-        # lose the tasks or cancellations it carries.
-        self._flushing += 1
-        try:
+            # The engine starts a wide level of ready nodes over a few ticks (its runner
+            # pool doubles each tick): wait until submissions stop for two checkpoints so
+            # they all go in one round trip (a few loop iterations, microseconds). Two, not
+            # one: trio runs each batch of tasks in either order. A level wider than
+            # _MAX_BATCH goes in several, the first leaving while the rest are submitted.
+            size, quiet = len(self._outbox) + len(self._cancels), 0
+            while quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
+                await anyio.lowlevel.checkpoint()
+                now = len(self._outbox) + len(self._cancels)
+                quiet = quiet + 1 if now == size else 0
+                size = now
+            self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
+            # Shielded (and bounded by the pool's deadline): a flush cut in the middle
+            # would lose the tasks or cancellations it carries.
             with anyio.CancelScope(shield=True):
                 await self._flush()
-        finally:
-            self._flushing -= 1
 
     async def _flush(self, *, timeout_s: float | None = None) -> None:
         outbox = [p for p in self._outbox if not p.cancelled]
@@ -369,7 +443,8 @@ class RedisExecutor:
         cancels = [p for p in self._cancels if p.sent]
         self._outbox, self._cancels = [], []
         commands: list[list[Any]] = [
-            ["XADD", self._task_stream, "*", keys.F_MESSAGE, p.packed, keys.F_SIGNATURE, p.signature]
+            ["XADD", self._task_stream, "*", keys.F_MESSAGE, p.packed, keys.F_SIGNATURE, p.signature,
+             keys.F_CLIENT_HINT, self.client_id]
             for p in outbox
         ]
         for p in outbox:
@@ -440,13 +515,17 @@ class RedisExecutor:
                     commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
                 commands.append(["XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
                                  "STREAMS", self._reply_stream, last_id])
+                limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
                 try:
-                    with anyio.fail_after(_BLOCK_MS / 1000 + self._pool.timeout_s):
-                        replies = await conn.pipeline(commands)
+                    with anyio.fail_after(limit_s):
+                        replies = await conn.pipeline(commands, max_bulk=self._max_bulk)
                     if isinstance(replies[-1], ReplyError):
                         raise RedisConnectionLost(f"XREAD of the reply stream failed: {replies[-1]}")
                 except (RedisConnectionLost, TimeoutError) as exc:
-                    log.warning("reply listener of queue %r: %s", self.queue, exc or "timeout")
+                    what = str(exc) if isinstance(exc, RedisConnectionLost) else (
+                        f"Redis at {self._pool.address.display} did not answer the blocking "
+                        f"read of the reply stream within {limit_s:g}s")
+                    log.warning("reply listener of queue %r: %s; reconnecting", self.queue, what)
                     self.stats.reconnects += 1
                     await conn.aclose()
                     conn = None  # reconnect at once; if that fails, the waiting nodes fail
@@ -482,16 +561,21 @@ class RedisExecutor:
             if pending.sent:
                 self._fail(pending, self._connection_error(exc, doing))
 
-    def _on_reply(self, fields: list[bytes]) -> None:
+    def _on_reply(self, fields: list[Any]) -> None:
         data = dict(zip(fields[::2], fields[1::2], strict=False))
+        packed = data.get(keys.F_MESSAGE)
         try:
-            message = decode(data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE),
-                             self._signer, self.queue, self._limits)
+            if isinstance(packed, Oversize):
+                raise WireError(
+                    f"the reply is {packed.size} bytes, above this client's limit of "
+                    f"{self._limits.max_message_bytes} (it was not read); raise "
+                    f"limits=Limits(max_message_bytes=...) here or return less data")
+            message = decode(packed, data.get(keys.F_SIGNATURE), self._signer, self.queue,
+                             self._limits)
             if not isinstance(message, ReplyMessage) or message.client != self.client_id:
                 raise WireError("not a reply to this client")
         except WireError as exc:
-            self.stats.rejected_replies += 1
-            log.warning("rejected a reply on queue %r: %s", self.queue, exc)
+            self._on_rejected_reply(data, packed, exc)
             return
         pending = self._pending.pop(message.id, None)
         if pending is None:
@@ -499,6 +583,30 @@ class RedisExecutor:
             return
         pending.reply = message
         pending.event.set()
+
+    def _on_rejected_reply(self, data: dict[Any, Any], packed: Any, exc: WireError) -> None:
+        """Count and log a reply this client refuses; fail its task now if it can be named."""
+        self.stats.rejected_replies += 1
+        task_id: str | None = None
+        hint = data.get(keys.F_TASK_HINT)
+        if isinstance(hint, bytes):
+            task_id = hint.decode(errors="replace")
+        else:
+            ids = peek_ids(packed, self.queue, "reply")
+            if ids is not None and ids[0] == self.client_id:
+                task_id = ids[1]
+        pending = self._pending.get(task_id) if task_id is not None else None
+        log.warning("rejected a reply on queue %r%s: %s", self.queue,
+                    f" for task {task_id}" if task_id else "", exc)
+        if pending is None:
+            return
+        if "signature" in str(exc) or "unsigned" in str(exc):
+            advice = (f"; the client and the workers must share one secret (secret= here, "
+                      f"{SECRET_ENV} on both sides)")
+        else:
+            advice = ""
+        self._fail(pending, RemoteError(
+            f"its reply from the workers of queue {self.queue!r} was rejected: {exc}{advice}"))
 
     async def _close(self) -> None:
         """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
@@ -583,7 +691,9 @@ async def open_redis_executor(
     """Open a :class:`RedisExecutor` on ``url`` / ``queue`` for the block's duration.
 
     ``secret``: shared with the workers (``--secret`` / ``ASYNCGRAPH_SECRET``);
-    tasks are signed and replies must be. ``timeout_s``: how long one remote
+    tasks are signed and replies must be. None (the default) reads
+    ``ASYNCGRAPH_SECRET`` from the environment when it is set; ``""`` disables
+    signing explicitly. ``timeout_s``: how long one remote
     node may take from submission to reply (also its deadline on the workers).
     ``redis_timeout_s``: bound on every Redis call; an unreachable Redis raises
     ``RemoteConnectionError`` here, and one lost mid-pass fails the waiting
@@ -599,7 +709,9 @@ async def open_redis_executor(
     keys.check_queue_name(queue)
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    signer = Signer(secret)
+    if secret is None:
+        secret = secret_from_env()
+    signer = Signer(secret or None)  # "" (or b""): explicitly unsigned
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=redis_timeout_s)
     executor = RedisExecutor(

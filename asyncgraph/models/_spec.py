@@ -14,6 +14,16 @@ is configured without code:
     ``memory``, ``disk:/some/dir`` or ``redis://...`` (``rediss://``): a response cache,
     shared by the spec-built models of this process (and with ``disk:`` / ``redis://``, by
     every process using the same store). ``off`` or unset: no cache.
+
+**Allowed base URLs.** A worker builds models from specs that arrive in tasks, with its
+own API key (``OPENAI_API_KEY``): a ``base_url`` taken from a task would send that key
+wherever the task says. So a worker calls ``restrict_base_urls(urls)`` when it starts:
+from then on ``parse_model_spec`` (and ``asyncgraph.text.resolve_model``) accept a
+``base_url`` only if it is the default OpenAI URL, this process's ``OPENAI_BASE_URL``,
+or one of ``urls`` (``asyncgraph worker --allow-base-url URL``, or
+``ASYNCGRAPH_ALLOWED_BASE_URLS``), and raise ``ModelConfigError`` naming the URL and
+how to allow it otherwise. A process that never calls it (an application) is not
+restricted.
 """
 
 from __future__ import annotations
@@ -21,23 +31,29 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._exceptions import ModelConfigError
-from asyncgraph.models._openai import OpenAIChat
+from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
 from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
 
 __all__ = [
+    "ENV_ALLOWED_BASE_URLS",
     "ENV_CACHE",
     "ENV_RATE_REDIS",
     "ENV_RPM",
     "ENV_TPM",
+    "BaseUrlRestriction",
+    "check_base_url",
     "model_options_from_env",
+    "normalize_base_url",
     "parse_model_spec",
+    "restrict_base_urls",
 ]
 
 _FORMS = "'simulated', 'simulated:LATENCY_S' or 'openai:MODEL' (e.g. 'openai:gpt-4o-mini')"
@@ -46,6 +62,7 @@ ENV_RPM = "ASYNCGRAPH_MODEL_RPM"
 ENV_TPM = "ASYNCGRAPH_MODEL_TPM"
 ENV_RATE_REDIS = "ASYNCGRAPH_MODEL_RATE_REDIS"
 ENV_CACHE = "ASYNCGRAPH_MODEL_CACHE"
+ENV_ALLOWED_BASE_URLS = "ASYNCGRAPH_ALLOWED_BASE_URLS"
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _CACHE_FORMS = "'memory', 'disk:/path/to/dir', 'redis://host:6379/0' (or rediss://) or 'off'"
@@ -160,6 +177,79 @@ def model_options_from_env(
     return options
 
 
+# -- allowed base URLs (a worker's guard for its API key) ---------------------------------
+# Process-wide on purpose: the API key it protects is the process's. Each active
+# restriction (one per worker serving in this process) adds its URLs.
+_restrictions: dict[int, frozenset[str]] = {}
+
+
+def normalize_base_url(url: str) -> str:
+    """``url`` as compared with the allowed ones: scheme and host lower-cased, no trailing /.
+
+    Raises ``ValueError`` unless it is an absolute ``http://`` or ``https://`` URL.
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"base URL {url!r} is not an http:// or https:// URL")
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"),
+                       parts.query, parts.fragment))
+
+
+class BaseUrlRestriction:
+    """Handle of ``restrict_base_urls``; ``remove()`` lifts this restriction."""
+
+    def __init__(self, allowed: frozenset[str]) -> None:
+        self.allowed = allowed
+        with _lock:
+            _restrictions[id(self)] = allowed
+
+    def remove(self) -> None:
+        with _lock:
+            _restrictions.pop(id(self), None)
+
+
+def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
+    """Allow only these base URLs (plus the default OpenAI URL and ``OPENAI_BASE_URL``).
+
+    Called by a worker when it starts serving; returns a handle whose ``remove()``
+    lifts the restriction (when the worker stops). While several are active (several
+    workers in one process), a URL allowed by any of them is allowed. Raises
+    ``ValueError`` for a URL that is not ``http(s)://host...``.
+    """
+    allowed = {normalize_base_url(DEFAULT_BASE_URL)}
+    own = os.environ.get("OPENAI_BASE_URL", "").strip()
+    if own:
+        allowed.add(normalize_base_url(own))
+    allowed.update(normalize_base_url(url) for url in urls)
+    return BaseUrlRestriction(frozenset(allowed))
+
+
+def check_base_url(base_url: str | None) -> None:
+    """Raise ``ModelConfigError`` if this process is restricted and ``base_url`` is not allowed."""
+    if base_url is None:
+        return
+    with _lock:
+        if not _restrictions:
+            return
+        allowed = frozenset().union(*_restrictions.values())
+    try:
+        normalized = normalize_base_url(base_url)
+    except ValueError:
+        normalized = None
+    if normalized in allowed:
+        return
+    raise ModelConfigError(
+        f"base_url {base_url!r} is not allowed in this process: a worker sends its own API "
+        f"key to a model's base URL, so it only uses the URLs its operator allows "
+        f"(allowed: {', '.join(sorted(allowed))}). To allow this one, start the workers "
+        f"with --allow-base-url {base_url} (or add it to {ENV_ALLOWED_BASE_URLS}, "
+        f"comma-separated); or register a model under a name in a module the workers "
+        f"import and pass that name",
+        variable=ENV_ALLOWED_BASE_URLS,
+        value=base_url,
+    )
+
+
 def parse_model_spec(
     spec: str, *, base_url: str | None = None, api_key: str | None = None, **options: Any
 ) -> BaseChatModel:
@@ -196,6 +286,7 @@ def parse_model_spec(
         _env_defaults(options, SIMULATED_MODEL_NAME)
         return SimulatedModel(**options)
     if provider == "openai" and rest.strip():
+        check_base_url(base_url)
         name = rest.strip()
         _env_defaults(options, name)
         return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)

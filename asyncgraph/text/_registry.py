@@ -12,7 +12,9 @@ to a model of its own:
    API keys, rate limit and cache come from the process's environment:
    ``OPENAI_API_KEY``, ``ASYNCGRAPH_MODEL_RPM`` / ``_TPM`` / ``_RATE_REDIS`` /
    ``_CACHE``), and the process keeps it for the next call with the same spec
-   and base_url.
+   and base_url. A worker only accepts a ``base_url`` that its operator allows
+   (``asyncgraph worker --allow-base-url``; see ``asyncgraph.models._spec``):
+   any other raises ``ModelConfigError`` naming the URL.
 
 **Distributed backward: pass a spec string, not a model object.** Passing a
 model *instance* to a text function works in-process: it is registered under a
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from asyncgraph.models import ChatModel, ModelConfigError, parse_model_spec
+from asyncgraph.models._spec import check_base_url
 from asyncgraph.text._exceptions import UnknownModelError
 
 __all__ = [
@@ -186,6 +189,9 @@ def resolve_model(spec: str, base_url: str | None = None) -> ChatModel:
             model = table.get(spec)
             if model is not None:
                 return model
+        # A worker allows only some base URLs (its API key goes there): checked before
+        # the cache too, as a model built earlier may predate the restriction.
+        check_base_url(base_url)
         key = (spec, base_url)
         model = _built.get(key)
         if model is not None:

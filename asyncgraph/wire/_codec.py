@@ -1,15 +1,19 @@
 """msgpack, with limits, for everything that crosses a process boundary.
 
 ``pack(obj)`` accepts None, bool, int (64-bit), float, str, bytes, list, tuple,
-dict with str keys, and (when numpy is installed) numpy arrays and scalars of a
-whitelisted numeric dtype. Anything else raises ``TypeError`` naming where it
-sits (``check_packable`` finds the offending path). Tuples stay tuples.
+dict whose keys are str or int, and (when numpy is installed) numpy arrays and
+scalars of a whitelisted numeric dtype, in either byte order and of any shape
+(0-d included): they come back with the same shape, dtype and bytes. numpy
+strings (``np.str_``, ``np.bytes_``) travel as str and bytes. Anything else
+raises ``TypeError`` naming where it sits (``check_packable`` finds the
+offending path). Tuples stay tuples.
 
 ``unpack(data, limits)`` rejects, with ``WireError`` and the reason, a message
 larger than ``limits.max_message_bytes``, any string or binary longer than
 ``limits.max_str_len``, containers longer than ``limits.max_container_len``,
-nesting deeper than ``limits.max_depth``, unknown extension types and numpy
-dtypes outside the whitelist. Arrays are rebuilt with ``numpy.frombuffer``;
+nesting deeper than ``limits.max_depth``, map keys other than str and int (the
+same rule as ``pack``), unknown extension types and numpy dtypes outside the
+whitelist. Arrays are rebuilt with ``numpy.frombuffer``;
 nothing is ever unpickled or imported by name.
 """
 
@@ -29,11 +33,18 @@ EXT_TUPLE = 1
 EXT_NDARRAY = 2
 EXT_NPSCALAR = 3
 
-# Plain numeric dtypes only ('O' object arrays would need pickle); little-endian or byte-free.
+# Plain numeric dtypes only ('O' object arrays would need pickle), in either byte order:
+# an array comes back with the byte order it was sent with.
 _DTYPES = frozenset(
-    {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8",
-     "<c8", "<c16"}
+    {"|b1", "|i1", "|u1"}
+    | {order + code for order in "<>"
+       for code in ("i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")}
 )
+# Map keys that travel (both sides check): msgpack can carry others, but a float or
+# tuple key would come back as something else, or not at all.
+_KEY_TYPES = frozenset({str, int})
+# Values whose type alone says they hold no map: a list of these needs no key check.
+_FLAT = frozenset({str, int, float, bool, bytes, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +82,15 @@ def _default(obj: Any) -> Any:
         numpy = _numpy()
         if numpy is not None:
             if isinstance(obj, numpy.ndarray):
-                dtype = _wire_dtype(obj.dtype, numpy)
-                arr = numpy.ascontiguousarray(obj, dtype=dtype)
-                body = _packb([dtype.str, list(arr.shape), arr.tobytes()])
+                dtype = _wire_dtype(obj.dtype)
+                # tobytes() is C order whatever the layout; shape and byte order are kept
+                # (not ascontiguousarray, which turns a 0-d array into shape (1,)).
+                body = _packb([dtype.str, list(obj.shape), obj.tobytes()])
                 return msgpack.ExtType(EXT_NDARRAY, body)
+            if isinstance(obj, (numpy.str_, numpy.bytes_)):
+                return str(obj) if isinstance(obj, str) else bytes(obj)
             if isinstance(obj, numpy.generic):
-                dtype = _wire_dtype(obj.dtype, numpy)
+                dtype = _wire_dtype(obj.dtype)
                 body = _packb([dtype.str, numpy.asarray(obj, dtype=dtype).tobytes()])
                 return msgpack.ExtType(EXT_NPSCALAR, body)
     # Subclasses (IntEnum, str subclasses, OrderedDict...) travel as their base type.
@@ -95,9 +109,7 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot serialize {kind.__name__} ({obj!r:.60}) to msgpack")
 
 
-def _wire_dtype(dtype: Any, numpy: Any) -> Any:
-    if dtype.byteorder == ">":
-        dtype = dtype.newbyteorder("<")
+def _wire_dtype(dtype: Any) -> Any:
     if dtype.str not in _DTYPES:
         raise TypeError(
             f"numpy dtype {dtype!s} cannot cross the wire (allowed: bool, ints, floats, complex)"
@@ -111,10 +123,41 @@ def _packb(obj: Any) -> bytes:
 
 def pack(obj: Any) -> bytes:
     """Serialize ``obj``; raise ``TypeError`` (naming the type) if it cannot travel."""
+    _check_keys(obj)
     try:
         return _packb(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(str(exc)) from None
+
+
+def _bad_key(key: Any) -> bool:
+    return type(key) not in _KEY_TYPES and not (isinstance(key, (str, int)) and not isinstance(key, bool))
+
+
+def _check_keys(obj: Any) -> None:
+    """Raise ``TypeError`` for a map key that is not a str or an int (bool is not an int here).
+
+    Only containers are walked, and the keys, or the values, of a container that
+    are all plain are checked in C (``issuperset(map(type, ...))``), so a message
+    costs a few microseconds and a long numeric list little more.
+    """
+    stack = [obj]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        value = pop()
+        if isinstance(value, dict):
+            if not _KEY_TYPES.issuperset(map(type, value)):
+                for key in value:
+                    if _bad_key(key):
+                        raise TypeError(
+                            f"map key {key!r:.60} ({type(key).__name__}) cannot travel: keys "
+                            f"must be str or int"
+                        )
+            values = value.values()
+            if not _FLAT.issuperset(map(type, values)):
+                push(values)
+        elif isinstance(value, (list, tuple)) and not _FLAT.issuperset(map(type, value)):
+            push(value)
 
 
 def check_packable(obj: Any, where: str) -> None:
@@ -126,8 +169,11 @@ def check_packable(obj: Any, where: str) -> None:
             stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
         elif isinstance(value, dict):
             for key, item in value.items():
-                if not isinstance(key, str):
-                    raise TypeError(f"{path} has a non-str key {key!r:.60}; msgpack maps need str keys")
+                if _bad_key(key):
+                    raise TypeError(
+                        f"{path} has a key {key!r:.60} of type {type(key).__name__}; map keys "
+                        f"must be str or int to cross the wire"
+                    )
                 stack.append((item, f"{path}[{key!r}]"))
         else:
             try:
@@ -175,7 +221,7 @@ def _unpackb(data: bytes, limits: Limits, depth: int) -> Any:
         data,
         raw=False,
         use_list=True,
-        strict_map_key=True,
+        strict_map_key=False,  # int keys are allowed; _check_depth refuses other types
         ext_hook=ext_hook,
         max_str_len=limits.max_str_len,
         max_bin_len=limits.max_str_len,
@@ -199,7 +245,7 @@ def _ndarray(body: Any) -> Any:
             and isinstance(body[2], bytes)):
         raise WireError("malformed numpy array extension")
     numpy, dtype = _dtype(body[0])
-    shape = body[1]
+    shape = tuple(body[1])
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise WireError(f"malformed numpy array shape {shape!r:.60}")
     if math.prod(shape) * dtype.itemsize != len(body[2]):
@@ -227,4 +273,10 @@ def _check_depth(value: Any, max_depth: int) -> None:
         elif isinstance(item, dict):
             if depth >= max_depth:
                 raise WireError(f"message nests deeper than {max_depth} levels")
+            if not _KEY_TYPES.issuperset(map(type, item)):
+                key = next(k for k in item if type(k) not in _KEY_TYPES)
+                raise WireError(
+                    f"map key {key!r:.60} ({type(key).__name__}) is not allowed: keys must be "
+                    f"str or int"
+                )
             stack.extend((x, depth + 1) for x in item.values() if isinstance(x, (list, tuple, dict)))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "BULK_MARGIN",
     "CANCEL_MAXLEN",
     "DEAD_MAXLEN",
     "F_MESSAGE",
@@ -41,6 +42,12 @@ GROUP = "workers"
 # Stream entry fields: the packed msgpack message and its HMAC (empty when unsigned).
 F_MESSAGE = b"m"
 F_SIGNATURE = b"s"
+# Unsigned hints next to the message, never trusted for anything but diagnostics and
+# failing fast: a task entry names its client (so a dead letter says whose task it was,
+# even when the message is too big to read), a reply entry names its task (so a client
+# that cannot accept a reply fails that task at once instead of waiting for its timeout).
+F_CLIENT_HINT = b"c"
+F_TASK_HINT = b"i"
 
 # Dead-letter entry fields.
 F_REASON = b"reason"
@@ -48,6 +55,18 @@ F_ERROR = b"error"
 F_TASK = b"task"
 F_WORKER = b"worker"
 F_ORIGINAL = b"original"
+F_CLIENT = b"client"
+
+# Dead-letter reasons.
+REASON_FORGED = "forged"          # unsigned, or signed with another secret
+REASON_MALFORMED = "malformed"    # failed decoding or validation
+REASON_OVERSIZE = "oversize"      # larger than the worker's max_message_bytes: not read
+REASON_MAX_ATTEMPTS = "max_attempts"
+REASON_ERROR = "error"            # the function raised (a copy; the client got the error)
+
+# Bulk strings read from a stream may exceed max_message_bytes by this much (field
+# names, signature): anything longer is skipped unread (see wire._resp.Oversize).
+BULK_MARGIN = 4096
 
 # Reply streams outlive a client that died by at most this long.
 REPLY_TTL_S = 3600

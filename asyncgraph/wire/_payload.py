@@ -134,7 +134,8 @@ def ctx_from_state(state: Any, fn: type[Function]) -> FunctionCtx:
     if not isinstance(attrs, dict):
         raise WireError("ctx 'attrs' must be a map")
     for key, value in attrs.items():
-        if not key.isidentifier() or key.startswith("_") or key in _CTX_RESERVED:
+        if (not isinstance(key, str) or not key.isidentifier() or key.startswith("_")
+                or key in _CTX_RESERVED):
             raise WireError(f"ctx attribute name {key!r:.60} is not allowed")
         setattr(ctx, key, value)
     return ctx
@@ -152,7 +153,7 @@ def diagnose_unpackable(fn_name: str, ctx: FunctionCtx | None, values: dict[str,
                 return TypeError(
                     f"{fn_name}: ctx attribute {key!r} cannot be sent to a worker ({exc}); "
                     f"store only msgpack-serializable values on ctx (str, int, float, bool, "
-                    f"None, bytes, lists, tuples, str-keyed dicts, numpy arrays), or set "
+                    f"None, bytes, lists, tuples, dicts with str or int keys, numpy arrays), or set "
                     f"{fn_name}.dispatch = 'local'"
                 )
         for i, var in enumerate(ctx._saved or ()):
@@ -214,6 +215,8 @@ def forward_args(payload: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, An
     args, kw, needs = payload.get("args"), payload.get("kw"), payload.get("needs")
     if not isinstance(args, list) or not isinstance(kw, dict):
         raise WireError("forward payload needs 'args' (list) and 'kw' (map)")
+    if not all(isinstance(k, str) for k in kw):
+        raise WireError("forward payload 'kw' must have str keys")
     if not isinstance(needs, list) or not all(isinstance(n, bool) for n in needs):
         raise WireError("forward payload 'needs' must be a list of bools")
     return (

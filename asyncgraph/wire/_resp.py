@@ -12,6 +12,12 @@ Every call has a deadline (``timeout_s``); a connection that saw a timeout, a
 cancellation or a protocol error mid-command is closed, never reused. Errors:
 ``RedisConnectionLost`` (also ``ConnectionError``) for anything network,
 ``ReplyError`` for an error reply of the server.
+
+A call may cap what it accepts (``max_bulk``): a bulk string longer than that is
+not read into memory but skipped as it arrives and replaced by ``Oversize(size)``
+in the reply (the connection stays usable); an array longer than that is a
+protocol error. Readers of streams that anyone may write to (task and reply
+streams) set it from their message limit, so one huge entry cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import anyio.abc
 
 __all__ = [
     "Connection",
+    "Oversize",
     "Pool",
     "RedisAddress",
     "RedisConnectionLost",
@@ -127,12 +134,29 @@ def _encode(args: Sequence[Arg], out: list[bytes]) -> None:
         out.append(b"\r\n")
 
 
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """Stands for a bulk string longer than the call's ``max_bulk``: skipped, never read."""
+
+    size: int
+
+
 class _Incomplete(Exception):
     def __init__(self, need: int) -> None:
         self.need = need
 
 
-def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
+class _TooLong(Exception):
+    """A bulk string over the cap: its header is at ``header``, its data from ``data``."""
+
+    def __init__(self, header: int, data: int, size: int) -> None:
+        self.header, self.data, self.size = header, data, size
+
+
+_SKIPPED = 63  # "?": not a RESP2 type byte; marks a bulk string skipped in the buffer
+
+
+def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:
     end = buf.find(b"\r\n", pos)
     if end < 0:
         raise _Incomplete(0)
@@ -142,6 +166,8 @@ def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
         if n < 0:
             return None, end + 2
         start = end + 2
+        if cap is not None and n > cap:
+            raise _TooLong(pos, start, n)
         stop = start + n
         if len(buf) < stop + 2:
             raise _Incomplete(stop + 2)
@@ -150,12 +176,17 @@ def _parse(buf: bytearray, pos: int) -> tuple[Any, int]:
         n = int(buf[pos + 1:end])
         if n < 0:
             return None, end + 2
+        if cap is not None and n > cap:
+            raise RedisConnectionLost(
+                f"protocol limit: an array of {n} items is above this call's cap of {cap}")
         items = []
         pos = end + 2
         for _ in range(n):
-            item, pos = _parse(buf, pos)
+            item, pos = _parse(buf, pos, cap)
             items.append(item)
         return items, pos
+    if kind == _SKIPPED:
+        return Oversize(int(buf[pos + 1:end])), end + 2
     if kind == 58:  # : integer
         return int(buf[pos + 1:end]), end + 2
     if kind == 43:  # + simple string
@@ -174,6 +205,7 @@ class Connection:
         self._buf = bytearray()
         self._pos = 0
         self._need = 0
+        self._skip = 0  # bytes of a skipped bulk string still to come (and be dropped)
         self.broken = False
 
     @classmethod
@@ -216,15 +248,21 @@ class Connection:
                 f"cannot connect to Redis at {address.display}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def execute(self, *args: Arg) -> Any:
+    async def execute(self, *args: Arg, max_bulk: int | None = None) -> Any:
         """Run one command; raise ``ReplyError`` if Redis answers with an error."""
-        (reply,) = await self.pipeline([args])
+        (reply,) = await self.pipeline([args], max_bulk=max_bulk)
         if isinstance(reply, ReplyError):
             raise reply
         return reply
 
-    async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Send all commands in one write; return their replies (errors as ``ReplyError``)."""
+    async def pipeline(
+        self, commands: Sequence[Sequence[Arg]], *, max_bulk: int | None = None
+    ) -> list[Any]:
+        """Send all commands in one write; return their replies (errors as ``ReplyError``).
+
+        ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
+        arrays longer than this raise ``RedisConnectionLost``.
+        """
         if self.broken:
             raise RedisConnectionLost(f"connection to Redis at {self.address.display} is closed")
         out: list[bytes] = []
@@ -232,7 +270,7 @@ class Connection:
             _encode(command, out)
         try:
             await self._stream.send(b"".join(out))
-            return [await self._read() for _ in commands]
+            return [await self._read(max_bulk) for _ in commands]
         except BaseException as exc:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
@@ -245,14 +283,23 @@ class Connection:
                 ) from exc
             raise
 
-    async def _read(self) -> Any:
+    async def _read(self, cap: int | None) -> Any:
         buf = self._buf
         while True:
             if len(buf) > self._pos and len(buf) >= self._need:
                 try:
-                    value, pos = _parse(buf, self._pos)
+                    value, pos = _parse(buf, self._pos, cap)
                 except _Incomplete as inc:
                     self._need = inc.need  # an absolute offset: the buffer is not moved meanwhile
+                except _TooLong as over:
+                    # Turn "$<n>\r\n<data>\r\n" into "?<n>\r\n": drop what arrived of the
+                    # data and skip the rest as it comes; the parse then goes on after it.
+                    buf[over.header] = _SKIPPED
+                    held = min(len(buf) - over.data, over.size + 2)
+                    del buf[over.data:over.data + held]
+                    self._skip = over.size + 2 - held
+                    self._need = 0
+                    continue
                 else:
                     self._need = 0
                     if pos == len(buf):
@@ -264,7 +311,12 @@ class Connection:
                     else:
                         self._pos = pos
                     return value
-            buf += await self._stream.receive(_RECV)
+            chunk = await self._stream.receive(_RECV)
+            if self._skip:
+                dropped = min(self._skip, len(chunk))
+                self._skip -= dropped
+                chunk = chunk[dropped:]
+            buf += chunk
 
     async def aclose(self) -> None:
         self.broken = True
@@ -305,23 +357,32 @@ class Pool:
         for conn in idle:
             await conn.aclose()
 
-    async def execute(self, *args: Arg, timeout_s: float | None = None) -> Any:
-        (reply,) = await self.pipeline([args], timeout_s=timeout_s)
+    async def execute(
+        self, *args: Arg, timeout_s: float | None = None, max_bulk: int | None = None
+    ) -> Any:
+        (reply,) = await self.pipeline([args], timeout_s=timeout_s, max_bulk=max_bulk)
         if isinstance(reply, ReplyError):
             raise reply
         return reply
 
     async def pipeline(
-        self, commands: Sequence[Sequence[Arg]], *, timeout_s: float | None = None
+        self,
+        commands: Sequence[Sequence[Arg]],
+        *,
+        timeout_s: float | None = None,
+        max_bulk: int | None = None,
     ) -> list[Any]:
-        """Run commands in one round trip within ``timeout_s`` (default: the pool's)."""
+        """Run commands in one round trip within ``timeout_s`` (default: the pool's).
+
+        ``max_bulk`` as in ``Connection.pipeline``.
+        """
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
             with anyio.fail_after(limit):
                 reused = bool(self._idle)
                 try:
                     async with self.connection() as conn:
-                        return await conn.pipeline(commands)
+                        return await conn.pipeline(commands, max_bulk=max_bulk)
                 except RedisConnectionLost:
                     # The idle connections predate an outage (e.g. Redis restarted): drop
                     # them and try once on a new one. Commands of the protocol are safe to
@@ -330,7 +391,7 @@ class Pool:
                     if not reused:
                         raise
                 async with self.connection() as conn:
-                    return await conn.pipeline(commands)
+                    return await conn.pipeline(commands, max_bulk=max_bulk)
         except TimeoutError:
             raise RedisConnectionLost(
                 f"Redis at {self.address.display} did not answer within {limit:g}s"

@@ -13,14 +13,18 @@ kind ``k`` and its queue ``q``:
            task spent (``asyncgraph.models.Usage`` fields), for the caller's totals.
 ``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
 
-``decode_*`` raise ``WireError`` naming the first field that is missing or of
+``decode`` raises ``WireError`` naming the first field that is missing or of
 the wrong type; the payload's inner structure is checked by ``asyncgraph.wire._payload``.
+``peek_ids`` reads just the client and task ids of a message that failed to
+decode, so that its sender can be told at once (see the worker and the client).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import msgpack
 
 from .._exceptions import WireError
 from ._codec import DEFAULT_LIMITS, Limits, pack, unpack
@@ -34,6 +38,7 @@ __all__ = [
     "TaskMessage",
     "decode",
     "encode",
+    "peek_ids",
 ]
 
 Op = Literal["backward", "forward"]
@@ -183,6 +188,46 @@ def decode(
             raise WireError("field 'ids' must be a list of task ids")
         return CancelMessage(queue, client, tuple(ids))
     raise WireError(f"message kind {kind!r:.20} is unknown")
+
+
+_HEADER = ("q", "k", "c", "id")
+
+
+def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
+    """``(client, task id)`` of a ``kind`` message of ``queue``, read without decoding it all.
+
+    For a message that ``decode`` refused: only the top-level fields ``q``, ``k``,
+    ``c`` and ``id`` are parsed, every other value is skipped unread, so a broken
+    payload or a limit exceeded elsewhere does not matter. None when those fields
+    are missing or invalid. What it returns only addresses an error report; the
+    caller decides whether the message deserves one (e.g. only if its signature
+    checked out).
+    """
+    if not isinstance(packed, bytes) or not packed:
+        return None
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(packed),
+                                max_str_len=_MAX_NAME, max_bin_len=_MAX_NAME,
+                                max_array_len=len(packed), max_map_len=len(packed),
+                                max_ext_len=len(packed))
+    unpacker.feed(packed)
+    found: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if isinstance(key, str) and key in _HEADER:
+                found[key] = unpacker.unpack()
+                if len(found) == len(_HEADER):
+                    break
+            else:
+                unpacker.skip()
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError):
+        pass  # a truncated or broken message: use what was read before the break
+    client, task_id = found.get("c"), found.get("id")
+    if (found.get("q") != queue or found.get("k") != kind or not isinstance(client, str)
+            or not is_client_id(client) or not isinstance(task_id, str)
+            or not 0 < len(task_id) <= _MAX_ID):
+        return None
+    return client, task_id
 
 
 _USAGE_FIELDS = ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cost_usd",

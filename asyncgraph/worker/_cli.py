@@ -2,6 +2,10 @@
 
     asyncgraph worker --redis redis://127.0.0.1:6379/0 --queue grads \\
         --import myapp.functions --concurrency 64 [--processes 4] [--health-port 9100]
+
+The Redis URL, the secret and the allowed base URLs can come from the environment
+(``ASYNCGRAPH_REDIS_URL``, ``ASYNCGRAPH_SECRET``, ``ASYNCGRAPH_ALLOWED_BASE_URLS``);
+that is how ``--processes N`` hands them to its children.
 """
 
 from __future__ import annotations
@@ -14,17 +18,21 @@ from typing import Any
 
 import anyio
 
+from ..models._spec import ENV_ALLOWED_BASE_URLS
 from ..wire._codec import Limits
+from ..wire._resp import RedisConnectionLost
 from ..wire._signing import SECRET_ENV, secret_from_env
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "allowed_base_urls_from_env", "run"]
+
+REDIS_URL_ENV = "ASYNCGRAPH_REDIS_URL"
 
 log = logging.getLogger("asyncgraph.worker")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--redis", default=env("ASYNCGRAPH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    parser.add_argument("--redis", default=env(REDIS_URL_ENV, "redis://127.0.0.1:6379/0"),
                         metavar="URL", help="Redis URL: redis://, rediss:// (TLS), "
                         "user:password@ for ACLs (default: $ASYNCGRAPH_REDIS_URL or %(default)s)")
     parser.add_argument("--queue", default=env("ASYNCGRAPH_QUEUE", "grads"),
@@ -55,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve /healthz and /metrics on this port (0: any free port)")
     parser.add_argument("--health-host", default="0.0.0.0",
                         help="address of the health endpoint (default: %(default)s)")
+    parser.add_argument("--allow-base-url", dest="allowed_base_urls", action="append", default=[],
+                        metavar="URL", help="a model base URL tasks may name (repeatable; also "
+                        f"${ENV_ALLOWED_BASE_URLS}, comma-separated): the worker sends its own "
+                        "API key there. The default OpenAI URL (and $OPENAI_BASE_URL) is always "
+                        "allowed; any other base URL in a task fails that task")
+    parser.add_argument("--connect-timeout-s", type=float, default=0.0,
+                        help="at start, how long to retry connecting to Redis (default: 0, "
+                        "forever; health answers 503 meanwhile)")
     parser.add_argument("--max-message-bytes", type=int, default=Limits().max_message_bytes,
                         help="largest message accepted (default: %(default)s)")
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
@@ -72,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
         print("asyncgraph worker: give at least one --import MODULE (the functions to serve)",
               file=sys.stderr)
         return 2
+    if args.processes < 1:
+        print(f"asyncgraph worker: --processes must be >= 1, got {args.processes}",
+              file=sys.stderr)
+        return 2
     secret = args.secret or secret_from_env()
+    allowed = tuple(dict.fromkeys([*args.allowed_base_urls, *allowed_base_urls_from_env()]))
     from ._registry import build_registry
     from ._worker import Worker, WorkerConfig
 
@@ -87,13 +108,14 @@ def run(args: argparse.Namespace) -> int:
             health_host=args.health_host, health_port=args.health_port,
             metrics_dir=args.metrics_dir, supervisor_pid=args.supervisor_pid,
             limits=Limits(max_message_bytes=args.max_message_bytes),
+            allowed_base_urls=allowed, connect_timeout_s=args.connect_timeout_s,
         )
         worker = Worker(config, registry)
     except (ImportError, ValueError) as exc:
         print(f"asyncgraph worker: {exc}", file=sys.stderr)
         return 2
     if args.processes > 1:
-        return _supervise(args, secret)
+        return _supervise(args, secret, allowed)
     log.info("worker %s serving %s on queue %r (concurrency %d, %s)", worker.consumer,
              ", ".join(sorted(registry)), config.queue, config.concurrency,
              "signed" if secret else "unsigned")
@@ -101,28 +123,41 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(_serve, worker, backend=args.backend)
     except KeyboardInterrupt:
         return 130
+    except RedisConnectionLost as exc:
+        print(f"asyncgraph worker: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def allowed_base_urls_from_env() -> list[str]:
+    """The URLs in ``ASYNCGRAPH_ALLOWED_BASE_URLS`` (comma-separated)."""
+    return [u.strip() for u in os.environ.get(ENV_ALLOWED_BASE_URLS, "").split(",") if u.strip()]
 
 
 async def _serve(worker: Any) -> None:
     await worker.serve(handle_signals=True)
 
 
-def _supervise(args: argparse.Namespace, secret: str | None) -> int:
+def _supervise(args: argparse.Namespace, secret: str | None, allowed: tuple[str, ...]) -> int:
     from ._supervisor import Supervisor, child_command
 
-    argv = [*child_command(), "--redis", args.redis, "--queue", args.queue,
+    # The Redis URL (it may carry a password) and the secret go through the environment:
+    # a command line is visible to every user of the machine (ps, /proc/<pid>/cmdline).
+    argv = [*child_command(), "--queue", args.queue,
             "--concurrency", str(args.concurrency), "--lease-ms", str(args.lease_ms),
             "--max-attempts", str(args.max_attempts), "--batch-size", str(args.batch_size),
             "--drain-timeout-s", str(args.drain_timeout_s),
             "--redis-timeout-s", str(args.redis_timeout_s),
             "--max-message-bytes", str(args.max_message_bytes),
+            "--connect-timeout-s", str(args.connect_timeout_s),
             "--backend", args.backend, "--log-level", args.log_level]
     for module in args.imports:
         argv += ["--import", module]
     env = dict(os.environ)
+    env[REDIS_URL_ENV] = args.redis
     if secret:
         env[SECRET_ENV] = secret
+    env[ENV_ALLOWED_BASE_URLS] = ",".join(allowed)
     supervisor = Supervisor(argv, args.processes, env=env, drain_timeout_s=args.drain_timeout_s,
                             health_host=args.health_host, health_port=args.health_port)
     try:

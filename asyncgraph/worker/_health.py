@@ -1,4 +1,11 @@
-"""A tiny HTTP endpoint: ``GET /healthz`` (200 or 503, JSON) and ``GET /metrics`` (Prometheus).
+"""A tiny HTTP endpoint: health probes (JSON, 200 or 503) and ``GET /metrics`` (Prometheus).
+
+- ``/livez``: liveness. 200 while the process and its event loop answer; not
+  tied to Redis, so an orchestrator does not restart workers because Redis is
+  down (they reconnect by themselves).
+- ``/readyz`` and ``/healthz``: readiness. 200 when the worker can take tasks:
+  connected to Redis, Redis answering lately, not draining (under a supervisor:
+  every child process alive and ready); 503 otherwise, with the reason.
 
 Serves one short request per connection (HTTP/1.0 style), each bounded by a
 deadline, inside the worker's own task group.
@@ -28,9 +35,14 @@ async def serve_health(
     health: Callable[[], tuple[bool, dict[str, Any]]],
     metrics: Callable[[], str],
     *,
+    live: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; ``task_status.started(port)`` reports the bound port."""
+    """Serve until cancelled; ``task_status.started(port)`` reports the bound port.
+
+    ``health`` answers readiness (``/readyz``, ``/healthz``), ``live`` liveness
+    (``/livez``; default: always alive).
+    """
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
     sockname = listener.extra(anyio.abc.SocketAttribute.local_port)
     task_status.started(sockname)
@@ -44,14 +56,18 @@ async def serve_health(
                         request += await stream.receive(4096)
                     line = request.split(b"\r\n", 1)[0].decode("latin-1").split()
                     path = line[1] if len(line) >= 2 else "/"
-                    if path.startswith("/healthz") or path.startswith("/readyz"):
+                    if path.startswith("/livez"):
+                        ok, detail = live() if live is not None else (True, {"status": "alive"})
+                        await _respond(stream, 200 if ok else 503, "application/json",
+                                       json.dumps(detail))
+                    elif path.startswith("/healthz") or path.startswith("/readyz"):
                         ok, detail = health()
                         await _respond(stream, 200 if ok else 503, "application/json",
                                        json.dumps(detail))
                     elif path.startswith("/metrics"):
                         await _respond(stream, 200, "text/plain; version=0.0.4", metrics())
                     else:
-                        await _respond(stream, 404, "text/plain", "try /healthz or /metrics\n")
+                        await _respond(stream, 404, "text/plain", "try /livez, /readyz, /healthz or /metrics\n")
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 pass
 

@@ -1,94 +1,159 @@
-"""Worker counters and gauges, rendered in the Prometheus text exposition format.
+"""Worker counters, gauges and a summary, rendered in the Prometheus text exposition format.
 
 No dependency: a worker from a plain ``pip install`` serves ``/metrics``.
-Under ``--processes N`` each child writes its snapshot to a file in the
-supervisor's directory once a second and the supervisor sums them.
+Under ``--processes N`` each child writes a snapshot (its metrics and its
+health) to a file in the supervisor's directory once a second; the supervisor
+sums the metrics and aggregates the health.
+
+Values print exactly: integers as integers (``1234567``, never ``1.23457e+06``),
+floats with ``repr`` (shortest round-trip form).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Metrics", "merge_snapshots", "render"]
+__all__ = ["Metrics", "format_value", "merge_snapshots", "read_health", "render"]
 
+# Metric families: name -> (type, help). A summary's samples are <name>_sum and <name>_count.
 HELP: dict[str, tuple[str, str]] = {
     "asyncgraph_worker_tasks_total": ("counter", "Tasks finished, by outcome."),
     "asyncgraph_worker_dead_letters_total": ("counter", "Messages dead-lettered, by reason."),
     "asyncgraph_worker_reclaimed_total": ("counter", "Tasks reclaimed from workers whose lease expired."),
     "asyncgraph_worker_redis_errors_total": ("counter", "Redis calls that failed."),
-    "asyncgraph_worker_task_seconds_sum": ("counter", "Total seconds spent running tasks."),
-    "asyncgraph_worker_task_seconds_count": ("counter", "Tasks run (for the mean duration)."),
+    "asyncgraph_worker_task_seconds": ("summary", "Seconds spent running tasks."),
     "asyncgraph_worker_tasks_in_flight": ("gauge", "Tasks read and not yet acknowledged."),
     "asyncgraph_worker_processes": ("gauge", "Worker processes alive."),
     "asyncgraph_worker_restarts_total": ("counter", "Worker processes restarted by the supervisor."),
 }
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
+Number = int | float
+
+
+def _family(name: str) -> str:
+    """The family a sample belongs to (``x_sum`` / ``x_count`` of summary ``x``)."""
+    for suffix in ("_sum", "_count"):
+        base = name.removesuffix(suffix)
+        if base != name and HELP.get(base, ("", ""))[0] == "summary":
+            return base
+    return name
+
+
+def _kind(name: str) -> str:
+    return HELP.get(_family(name), ("gauge", ""))[0]
 
 
 class Metrics:
     """Counters and gauges with labels; ``render()`` gives the exposition text."""
 
     def __init__(self) -> None:
-        self.values: dict[Key, float] = {}
+        self.values: dict[Key, Number] = {}
 
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+    def inc(self, name: str, amount: Number = 1, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
-        self.values[key] = self.values.get(key, 0.0) + amount
+        self.values[key] = self.values.get(key, 0) + amount
 
-    def set(self, name: str, value: float, **labels: str) -> None:
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """One observation of summary ``name``: adds to ``name_sum``, counts in ``name_count``."""
+        self.inc(f"{name}_sum", value, **labels)
+        self.inc(f"{name}_count", 1, **labels)
+
+    def set(self, name: str, value: Number, **labels: str) -> None:
         self.values[(name, tuple(sorted(labels.items())))] = value
 
-    def get(self, name: str, **labels: str) -> float:
-        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+    def get(self, name: str, **labels: str) -> Number:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0)
 
     def snapshot(self) -> list[list[object]]:
         return [[name, dict(labels), value] for (name, labels), value in self.values.items()]
 
-    def write_snapshot(self, directory: str) -> None:
+    def write_snapshot(self, directory: str,
+                       health: tuple[bool, dict[str, Any]] | None = None) -> None:
+        """Write this process's metrics (and health) for a supervisor, atomically."""
         path = Path(directory) / f"{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot()))
+        data: dict[str, Any] = {"metrics": self.snapshot(), "time": time.time()}
+        if health is not None:
+            data["health"] = {"ok": health[0], **health[1]}
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
 
     def render(self) -> str:
         return render(self.values)
 
 
-def merge_snapshots(paths: Iterable[Path], live: set[str]) -> dict[Key, float]:
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def merge_snapshots(paths: Iterable[Path], live: set[str]) -> dict[Key, Number]:
     """Sum children's snapshots: counters from every file, gauges from live children only."""
-    total: dict[Key, float] = {}
+    total: dict[Key, Number] = {}
     for path in paths:
-        try:
-            items = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = _read(path)
+        if data is None:
             continue
-        for name, labels, value in items:
-            kind = HELP.get(name, ("gauge", ""))[0]
-            if kind == "gauge" and path.stem not in live:
+        for name, labels, value in data.get("metrics", ()):
+            if _kind(name) == "gauge" and path.stem not in live:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             key = (str(name), tuple(sorted((str(k), str(v)) for k, v in labels.items())))
-            total[key] = total.get(key, 0.0) + float(value)
+            total[key] = total.get(key, 0) + value
     return total
+
+
+def read_health(directory: Path, pid: int, max_age_s: float) -> tuple[bool, str]:
+    """A child's last health report: ``(ok, status)``; not ok when missing or older than ``max_age_s``."""
+    data = _read(directory / f"{pid}.json")
+    if data is None or not isinstance(data.get("health"), dict):
+        return False, "no health report yet"
+    age = time.time() - float(data.get("time", 0))
+    if age > max_age_s:
+        return False, f"no health report for {age:.0f}s"
+    health = data["health"]
+    return bool(health.get("ok")), str(health.get("status", "unknown"))
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(values: Mapping[Key, float]) -> str:
+def format_value(value: Number) -> str:
+    """A sample value, exact: ``1234567``, ``0.1``, ``1e+300``, ``NaN``, ``+Inf``."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def render(values: Mapping[Key, Number]) -> str:
     lines: list[str] = []
-    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
+    by_family: dict[str, list[tuple[str, tuple[tuple[str, str], ...], Number]]] = {}
     for (name, labels), value in values.items():
-        by_name.setdefault(name, []).append((labels, value))
-    for name in sorted(by_name):
-        kind, text = HELP.get(name, ("gauge", name))
-        lines.append(f"# HELP {name} {text}")
-        lines.append(f"# TYPE {name} {'counter' if kind == 'counter' else 'gauge'}")
-        for labels, value in sorted(by_name[name]):
+        by_family.setdefault(_family(name), []).append((name, labels, value))
+    for family in sorted(by_family):
+        kind, text = HELP.get(family, ("gauge", family))
+        lines.append(f"# HELP {family} {text}")
+        lines.append(f"# TYPE {family} {kind}")
+        for name, labels, value in sorted(by_family[family]):
             label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
+            sample = f"{name}{{{label_text}}}" if label_text else name
+            lines.append(f"{sample} {format_value(value)}")
     return "\n".join(lines) + "\n"

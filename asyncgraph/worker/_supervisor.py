@@ -1,11 +1,15 @@
 """``asyncgraph worker --processes N``: N worker processes, restarted when they die.
 
 The supervisor starts each child as ``python -m asyncgraph worker ... --processes 1``
-(the secret travels in the environment, never in argv), restarts one that
-exits (with a growing pause if it keeps dying at start), forwards SIGTERM /
-SIGINT so the children drain their tasks, and serves ``/healthz`` and
-``/metrics`` for all of them (children write metric snapshots to a private
-directory that the supervisor sums).
+(the Redis URL, which may hold a password, and the secret travel in the
+environment, never in argv, which other users of the machine can read), restarts
+one that exits (with a growing pause if it keeps dying at start), forwards
+SIGTERM / SIGINT so the children drain their tasks, and serves the health
+probes and ``/metrics`` for all of them: children write snapshots of their
+metrics and health to a private directory once a second; the supervisor sums
+the metrics, and is ready (``/readyz``, ``/healthz``) only when every child is
+alive and reports itself ready (Redis reachable, not draining). ``/livez``
+answers 200 as long as the supervisor runs.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import anyio
 import anyio.abc
 
 from ._health import serve_health
-from ._metrics import Metrics, merge_snapshots, render
+from ._metrics import Metrics, merge_snapshots, read_health, render
 
 __all__ = ["Supervisor"]
 
 log = logging.getLogger("asyncgraph.worker")
+
+_REPORT_MAX_AGE_S = 5.0  # a child's health report older than this counts as not ready
 
 
 class Supervisor:
@@ -67,7 +73,7 @@ class Supervisor:
                 if self.health_port is not None:
                     await tg.start(functools.partial(
                         serve_health, self.health_host, self.health_port, self.health,
-                        self.render_metrics))
+                        self.render_metrics, live=self.liveness))
                 async with anyio.create_task_group() as children:
                     for slot in range(self.processes):
                         children.start_soon(self._keep_alive, slot)
@@ -77,19 +83,40 @@ class Supervisor:
         return 0
 
     def health(self) -> tuple[bool, dict[str, Any]]:
+        """Readiness: every child alive and ready by its own last report."""
         alive = {slot: p.pid for slot, p in self._children.items() if p.returncode is None}
-        ok = len(alive) == self.processes and not self._stopping
+        children = []
+        for pid in sorted(alive.values()):
+            ready, status = read_health(Path(self._dir), pid, _REPORT_MAX_AGE_S)
+            children.append({"pid": pid, "ready": ready, "status": status})
+        not_ready = [c for c in children if not c["ready"]]
+        ok = len(alive) == self.processes and not not_ready and not self._stopping
+        if self._stopping:
+            status = "stopping"
+        elif len(alive) < self.processes:
+            status = "degraded"
+        elif not_ready:
+            status = f"not ready: {not_ready[0]['status']}"
+        else:
+            status = "ok"
         return ok, {
-            "status": "ok" if ok else ("stopping" if self._stopping else "degraded"),
+            "status": status,
             "processes": self.processes,
             "alive": len(alive),
+            "ready": len(children) - len(not_ready),
             "pids": sorted(alive.values()),
+            "children": children,
             "restarts": int(self.metrics.get("asyncgraph_worker_restarts_total")),
         }
 
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """Liveness: the supervisor answers (it restarts its children itself)."""
+        alive = sum(1 for p in self._children.values() if p.returncode is None)
+        return True, {"status": "alive", "processes": self.processes, "alive": alive}
+
     def render_metrics(self) -> str:
         live = {str(p.pid) for p in self._children.values() if p.returncode is None}
-        values = merge_snapshots(Path(self._dir).glob("*.json"), live)
+        values: dict[Any, Any] = dict(merge_snapshots(Path(self._dir).glob("*.json"), live))
         self.metrics.set("asyncgraph_worker_processes", len(live))
         values.update(self.metrics.values)
         return render(values)

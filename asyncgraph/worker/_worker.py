@@ -2,8 +2,15 @@
 
 Delivery is at-least-once with idempotent completion:
 
+- the worker connects to Redis with backoff until it answers (at most
+  ``connect_timeout_s`` when set), serving its health endpoint meanwhile;
 - tasks are read in batches with XREADGROUP, never more than ``concurrency``
-  held at once;
+  held at once, and fewer when recent entries were big (a read buffers at most
+  about ``_READ_BUDGET`` bytes); a bulk string above ``max_message_bytes`` (plus a
+  small margin) is skipped unread and its entry dead-lettered as "oversize";
+- every task runs in its own task: async backwards and forwards on the event
+  loop, synchronous ones in a worker thread (at most ``concurrency`` threads), so
+  a slow synchronous function never stalls leases, heartbeats or cancellations;
 - a task is acknowledged (XACK + XDEL) in the same MULTI that writes its reply,
   so a worker that dies before replying leaves it pending;
 - the worker renews the lease of what it holds every ``lease_ms / 3``
@@ -16,7 +23,12 @@ Delivery is at-least-once with idempotent completion:
 - a task whose deadline passed, or that its client cancelled, is skipped, or
   stopped if it is running;
 - anything in the task stream that does not decode, verify and validate is
-  dead-lettered with the reason, and the loop goes on.
+  dead-lettered with the reason, and the loop goes on; when its signature checked
+  out (or no secret is set) and its client and task ids can be read, the client
+  also gets an error reply, so it fails at once instead of at its timeout;
+- a worker that stops after draining deletes its consumer from the group when it
+  holds no pending entry, and workers delete consumers that have been idle for
+  ``10 x lease_ms``, hold nothing and have no live heartbeat.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ import anyio.to_thread
 from .._exceptions import WireError
 from .._function import FunctionCtx
 from .._grad_mode import no_grad
+from ..models._spec import normalize_base_url, restrict_base_urls
 from ..models._usage import Usage, track_usage
 from ..wire import _keys as keys
 from ..wire._codec import DEFAULT_LIMITS, Limits
@@ -51,8 +64,23 @@ from ..wire._payload import (
     grads_from_entries,
     result_entries,
 )
-from ..wire._resp import Connection, Pool, RedisConnectionLost, ReplyError, parse_redis_url
-from ..wire._schema import CancelMessage, ErrorInfo, ReplyMessage, TaskMessage, decode, encode
+from ..wire._resp import (
+    Connection,
+    Oversize,
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+)
+from ..wire._schema import (
+    CancelMessage,
+    ErrorInfo,
+    ReplyMessage,
+    TaskMessage,
+    decode,
+    encode,
+    peek_ids,
+)
 from ..wire._signing import Signer
 from ._health import serve_health
 from ._metrics import Metrics
@@ -66,6 +94,12 @@ _BLOCK_MS = 2000
 _MAX_ORIGINAL = 65_536
 _MAX_TRACEBACK = 32_768
 _CANCEL_MEMORY_S = 3600.0
+# Bytes one read of the task stream should buffer at most: after a read with big
+# entries, the next reads ask for fewer (at least one).
+_READ_BUDGET = 64 * 1024 * 1024
+_ASSUMED_ENTRY = 1024  # entry size assumed before any was read
+_CONSUMER_IDLE_LEASES = 10  # a consumer idle this many leases, holding nothing, is removed
+_STALE_BEAT_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -87,15 +121,30 @@ class WorkerConfig:
     metrics_dir: str | None = None
     supervisor_pid: int | None = None
     limits: Limits = DEFAULT_LIMITS
+    allowed_base_urls: tuple[str, ...] = ()
+    connect_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         keys.check_queue_name(self.queue)
+        parse_redis_url(self.redis_url)
         for name in ("concurrency", "lease_ms", "max_attempts", "batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.lease_ms < 200:
             raise ValueError(f"lease_ms must be at least 200, got {self.lease_ms}")
+        for name in ("redis_timeout_s", "drain_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.connect_timeout_s >= 0:
+            raise ValueError(
+                f"connect_timeout_s must be >= 0 (0: retry forever), got {self.connect_timeout_s!r}")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(f"health_port must be 0 to 65535, got {self.health_port!r}")
+        if self.secret is not None:
+            Signer(self.secret)  # too short: ValueError saying how to make one
+        for url in self.allowed_base_urls:
+            normalize_base_url(url)
 
 
 @dataclass(eq=False)
@@ -142,13 +191,20 @@ class Worker:
         self._intake: anyio.CancelScope | None = None
         self._handlers: anyio.abc.TaskGroup | None = None
         self._threads = anyio.CapacityLimiter(config.concurrency)
+        self._max_bulk = config.limits.max_message_bytes + keys.BULK_MARGIN
+        self._entry_bytes = _ASSUMED_ENTRY
         self._clock_offset_ms = 0.0
+        self._connected = False
+        self._connecting: anyio.CancelScope | None = None
         self._last_redis_ok = 0.0
+        self._last_redis_error = 0.0
         self._last_warning: dict[str, float] = {}
         self._reading = False
         self._flushing = 0
         self._draining = False
+        self._drained = False
         self._tick_ms = max(50, config.lease_ms // 4)
+        self._beat_s = min(config.lease_ms / 3000, 5.0)
 
     # -- lifecycle -----------------------------------------------------------------
     async def serve(
@@ -157,70 +213,172 @@ class Worker:
         handle_signals: bool = False,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
+        """Serve until cancelled or drained; ``task_status.started()`` once connected.
+
+        Raises ``RedisConnectionLost`` if Redis did not answer within
+        ``connect_timeout_s`` (when set).
+        """
         self._outgoing_ready = anyio.Event()
         self._capacity = anyio.Event()
         self._idle = anyio.Event()
         self._intake = anyio.CancelScope()
+        self._connecting = anyio.CancelScope()
         if self._draining:
             self._intake.cancel()
-        await self._setup()
+            self._connecting.cancel()
+        # This process builds models from specs in tasks with its own API key: only the
+        # allowed base URLs may receive it (the restriction is lifted when serving ends).
+        restriction = restrict_base_urls(self.config.allowed_base_urls)
+        connect_error: RedisConnectionLost | None = None
         try:
             async with anyio.create_task_group() as services:
-                services.start_soon(self._reply_flusher)
-                services.start_soon(self._cancel_watcher)
-                services.start_soon(self._lease_renewer)
-                services.start_soon(self._heartbeat)
                 if handle_signals:
                     services.start_soon(self._signal_watcher)
                 if self.config.health_port is not None:
                     await services.start(
                         functools.partial(serve_health, self.config.health_host,
                                           self.config.health_port, self.health,
-                                          self.metrics.render))
-                async with anyio.create_task_group() as handlers:
-                    self._handlers = handlers
-                    with self._intake:
-                        async with anyio.create_task_group() as intake:
-                            intake.start_soon(self._reader)
-                            intake.start_soon(self._reclaimer)
-                            task_status.started()
-                    log.info("worker %s draining: %d task(s) held", self.consumer, len(self._held))
-                    with anyio.move_on_after(self.config.drain_timeout_s):
-                        while self._held:
-                            self._idle = anyio.Event()
-                            await self._idle.wait()
-                    handlers.cancel_scope.cancel()
-                await self._release_unfinished()
-                services.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.config.redis_timeout_s):
+                                          self.metrics.render, live=self.liveness))
+                if self.config.metrics_dir:
+                    services.start_soon(self._reporter)
+                with self._connecting:
                     try:
-                        await self._pool.execute("HDEL", keys.workers_hash(self.config.queue),
-                                                 self.consumer)
-                    except (RedisConnectionLost, ReplyError):
-                        pass
+                        await self._connect()
+                    except RedisConnectionLost as exc:
+                        connect_error = exc
+                if not self._connected:  # gave up, or drained before Redis answered
+                    task_status.started()
+                    services.cancel_scope.cancel()
+                else:
+                    await self._serve_connected(services, task_status)
+        finally:
+            restriction.remove()
+            if self._connected:
+                with anyio.CancelScope(shield=True):
+                    await self._leave()
+            with anyio.CancelScope(shield=True):
                 await self._pool.aclose()
+        if connect_error is not None:
+            raise connect_error
         log.info("worker %s stopped", self.consumer)
+
+    async def _serve_connected(self, services: anyio.abc.TaskGroup,
+                               task_status: anyio.abc.TaskStatus[None]) -> None:
+        services.start_soon(self._reply_flusher)
+        services.start_soon(self._cancel_watcher)
+        services.start_soon(self._lease_renewer)
+        services.start_soon(self._heartbeat)
+        async with anyio.create_task_group() as handlers:
+            self._handlers = handlers
+            assert self._intake is not None
+            with self._intake:
+                async with anyio.create_task_group() as intake:
+                    intake.start_soon(self._reader)
+                    intake.start_soon(self._reclaimer)
+                    task_status.started()
+            log.info("worker %s draining: %d task(s) held", self.consumer, len(self._held))
+            with anyio.move_on_after(self.config.drain_timeout_s):
+                while self._held:
+                    self._idle = anyio.Event()
+                    await self._idle.wait()
+            self._drained = not self._held
+            handlers.cancel_scope.cancel()
+        await self._release_unfinished()
+        services.cancel_scope.cancel()
+
+    async def _leave(self) -> None:
+        """On the way out: drop the heartbeat; after a full drain, the consumer too (bounded)."""
+        with anyio.move_on_after(self.config.redis_timeout_s):
+            try:
+                await self._pool.execute("HDEL", keys.workers_hash(self.config.queue),
+                                         self.consumer)
+                if self._drained and await self._delete_consumer(self.consumer):
+                    log.info("worker %s: left the consumer group (nothing pending)", self.consumer)
+            except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+                log.warning("worker %s: leaving the group: %s", self.consumer, exc)
+
+    async def _delete_consumer(self, name: str | bytes) -> bool:
+        """XGROUP DELCONSUMER ``name`` if it holds no pending entry; True if deleted.
+
+        DELCONSUMER drops the consumer's pending entries with it (they would never be
+        reclaimed), so the check and the delete run under WATCH: if the stream changed
+        in between, nothing is deleted (the next sweep tries again).
+        """
+        async with self._pool.connection() as conn:
+            with anyio.fail_after(self.config.redis_timeout_s):
+                _, held = await conn.pipeline(
+                    [["WATCH", self._tasks],
+                     ["XPENDING", self._tasks, keys.GROUP, "-", "+", 1, name]])
+                if isinstance(held, ReplyError) or held:
+                    await conn.execute("UNWATCH")
+                    return False
+                replies = await conn.pipeline(
+                    [["MULTI"], ["XGROUP", "DELCONSUMER", self._tasks, keys.GROUP, name],
+                     ["EXEC"]])
+        return isinstance(replies[-1], list) and bool(replies[-1])
 
     def drain(self) -> None:
         """Stop reading tasks; ``serve`` returns once the held ones are done."""
         self._draining = True
-        if self._intake is not None:
-            self._intake.cancel()
+        for scope in (self._connecting, self._intake):
+            if scope is not None:
+                scope.cancel()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        age = time.monotonic() - self._last_redis_ok
-        ok = age < max(3 * self._tick_ms / 1000, 10.0) and not self._draining
+        """Readiness: connected, Redis answering lately, not draining (the /readyz answer)."""
+        now = time.monotonic()
+        age = now - self._last_redis_ok
+        redis_ok = (self._connected and self._last_redis_ok >= self._last_redis_error
+                    and age < max(3 * self._beat_s, 10.0))
+        ok = redis_ok and not self._draining
+        if self._draining:
+            status = "draining"
+        elif not self._connected:
+            status = "connecting to Redis"
+        else:
+            status = "ok" if ok else "redis unreachable"
         return ok, {
-            "status": "ok" if ok else ("draining" if self._draining else "redis unreachable"),
+            "status": status,
             "consumer": self.consumer,
             "queue": self.config.queue,
             "in_flight": len(self._held),
             "concurrency": self.config.concurrency,
-            "redis_ok_age_s": round(age, 3),
+            "redis_ok_age_s": round(age, 3) if self._last_redis_ok else None,
             "functions": sorted(self.registry),
         }
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """Liveness: the process and its event loop answer (not tied to Redis: /livez)."""
+        return True, {"status": "alive", "consumer": self.consumer}
+
+    async def _connect(self) -> None:
+        """Set up the group and the clock, retrying with backoff until Redis answers."""
+        timeout_s = self.config.connect_timeout_s
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        backoff = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._setup()
+            except (RedisConnectionLost, ReplyError) as exc:
+                self.metrics.inc("asyncgraph_worker_redis_errors_total")
+                self._last_redis_error = time.monotonic()
+                if deadline is not None and time.monotonic() + backoff > deadline:
+                    raise RedisConnectionLost(
+                        f"worker {self.consumer}: Redis at {self._pool.address.display} did not "
+                        f"answer within connect_timeout_s={timeout_s:g} ({attempt} attempt(s); "
+                        f"last error: {exc})") from exc
+                log.warning("worker %s: cannot reach Redis (attempt %d): %s; retrying in %.1fs",
+                            self.consumer, attempt, exc, backoff)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self._connected = True
+            if attempt > 1:
+                log.info("worker %s: connected to Redis at %s", self.consumer,
+                         self._pool.address.display)
+            return
 
     async def _setup(self) -> None:
         await self._ensure_group()
@@ -245,11 +403,27 @@ class Worker:
         return time.time() * 1000 + self._clock_offset_ms
 
     # -- intake --------------------------------------------------------------------
+    def _read_count(self, free: int) -> int:
+        """Entries to ask for: free slots, the batch size, and the read budget."""
+        return max(1, min(free, self.config.batch_size, _READ_BUDGET // self._entry_bytes))
+
+    def _note_sizes(self, entries: list[Any]) -> None:
+        """Remember how big the entries just read were (for the next read's count)."""
+        largest = _ASSUMED_ENTRY
+        for entry in entries:
+            if entry is None or not isinstance(entry[1], list):
+                continue
+            for value in entry[1]:
+                size = value.size if isinstance(value, Oversize) else (
+                    len(value) if isinstance(value, bytes) else 0)
+                largest = max(largest, min(size, self._max_bulk))
+        self._entry_bytes = largest
+
     async def _wait_capacity(self) -> int:
         while True:
             free = self.config.concurrency - len(self._held)
             if free > 0:
-                return min(free, self.config.batch_size)
+                return self._read_count(free)
             self._capacity = anyio.Event()
             await self._capacity.wait()
 
@@ -265,7 +439,8 @@ class Worker:
                     with anyio.fail_after(_BLOCK_MS / 1000 + self.config.redis_timeout_s):
                         reply = await conn.execute(
                             "XREADGROUP", "GROUP", keys.GROUP, self.consumer, "COUNT", count,
-                            "BLOCK", _BLOCK_MS, "STREAMS", self._tasks, ">")
+                            "BLOCK", _BLOCK_MS, "STREAMS", self._tasks, ">",
+                            max_bulk=self._max_bulk)
                     backoff = 0.05
                 except (RedisConnectionLost, TimeoutError, ReplyError) as exc:
                     if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
@@ -280,8 +455,9 @@ class Worker:
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
-                self._last_redis_ok = time.monotonic()
+                self._redis_ok()
                 if reply:
+                    self._note_sizes(reply[0][1])
                     self._reading = True
                     try:
                         for entry_id, fields in reply[0][1]:
@@ -312,8 +488,10 @@ class Worker:
             try:
                 reply = await self._pool.execute(
                     "XAUTOCLAIM", self._tasks, keys.GROUP, self.consumer,
-                    self.config.lease_ms, cursor, "COUNT", min(free, self.config.batch_size))
+                    self.config.lease_ms, cursor, "COUNT", self._read_count(free),
+                    max_bulk=self._max_bulk)
                 scanned_from, cursor = cursor, reply[0]
+                self._note_sizes(reply[1])
                 entries = [(e[0], e[1]) for e in reply[1] if e is not None]
                 # Entries deleted from the stream while pending (a cancelled task whose
                 # holder died): Redis >= 7 lists their ids apart, Redis 6.2 returns nil.
@@ -356,9 +534,14 @@ class Worker:
                 if int(row[3]) >= 2 and row[0] not in claimed and row[0] not in self._held
                 and int(row[2]) < self.config.lease_ms]
 
+    def _redis_ok(self) -> None:
+        self._last_redis_ok = time.monotonic()
+
     def _redis_failed(self, doing: str, exc: Exception) -> None:
         self.metrics.inc("asyncgraph_worker_redis_errors_total")
         now = time.monotonic()
+        if isinstance(exc, (RedisConnectionLost, TimeoutError)):
+            self._last_redis_error = now
         if now - self._last_warning.get(doing, -1e9) >= 10.0:  # one line per outage, not a flood
             self._last_warning[doing] = now
             log.warning("worker %s: %s: %s", self.consumer, doing, exc)
@@ -380,18 +563,6 @@ class Worker:
         if admitted is None:
             return
         message, registered, data = admitted
-        fn = registered.function
-        if message.op == "backward" and not fn._backward_is_async and not fn.blocking:
-            # Cheap synchronous backward: run it here, like the local executor runs it
-            # inline (no task, no thread); it cannot be interrupted anyway.
-            started = time.perf_counter()
-            try:
-                result = self._backward_sync(registered, message)
-            except Exception as exc:
-                self._complete(held, message, data, started, None, exc)
-            else:
-                self._complete(held, message, data, started, result, None)
-            return
         assert self._handlers is not None
         self._handlers.start_soon(self._run, held, message, registered, data)
 
@@ -401,16 +572,25 @@ class Worker:
     ) -> tuple[TaskMessage, RegisteredFunction, dict[Any, Any]] | None:
         """Decode and check one entry; None when it was settled here (rejected, skipped...)."""
         data: dict[Any, Any] = {}
+        if isinstance(fields, list):
+            data = dict(zip(fields[::2], fields[1::2], strict=False))
+        packed, signature = data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE)
+        oversize = [v for v in (*data, *data.values()) if isinstance(v, Oversize)]
+        if oversize or len(data) > 16:
+            # Skipped unread (see wire._resp): nothing of it can be verified or answered.
+            text = (f"entry has a field of {oversize[0].size} bytes, above this worker's "
+                    f"limit of {self.config.limits.max_message_bytes} (max_message_bytes); "
+                    f"it was not read" if oversize else f"entry has {len(data)} fields")
+            self._finish(held, "rejected", [self._dead_letter(
+                held, keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED, text, data)])
+            return None
         try:
-            if isinstance(fields, list):
-                data = dict(zip(fields[::2], fields[1::2], strict=False))
-            message = decode(data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE), self._signer,
-                             self.config.queue, self.config.limits)
+            message = decode(packed, signature, self._signer, self.config.queue,
+                             self.config.limits)
             if not isinstance(message, TaskMessage):
                 raise WireError(f"a {type(message).__name__} in the task stream")
         except WireError as exc:
-            reason = "forged" if "signature" in str(exc) or "unsigned" in str(exc) else "malformed"
-            self._finish(held, "rejected", [self._dead_letter(held, reason, str(exc), data)])
+            self._refuse(held, data, packed, signature, exc)
             return None
         key = (message.client, message.id)
         held.key = key
@@ -426,13 +606,14 @@ class Worker:
                     f"without completing (each worker holding it died or lost its lease); "
                     f"max_attempts is {self.config.max_attempts}: moved to the dead-letter stream "
                     f"{self._dead!r}")
-            self._reply_error(held, message, ErrorInfo("dead_letter", "DeadLetter", text),
-                              "dead_letter", self._dead_letter(held, "max_attempts", text, data))
+            self._reply_error(held, message.client, message.id,
+                              ErrorInfo("dead_letter", "DeadLetter", text), "dead_letter",
+                              self._dead_letter(held, keys.REASON_MAX_ATTEMPTS, text, data))
             return None
         registered = self.registry.get(message.function)
         if registered is None:
             served = ", ".join(sorted(self.registry)) or "nothing"
-            self._reply_error(held, message, ErrorInfo(
+            self._reply_error(held, message.client, message.id, ErrorInfo(
                 "unknown_function", "LookupError",
                 f"function {message.function!r} is not served by the workers of queue "
                 f"{self.config.queue!r} (worker {self.consumer} serves: {served}); start the "
@@ -440,7 +621,7 @@ class Worker:
                 "unknown_function")
             return None
         if registered.fingerprint != message.fingerprint:
-            self._reply_error(held, message, ErrorInfo(
+            self._reply_error(held, message.client, message.id, ErrorInfo(
                 "fingerprint", "LookupError",
                 f"function {message.function!r} on queue {self.config.queue!r} has fingerprint "
                 f"{registered.fingerprint} on worker {self.consumer} but {message.fingerprint} on "
@@ -448,6 +629,26 @@ class Worker:
                 "fingerprint")
             return None
         return message, registered, data
+
+    def _refuse(self, held: _Held, data: dict[Any, Any], packed: Any, signature: Any,
+                exc: WireError) -> None:
+        """Dead-letter an entry that does not decode; answer its client when it may be trusted.
+
+        A message whose signature does not check out is never answered: a reply would
+        be signed by this worker on behalf of whoever wrote the entry.
+        """
+        forged = isinstance(packed, bytes) and self._signer.verify(
+            packed, signature if isinstance(signature, bytes) else None) is not None
+        reason = keys.REASON_FORGED if forged else keys.REASON_MALFORMED
+        dead = self._dead_letter(held, reason, str(exc), data)
+        ids = None if forged else peek_ids(packed, self.config.queue, "task")
+        if ids is None:
+            self._finish(held, "rejected", [dead])
+            return
+        self._reply_error(held, *ids, ErrorInfo(
+            "invalid", "WireError",
+            f"worker {self.consumer} of queue {self.config.queue!r} refused the task: {exc}"),
+            "rejected", dead)
 
     async def _run(self, held: _Held, message: TaskMessage, registered: RegisteredFunction,
                    data: dict[Any, Any]) -> None:
@@ -476,47 +677,34 @@ class Worker:
                   result: Any, error: Exception | None,
                   usage: dict[str, int | float] | None = None) -> None:
         """Queue the reply: the result, or the error with this worker's traceback."""
-        self.metrics.inc("asyncgraph_worker_task_seconds_sum", time.perf_counter() - started)
-        self.metrics.inc("asyncgraph_worker_task_seconds_count")
+        self.metrics.observe("asyncgraph_worker_task_seconds", time.perf_counter() - started)
         if error is not None:
             tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
             info = ErrorInfo("error", type(error).__qualname__, str(error)[:_MAX_TRACEBACK], tb)
-            self._reply_error(held, message, info, "error", self._dead_letter(
-                held, "error", f"{type(error).__qualname__}: {error}\n{tb}", data), usage=usage)
+            self._reply_error(held, message.client, message.id, info, "error", self._dead_letter(
+                held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data),
+                usage=usage)
             return
         reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer, result,
                              usage=usage)
         try:
             packed, signature = encode(reply, self._signer, self.config.limits)
         except (TypeError, WireError) as exc:
-            self._reply_error(held, message, ErrorInfo(
+            self._reply_error(held, message.client, message.id, ErrorInfo(
                 "error", type(exc).__qualname__,
                 f"{message.function}.{message.op} returned a value that cannot be sent back: {exc}"),
                 "error")
             return
-        self._reply(held, message, packed, signature, "ok")
-
-    def _backward_sync(self, registered: RegisteredFunction, message: TaskMessage) -> Any:
-        fn = registered.function
-        ctx = ctx_from_state(message.payload.get("ctx"), fn)
-        grads = grads_from_entries(message.payload.get("g"), "grad_outputs")
-        with no_grad():
-            return result_entries(fn.backward(ctx, *grads))
+        self._reply(held, message.client, message.id, packed, signature, "ok")
 
     async def _execute(self, registered: RegisteredFunction, message: TaskMessage) -> Any:
         fn = registered.function
         payload = message.payload
         if message.op == "backward":
-            if not fn._backward_is_async and not fn.blocking:
-                return self._backward_sync(registered, message)
             ctx = ctx_from_state(payload.get("ctx"), fn)
             grads = grads_from_entries(payload.get("g"), "grad_outputs")
             with no_grad():
-                if fn._backward_is_async:
-                    result = await fn.backward(ctx, *grads)
-                else:
-                    result = await anyio.to_thread.run_sync(
-                        functools.partial(fn.backward, ctx, *grads), limiter=self._threads)
+                result = await self._call(fn, fn.backward, ctx, *grads)
             return result_entries(result)
         args, kwargs, needs = forward_args(payload)
         ctx = FunctionCtx()
@@ -540,12 +728,21 @@ class Worker:
         }
 
     async def _call(self, fn: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """Await an async method; run a synchronous one in a worker thread.
+
+        On a worker every synchronous method goes to a thread, whatever ``blocking``
+        says: a remote function is slow by nature, and one that held the event loop
+        would stall lease renewals (its task would be reclaimed and run twice),
+        heartbeats, cancellations and every other task of the batch.
+        """
         if inspect.iscoroutinefunction(method):
             return await method(*args, **kwargs)
-        if fn.blocking:
-            return await anyio.to_thread.run_sync(
-                functools.partial(method, *args, **kwargs), limiter=self._threads)
-        return method(*args, **kwargs)
+
+        def in_thread() -> Any:
+            with no_grad():  # grad mode is a contextvar: set it in the thread too
+                return method(*args, **kwargs)
+
+        return await anyio.to_thread.run_sync(in_thread, limiter=self._threads)
 
     def _deadline(self, entry_id: bytes, ttl_ms: int) -> float:
         """The task's deadline on this process's anyio clock (entry ids are Redis time)."""
@@ -557,19 +754,20 @@ class Worker:
         return anyio.current_time() + remaining_s
 
     # -- replies, acknowledgements, dead letters -------------------------------------------
-    def _reply(self, held: _Held, message: TaskMessage, packed: bytes, signature: bytes,
+    def _reply(self, held: _Held, client: str, task_id: str, packed: bytes, signature: bytes,
                outcome: str, *extra: list[Any]) -> None:
-        stream = keys.reply_stream(self.config.queue, message.client)
+        stream = keys.reply_stream(self.config.queue, client)
         self._finish(held, outcome, [
-            ["XADD", stream, "*", keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature], *extra,
+            ["XADD", stream, "*", keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature,
+             keys.F_TASK_HINT, task_id], *extra,
         ], stream)
 
-    def _reply_error(self, held: _Held, message: TaskMessage, info: ErrorInfo, outcome: str,
+    def _reply_error(self, held: _Held, client: str, task_id: str, info: ErrorInfo, outcome: str,
                      *extra: list[Any], usage: dict[str, int | float] | None = None) -> None:
-        reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer,
+        reply = ReplyMessage(self.config.queue, client, task_id, self.consumer,
                              error=info, usage=usage)
         packed, signature = encode(reply, self._signer)
-        self._reply(held, message, packed, signature, outcome, *extra)
+        self._reply(held, client, task_id, packed, signature, outcome, *extra)
 
     def _dead_letter(self, held: _Held, reason: str, text: str, data: dict[Any, Any]) -> list[Any]:
         """The XADD that dead-letters ``held`` with its reason and (truncated) original message."""
@@ -578,7 +776,15 @@ class Worker:
                     held.entry_id.decode(errors="replace"), reason, text)
         fields: list[Any] = [keys.F_REASON, reason, keys.F_ERROR, text[:_MAX_TRACEBACK],
                              keys.F_WORKER, self.consumer, keys.F_TASK, held.entry_id]
+        # Whose task it was (for that client's timeout diagnosis): from the message when
+        # it can be read, else from the entry's hint. Informational, never trusted.
         original = data.get(keys.F_MESSAGE)
+        ids = peek_ids(original, self.config.queue, "task")
+        hint = data.get(keys.F_CLIENT_HINT)
+        client = ids[0] if ids is not None else (
+            hint.decode(errors="replace")[:32] if isinstance(hint, bytes) else None)
+        if client is not None and keys.is_client_id(client):
+            fields += [keys.F_CLIENT, client]
         if isinstance(original, bytes):
             fields += [keys.F_ORIGINAL, original[:_MAX_ORIGINAL]]
         return ["XADD", self._dead, "MAXLEN", "~", keys.DEAD_MAXLEN, "*", *fields]
@@ -633,7 +839,7 @@ class Worker:
             self._flushing -= 1
         if isinstance(replies[-1], ReplyError):
             log.warning("worker %s: reply transaction failed: %s", self.consumer, replies[-1])
-        self._last_redis_ok = time.monotonic()
+        self._redis_ok()
         for outcome in batch:
             self._held.pop(outcome.held.entry_id, None)
         self._on_released()
@@ -673,25 +879,25 @@ class Worker:
                                          *ids, "JUSTID")
             except (RedisConnectionLost, ReplyError) as exc:
                 self._redis_failed("renewing leases", exc)
+            else:
+                self._redis_ok()
 
     async def _heartbeat(self) -> None:
-        period = min(self.config.lease_ms / 3000, 5.0)
+        period = self._beat_s
         workers = keys.workers_hash(self.config.queue)
-        last_sweep = 0.0
+        housekeeping_s = min(30.0, _CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000)
+        last_housekeeping = time.monotonic()
         while True:
             try:
                 await self._sync_clock()
                 expiry = int(self._redis_now_ms() + 3 * period * 1000 + 1000)
                 await self._pool.execute("HSET", workers, self.consumer, expiry)
+                self._redis_ok()
                 now = time.monotonic()
-                if now - last_sweep > 30:
-                    last_sweep = now
-                    beats = await self._pool.execute("HGETALL", workers)
-                    stale = [beats[i] for i in range(0, len(beats), 2)
-                             if int(beats[i + 1]) < self._redis_now_ms() - 60_000]
-                    if stale:
-                        await self._pool.execute("HDEL", workers, *stale)
-            except (RedisConnectionLost, ReplyError, ValueError) as exc:
+                if now - last_housekeeping >= housekeeping_s:
+                    last_housekeeping = now
+                    await self._housekeeping(workers)
+            except (RedisConnectionLost, ReplyError, ValueError, TimeoutError) as exc:
                 self._redis_failed("heartbeat", exc)
             if self.config.supervisor_pid and os.getppid() != self.config.supervisor_pid:
                 log.warning("worker %s: supervisor %d is gone, draining", self.consumer,
@@ -702,12 +908,40 @@ class Worker:
                 if until < now:
                     del self._cancelled[task_key]
             self.metrics.set("asyncgraph_worker_tasks_in_flight", len(self._held))
-            if self.config.metrics_dir:
-                try:
-                    self.metrics.write_snapshot(self.config.metrics_dir)
-                except OSError as exc:
-                    log.warning("worker %s: writing metrics: %s", self.consumer, exc)
-            await anyio.sleep(min(period, 1.0) if self.config.metrics_dir else period)
+            await anyio.sleep(period)
+
+    async def _housekeeping(self, workers: str) -> None:
+        """Forget stale heartbeats; delete consumers long idle, holding nothing, not alive."""
+        now_ms = self._redis_now_ms()
+        beats = await self._pool.execute("HGETALL", workers)
+        alive = {beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) >= now_ms}
+        stale = [beats[i] for i in range(0, len(beats), 2)
+                 if int(beats[i + 1]) < now_ms - _STALE_BEAT_MS]
+        if stale:
+            await self._pool.execute("HDEL", workers, *stale)
+        idle_limit_ms = _CONSUMER_IDLE_LEASES * self.config.lease_ms
+        for info in await self._pool.execute("XINFO", "CONSUMERS", self._tasks, keys.GROUP):
+            fields = dict(zip(info[::2], info[1::2], strict=False))
+            name = fields.get(b"name")
+            if (not isinstance(name, bytes) or name in alive
+                    or name == self.consumer.encode() or fields.get(b"pending") != 0
+                    or int(fields.get(b"idle", 0)) < idle_limit_ms):
+                continue
+            if await self._delete_consumer(name):
+                log.info("worker %s: deleted consumer %s (idle %d ms, nothing pending, no "
+                         "heartbeat)", self.consumer, name.decode(errors="replace"),
+                         int(fields[b"idle"]))
+
+    async def _reporter(self) -> None:
+        """Under a supervisor: write metrics and health to its directory every second."""
+        assert self.config.metrics_dir is not None
+        while True:
+            self.metrics.set("asyncgraph_worker_tasks_in_flight", len(self._held))
+            try:
+                self.metrics.write_snapshot(self.config.metrics_dir, health=self.health())
+            except OSError as exc:
+                log.warning("worker %s: writing metrics: %s", self.consumer, exc)
+            await anyio.sleep(1.0)
 
     async def _cancel_watcher(self) -> None:
         """Follow the cancel stream: remember cancelled tasks, stop the ones running."""
@@ -722,7 +956,8 @@ class Worker:
                         conn = await self._pool.connect()
                     with anyio.fail_after(_BLOCK_MS / 1000 + self.config.redis_timeout_s):
                         reply = await conn.execute("XREAD", "COUNT", 512, "BLOCK", _BLOCK_MS,
-                                                   "STREAMS", stream, last_id)
+                                                   "STREAMS", stream, last_id,
+                                                   max_bulk=self._max_bulk)
                 except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
                     self._redis_failed("reading cancellations", exc)
                     if conn is not None:
@@ -730,6 +965,7 @@ class Worker:
                         conn = None
                     await anyio.sleep(0.5)
                     continue
+                self._redis_ok()
                 if not reply:
                     continue
                 for entry_id, fields in reply[0][1]:

@@ -178,3 +178,61 @@ class Ask(Function):
         model = SimulatedModel(latency_s=0.0, responder=lambda messages: "one two three")
         reply = await model.complete([{"role": "user", "content": f"feedback on {grad.data}"}])
         return reply.text
+
+
+class SyncSleep(Function):
+    """Synchronous backward that blocks for ``ctx.seconds`` (time.sleep), recording when.
+
+    Not ``blocking = True``: on a worker every synchronous backward runs in a thread anyway,
+    so the event loop keeps renewing leases while it sleeps.
+    """
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, seconds: float, tag: str) -> Variable:
+        ctx.seconds = seconds
+        ctx.tag = tag
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Any:
+        client = _redis()
+        try:
+            client.rpush(f"agdist:sync-started:{ctx.tag}", f"{os.getpid()} {time.time()}")
+            time.sleep(ctx.seconds)
+            client.rpush(f"agdist:sync-finished:{ctx.tag}", f"{os.getpid()} {time.time()}")
+        finally:
+            client.close()
+        return grad.data, None, None
+
+
+class Table(Function):
+    """Numbers with an int-keyed dict on ctx: y = x * table[1]; the dict travels both ways."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, table: dict[int, float]) -> Variable:
+        ctx.table = table
+        return Variable(x.data * table[1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> tuple[Any, None]:
+        assert all(isinstance(k, int) for k in ctx.table), ctx.table
+        return grad.data * ctx.table[1], None
+
+
+class Expand(Function):
+    """Text: backward returns the feedback repeated ``ctx.times`` times (a big reply)."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, times: int) -> Variable:
+        ctx.times = times
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> tuple[str, None]:
+        return str(grad.data) * ctx.times, None

@@ -28,11 +28,13 @@ class WorkerProcess:
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(HERE), *filter(None, [full_env.get("PYTHONPATH")])])
         full_env["AGDIST_REDIS_URL"] = url
-        full_env.pop("ASYNCGRAPH_SECRET", None)
+        for name in ("ASYNCGRAPH_SECRET", "ASYNCGRAPH_ALLOWED_BASE_URLS", "OPENAI_API_KEY",
+                     "OPENAI_BASE_URL"):
+            full_env.pop(name, None)
         full_env.update(env or {})
+        imports = [] if "--import" in extra else ["--import", "agdist_functions"]
         self.args = [sys.executable, "-m", "asyncgraph", "worker", "--redis", url,
-                     "--queue", queue, "--import", "agdist_functions", "--log-level", "WARNING",
-                     *extra]
+                     "--queue", queue, *imports, "--log-level", "WARNING", *extra]
         self.proc = subprocess.Popen(self.args, env=full_env, stdin=subprocess.DEVNULL)
 
     @property
@@ -84,3 +86,66 @@ async def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> A
             if value:
                 return value
             await anyio.sleep(0.05)
+
+
+class CaptureServer:
+    """An OpenAI-compatible HTTP server on 127.0.0.1 that records each request's headers.
+
+    ``with CaptureServer() as server: server.base_url``; ``server.requests`` lists
+    ``(path, authorization header)`` of every request. It answers every POST with a
+    minimal chat completion.
+    """
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.requests: list[tuple[str, str]] = []
+        capture = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                self.rfile.read(length)
+                capture.requests.append((self.path, self.headers.get("authorization") or ""))
+                body = json.dumps({
+                    "choices": [{"message": {"role": "assistant", "content": "captured"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                }).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> CaptureServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """``GET http://127.0.0.1:port/path``: status and body, also for 4xx/5xx; (0, error) if down."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status), str(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), str(exc.read().decode())
+    except OSError as exc:
+        return 0, str(exc)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import agdist_functions as F
+import anyio
 import numpy as np
 import pytest
 
@@ -85,11 +86,30 @@ def arrays() -> tuple[list[Parameter], list[Variable]]:
     return [x], [Add.apply(y, z)]
 
 
+def odd_data() -> tuple[list[Parameter], list[Variable]]:
+    """0-d and big-endian arrays as gradients; an int-keyed dict on ctx (Variable data
+    dicts need str keys, ctx attributes may use int keys)."""
+    zero_d = Parameter(np.array(3.0), role="zero-d")
+    big = Parameter(np.arange(4, dtype=">f8"), role="big-endian")
+    w = Parameter(np.arange(3, dtype=">i4"), role="w")
+    return [zero_d, big, w], [
+        F.Noop.apply(zero_d), F.Noop.apply(big), F.Table.apply(w, {1: 3, 2: 5}),
+    ]
+
+
 def seed(outs: list[Variable]) -> tuple[Any, ...]:
+    # Same shape and dtype as the output, byte order included.
     return tuple(np.ones_like(o.data) if isinstance(o.data, np.ndarray) else None for o in outs)
 
 
-@pytest.mark.parametrize("graph", [text_and_numbers, fan_in, arrays])
+def test_odd_data_graph_is_really_odd() -> None:
+    _, outs = odd_data()
+    grads = seed(outs)
+    assert grads[0].shape == () and grads[1].dtype.str == ">f8"
+    assert outs[2].grad_fn is not None and outs[2].grad_fn.ctx.table == {1: 3, 2: 5}
+
+
+@pytest.mark.parametrize("graph", [text_and_numbers, fan_in, arrays, odd_data])
 async def test_grads_equal_local_executor_byte_for_byte(
     redis_server_url: str, shared_fleet: str, graph: Graph
 ) -> None:
@@ -103,6 +123,18 @@ async def test_grads_equal_local_executor_byte_for_byte(
         assert ex.stats.submitted > 0
         assert ex.stats.duplicate_replies == 0
     assert grads_of(leaves) == expected
+
+
+@pytest.mark.parametrize("ready", [1, 10, 200])
+async def test_ready_nodes_of_a_backward_go_in_one_round_trip(
+    redis_server_url: str, shared_fleet: str, ready: int
+) -> None:
+    leaves = [Parameter(float(i)) for i in range(ready)]
+    outs = [F.Noop.apply(p) for p in leaves]
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        await backward(outs, executor=ex)
+        assert (ex.stats.submitted, ex.stats.flushes) == (ready, 1)
+    assert [p.grad.data for p in leaves] == [1.0] * ready  # type: ignore[union-attr]
 
 
 async def test_grad_and_use_executor_run_remotely(redis_server_url: str, shared_fleet: str) -> None:
@@ -127,12 +159,18 @@ async def test_local_nodes_never_cross_the_network(redis_server_url: str, shared
 
 async def test_remote_forward_with_apply(redis_server_url: str, shared_fleet: str) -> None:
     x = Parameter(4.0, role="x")
+    w = Parameter(np.array(2.0), role="w")
     async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
         y = await ex.apply(F.Double, x)
         assert (y.data, y.role, y.grad_fn.name) == (8.0, "doubled", "Double")
         assert y.grad_fn.ctx.factor == 2
         await backward(y, executor=ex)
+        # An int-keyed dict argument and a 0-d array travel to the forward and back.
+        z = await ex.apply(F.Table, w, {1: 3.0})
+        assert z.data.shape == () and z.grad_fn.ctx.table == {1: 3.0}
+        await backward(z, executor=ex)
     assert x.grad is not None and x.grad.data == 2.0
+    assert w.grad is not None and w.grad.data == 3.0
 
 
 class NotServed(Function):
@@ -218,6 +256,57 @@ async def test_unserializable_ctx_attribute_is_named(redis_server_url: str, shar
     cause = info.value.__cause__
     assert isinstance(cause, TypeError)
     assert "HoldsALock" in str(cause) and "'lock'" in str(cause) and "lock" in str(cause)
+
+
+class TooDeep(Function):
+    """Packs on the client, but nests deeper than a worker's limit: the worker refuses it."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        nested: Any = 1
+        for _ in range(80):
+            nested = [nested]
+        ctx.nested = nested
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:  # pragma: no cover - never runs
+        return g
+
+
+async def test_a_task_the_workers_refuse_fails_at_once_not_at_the_timeout(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    x = Parameter(1.0, role="x")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=30) as ex:
+        with anyio.fail_after(10):
+            with pytest.raises(RemoteError, match="refused the task: message nests deeper"):
+                await backward(TooDeep.apply(x), executor=ex)
+        assert ex.stats.completed == 1
+
+
+async def test_a_reply_the_client_rejects_fails_its_task_at_once(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    from asyncgraph.wire import Limits
+
+    x = Parameter("ab", role="x")
+    # Unsigned workers answer unsigned replies; a client with a secret rejects them.
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=30,
+                                   secret="a-client-only-secret-16") as ex:
+        with anyio.fail_after(10):
+            with pytest.raises(RemoteError, match=r"unsigned message.*share one secret") as info:
+                await backward(F.Noop.apply(x), "fb", executor=ex)
+        assert info.value.function == "Noop" and ex.stats.rejected_replies == 1
+    # A reply above this client's limit is skipped unread, and fails its task.
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=30,
+                                   limits=Limits(max_message_bytes=2000)) as ex:
+        with anyio.fail_after(10):
+            with pytest.raises(RemoteError, match="above this client's limit of 2000"):
+                await backward(F.Expand.apply(x, 50_000), "fb", executor=ex)
+    assert x.grad is None
 
 
 async def test_remote_backward_refuses_create_graph(redis_server_url: str, shared_fleet: str) -> None:

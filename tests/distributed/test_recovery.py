@@ -10,7 +10,7 @@ import agdist_functions as F
 import anyio
 import pytest
 import redis
-from agdist_helpers import StartWorker, wait_for_workers, wait_until
+from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteConnectionError, RemoteTimeoutError, backward
 from asyncgraph._redis_server import RedisServer, free_port
@@ -143,6 +143,7 @@ async def test_cancelling_the_caller_stops_running_tasks_and_skips_queued_ones(
     assert started == [i]  # the queued ones never ran
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
 async def test_worker_added_mid_run_picks_up_work(redis_url: str, start_worker: StartWorker) -> None:
     first = start_worker(redis_url, "grow", *FAST, "--concurrency", "2")
     outs = [F.Sleep.apply(Parameter(1.0), 0.5, "grow") for _ in range(12)]
@@ -157,6 +158,7 @@ async def test_worker_added_mid_run_picks_up_work(redis_url: str, start_worker: 
     assert {first.pid, second.pid} == set(ran_on)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
 async def test_sigterm_drains_in_flight_tasks(redis_url: str, start_worker: StartWorker) -> None:
     worker = start_worker(redis_url, "drain", *FAST, "--drain-timeout-s", "20")
     x = Parameter(2.0)
@@ -185,4 +187,115 @@ async def test_deleted_task_held_by_a_dead_worker_is_cleared(
     client.xdel(stream, entry)  # then cancelled by its client
     start_worker(redis_url, "ghost", *FAST)
     await wait_until(lambda: client.xpending(stream, keys.GROUP)["pending"] == 0)
+    client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_slow_synchronous_backwards_run_in_threads_without_losing_their_lease(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # Each sleeps 3 leases in time.sleep. On the event loop it would stop lease renewals:
+    # the second worker would reclaim and rerun it, and the two would run one after the other.
+    first = start_worker(redis_url, "sync", "--lease-ms", "500", "--concurrency", "4")
+    outs = [F.SyncSleep.apply(Parameter(1.0), 1.5, f"sync{i}") for i in range(2)]
+
+    def runs(kind: str, i: int) -> list[tuple[int, float]]:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            rows = client.lrange(f"agdist:sync-{kind}:sync{i}", 0, -1)
+        finally:
+            client.close()
+        return [(int(pid), float(at)) for pid, at in (row.split() for row in rows)]
+
+    async with open_redis_executor(redis_url, queue="sync", timeout_s=30) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(backward, outs, executor=ex))
+            await wait_until(lambda: runs("started", 0) and runs("started", 1))
+            start_worker(redis_url, "sync", "--lease-ms", "500")  # would reclaim a lapsed lease
+        assert ex.stats.duplicate_replies == 0
+    (start0,), (start1,) = runs("started", 0), runs("started", 1)  # each ran once
+    (end0,), (end1,) = runs("finished", 0), runs("finished", 1)
+    assert {start0[0], start1[0]} == {first.pid}
+    assert start1[1] < end0[1] and start0[1] < end1[1]  # at the same time
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # what Redis says, not the client's loop
+async def test_timeout_diagnosis_says_where_the_task_is(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    x = Parameter(1.0)
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=1.0) as ex:
+        with pytest.raises(RemoteTimeoutError) as info:
+            await backward(F.Sleep.apply(x, 10.0, "diagnosed"), executor=ex)
+    message = str(info.value)
+    assert "is being processed by worker" in message and "delivered 1 time(s)" in message
+    assert "2 worker(s) alive" in message
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_a_worker_started_before_redis_waits_for_it(start_worker: StartWorker) -> None:
+    port, health = free_port(), free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    start_worker(url, "early", *FAST, "--health-port", str(health), "--health-host",
+                 "127.0.0.1", wait=False)
+    await wait_until(lambda: http_get(health, "/livez")[0] == 200)
+    status, body = http_get(health, "/readyz")
+    assert status == 503 and "connecting to Redis" in body
+    with RedisServer(port=port):
+        await anyio.to_thread.run_sync(wait_for_workers, url, "early", 1)
+        await wait_until(lambda: http_get(health, "/readyz")[0] == 200)
+        x = Parameter(1.0)
+        async with open_redis_executor(url, queue="early", timeout_s=20) as ex:
+            await backward(F.Scale.apply(x, 2.0), executor=ex)
+        assert x.grad is not None and x.grad.data == 2.0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_connect_timeout_ends_the_worker_with_a_clear_error() -> None:
+    import subprocess
+    import sys
+
+    from agdist_helpers import HERE
+
+    done = await anyio.to_thread.run_sync(functools.partial(
+        subprocess.run,
+        [sys.executable, "-m", "asyncgraph", "worker", "--redis",
+         f"redis://127.0.0.1:{free_port()}/0", "--import", "agdist_functions",
+         "--connect-timeout-s", "0.5"],
+        capture_output=True, text=True, timeout=30, cwd=HERE))
+    assert done.returncode == 1
+    assert "did not answer within connect_timeout_s=0.5" in done.stderr
+    assert "cannot reach Redis (attempt 1)" in done.stderr  # each failure is logged
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_idle_consumers_are_deleted_and_a_drained_worker_deletes_its_own(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    from asyncgraph.wire import _keys as keys
+
+    client = redis.Redis.from_url(redis_url)
+    stream = keys.task_stream("tidy")
+    client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+    for name in ("ghost", "beating"):
+        client.execute_command("XGROUP", "CREATECONSUMER", stream, keys.GROUP, name)
+    # "beating" has a live heartbeat (an idle worker): it must stay.
+    client.hset(keys.workers_hash("tidy"), "beating", int(time.time() * 1000) + 3_600_000)
+
+    def consumers() -> set[str]:
+        return {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                for c in client.xinfo_consumers(stream, keys.GROUP)}
+
+    # lease 200 ms: consumers idle 2 s (10 leases), holding nothing, without a heartbeat go.
+    worker = start_worker(redis_url, "tidy", "--lease-ms", "200", "--drain-timeout-s", "1")
+    x = Parameter(1.0)
+    async with open_redis_executor(redis_url, queue="tidy", timeout_s=20) as ex:
+        await backward(F.Scale.apply(x, 2.0), executor=ex)  # the worker's consumer exists now
+    await wait_until(lambda: "ghost" not in consumers())
+    names = consumers()
+    assert "beating" in names and len(names) == 2  # and the worker itself
+    worker.signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0
+    assert consumers() == {"beating"}  # drained, nothing pending: deleted its consumer
     client.close()

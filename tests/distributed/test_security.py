@@ -10,9 +10,9 @@ import anyio
 import msgpack
 import pytest
 import redis
-from agdist_helpers import SECRET, StartWorker, wait_until
+from agdist_helpers import SECRET, CaptureServer, StartWorker, wait_for_workers, wait_until
 
-from asyncgraph import Parameter, backward
+from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, Variable, backward
 from asyncgraph.executors import open_redis_executor
 from asyncgraph.wire import _keys as keys
 from asyncgraph.wire._schema import ReplyMessage, TaskMessage, encode
@@ -89,8 +89,9 @@ async def test_bad_messages_are_dead_lettered_while_good_tasks_flow(
     reasons = [fields[keys.F_REASON].decode() for _, fields in dead]
     errors = [fields[keys.F_ERROR].decode() for _, fields in dead]
     assert reasons.count("forged") == 3  # unsigned, other secret, tampered
-    assert reasons.count("malformed") == len(entries) - 3
-    assert any("above the limit" in e for e in errors)
+    assert reasons.count("oversize") == 1  # skipped unread
+    assert reasons.count("malformed") == len(entries) - 4
+    assert any("above this worker's limit of 100000" in e for e in errors)
     assert any("field 'ttl' must be an int" in e for e in errors)
     assert any("no message field" in e for e in errors)
     assert any("protocol version" in e for e in errors)
@@ -120,3 +121,144 @@ async def test_task_past_its_deadline_is_skipped(redis_url: str, start_worker: S
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:  # noqa: ASYNC210
         assert response.status == 200
     client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_a_worker_sends_its_api_key_only_to_base_urls_it_allows(
+    redis_url: str, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgraph.text import llm_call
+
+    key = "sk-worker-key-that-must-not-leak"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the app side has no key here
+    with CaptureServer() as server:
+        prompt = Parameter("Answer.", role="system prompt")
+        answer = await llm_call(prompt, "1 + 1?", model="openai:gpt-test", base_url=server.base_url)
+        assert len(server.requests) == 1  # the forward, from this process, without a key
+        assert server.requests[0][1] == ""
+
+        start_worker(redis_url, "keys", "--import", "asyncgraph.text",
+                     env={"OPENAI_API_KEY": key})
+        async with open_redis_executor(redis_url, queue="keys", timeout_s=20) as ex:
+            with pytest.raises(RemoteError) as info:
+                await answer.backward(Variable("too long"), executor=ex)
+        message = str(info.value)
+        assert f"base_url {server.base_url!r} is not allowed" in message
+        assert f"--allow-base-url {server.base_url}" in message
+        assert "ASYNCGRAPH_ALLOWED_BASE_URLS" in message
+        assert len(server.requests) == 1  # the worker never called it
+
+        # Allowed (through the environment; scheme case and a trailing / do not matter):
+        # now the key goes there.
+        allowed = server.base_url.replace("http://", "HTTP://") + "/"
+        start_worker(redis_url, "keys-allowed", "--import", "asyncgraph.text",
+                     env={"OPENAI_API_KEY": key,
+                          "ASYNCGRAPH_ALLOWED_BASE_URLS": f"https://x.invalid/v1, {allowed}"})
+        async with open_redis_executor(redis_url, queue="keys-allowed", timeout_s=20) as ex:
+            await answer.backward(Variable("too long"), executor=ex)
+        assert [auth for _, auth in server.requests[1:]] == [f"Bearer {key}"]
+    assert prompt.grad is not None
+
+
+def test_base_url_allowlist_is_set_by_workers_only() -> None:
+    from asyncgraph.models import ModelConfigError, parse_model_spec
+    from asyncgraph.models._spec import restrict_base_urls
+    from asyncgraph.text import resolve_model, unregister_model
+
+    url = "http://127.0.0.1:9/v1"
+    model = resolve_model("openai:m", url)  # not restricted: an application
+    restriction = restrict_base_urls(["http://allowed.example/v1"])
+    try:
+        with pytest.raises(ModelConfigError, match="is not allowed in this process"):
+            resolve_model("openai:m", url)  # also when built before the restriction
+        with pytest.raises(ModelConfigError, match="--allow-base-url"):
+            parse_model_spec("openai:m", base_url="http://api.openai.com.evil.example/v1")
+        assert resolve_model("openai:m", "HTTP://Allowed.example/v1/") is not None
+        assert parse_model_spec("openai:m", base_url="https://api.openai.com/v1", api_key="k")
+        with pytest.raises(ValueError, match="not an http"):
+            restrict_base_urls(["ftp://nope"])
+    finally:
+        restriction.remove()
+    assert resolve_model("openai:m", url) is model
+    unregister_model("openai:m", url)
+    unregister_model("openai:m", "HTTP://Allowed.example/v1/")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the client's settings, not its loop
+async def test_the_client_takes_the_secret_from_the_environment_and_diagnoses_a_missing_one(
+    redis_url: str, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_worker(redis_url, QUEUE, env={"ASYNCGRAPH_SECRET": SECRET})
+    x = Parameter(2.0)
+    monkeypatch.setenv("ASYNCGRAPH_SECRET", SECRET)
+    async with open_redis_executor(redis_url, queue=QUEUE, timeout_s=20) as ex:
+        await backward(F.Scale.apply(x, 3.0), executor=ex)
+    assert x.grad is not None and x.grad.data == 3.0
+
+    # secret="" opts out of the environment's secret: the workers refuse the tasks, and the
+    # timeout says why.
+    async with open_redis_executor(redis_url, queue=QUEUE, timeout_s=1.5, secret="") as ex:
+        with pytest.raises(RemoteTimeoutError) as info:
+            await backward(F.Scale.apply(x, 3.0), executor=ex)
+    message = str(info.value)
+    assert "dead-lettered as unsigned or forged" in message
+    assert "this client has no secret" in message and "ASYNCGRAPH_SECRET" in message
+
+
+def readme_acl_rules(password: str) -> list[str]:
+    """The rules of the README's ``ACL SETUSER asyncgraph ...`` line, with ``password``."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    match = re.search(r"^ACL SETUSER asyncgraph (.*)$", readme, re.MULTILINE)
+    assert match is not None, "the README lost its ACL line"
+    return match.group(1).replace(">PASSWORD", f">{password}").split()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_readme_acl_is_enough_for_clients_and_workers(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    import signal
+
+    rules = readme_acl_rules("acl-test-pw")
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "agacl", "reset", *rules)
+    admin.execute_command("ACL", "LOG", "RESET")
+    try:
+        url = redis_url.replace("redis://", "redis://agacl:acl-test-pw@")
+        # lease 200 ms: the consumer sweep (XINFO CONSUMERS, WATCH...) runs every 2 s.
+        worker = start_worker(url, "acl", "--lease-ms", "200", "--drain-timeout-s", "1",
+                              env={"AGDIST_REDIS_URL": redis_url}, wait=False)
+        await anyio.to_thread.run_sync(wait_for_workers, redis_url, "acl", 1)
+        x = Parameter(1.0)
+        async with open_redis_executor(url, queue="acl", timeout_s=20) as ex:
+            await backward(F.Scale.apply(x, 2.0), executor=ex)
+        async with open_redis_executor(url, queue="acl-idle", timeout_s=0.3) as ex:
+            with pytest.raises(RemoteTimeoutError, match="no worker of queue 'acl-idle'"):
+                await backward(F.Noop.apply(x), executor=ex)  # the diagnosis's commands
+        await anyio.sleep(2.2)
+        worker.signal(signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0
+        assert x.grad is not None and x.grad.data == 2.0
+        denied = [e for e in admin.execute_command("ACL", "LOG")
+                  if b"agacl" in e or "agacl" in str(e)]
+        assert denied == []
+    finally:
+        admin.execute_command("ACL", "DELUSER", "agacl")
+        admin.close()
+
+
+def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
+    from asyncgraph.wire._resp import Oversize
+    from asyncgraph.worker import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig("redis://127.0.0.1:1/0", batch_size=256), {})
+    assert worker._read_count(64) == 64
+    worker._note_sizes([(b"1-0", [b"m", b"x" * 4 * 1024 * 1024, b"s", b""])])
+    assert worker._read_count(64) == 16  # 64 MiB budget / 4 MiB entries
+    worker._note_sizes([(b"2-0", [b"m", Oversize(10**9), b"s", b""]), None])
+    assert worker._read_count(64) == 7  # an unread entry counts as the largest readable one
+    worker._note_sizes([(b"3-0", [b"m", b"small", b"s", b""])])
+    assert worker._read_count(300) == 256

@@ -22,22 +22,58 @@ def test_settings_from_environment() -> None:
         "ASYNCGRAPH_PROCESSES": "4",
         "ASYNCGRAPH_HEALTH_PORT": "",
         "ASYNCGRAPH_SECRET": "x" * 32,
+        "ASYNCGRAPH_ALLOWED_BASE_URLS": "http://vllm:8000/v1, https://llm.example/v1",
     })
     assert settings.imports == ("a.b", "c") and settings.processes == 4
+    assert settings.allowed_base_urls == ("http://vllm:8000/v1", "https://llm.example/v1")
     argv = settings.argv()
     assert "--health-port" not in argv and "x" * 32 not in argv  # the secret stays in the env
+    assert "--redis" not in argv and not any("u:p@" in a for a in argv)  # so does the URL
     assert argv[argv.index("--import") + 1] == "a.b"
+
+
+REDIS = {"ASYNCGRAPH_REDIS_URL": "redis://r"}
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [({}, "ASYNCGRAPH_REDIS_URL is required"),
-     ({"ASYNCGRAPH_REDIS_URL": "redis://r", "ASYNCGRAPH_CONCURRENCY": "many"}, "CONCURRENCY"),
-     ({"ASYNCGRAPH_REDIS_URL": "redis://r", "ASYNCGRAPH_BACKEND": "curio"}, "BACKEND")],
+     ({"ASYNCGRAPH_REDIS_URL": "http://r"}, "ASYNCGRAPH_REDIS_URL: invalid Redis URL"),
+     ({**REDIS, "ASYNCGRAPH_CONCURRENCY": "many"}, "ASYNCGRAPH_CONCURRENCY must be an integer"),
+     ({**REDIS, "ASYNCGRAPH_PROCESSES": "0"}, "ASYNCGRAPH_PROCESSES must be >= 1"),
+     ({**REDIS, "ASYNCGRAPH_BACKEND": "curio"}, "ASYNCGRAPH_BACKEND"),
+     ({**REDIS, "ASYNCGRAPH_QUEUE": "a b"}, "ASYNCGRAPH_QUEUE: queue name"),
+     ({**REDIS, "ASYNCGRAPH_SECRET": "short"}, "ASYNCGRAPH_SECRET must be at least 16 bytes"),
+     ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "http"}, "ASYNCGRAPH_HEALTH_PORT must be an integer"),
+     ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "70000"}, "ASYNCGRAPH_HEALTH_PORT must be 0 to 65535"),
+     ({**REDIS, "ASYNCGRAPH_LEASE_MS": "100"}, "ASYNCGRAPH_LEASE_MS must be >= 200"),
+     ({**REDIS, "ASYNCGRAPH_DRAIN_TIMEOUT_S": "-1"}, "ASYNCGRAPH_DRAIN_TIMEOUT_S must be > 0"),
+     ({**REDIS, "ASYNCGRAPH_CONNECT_TIMEOUT_S": "soon"}, "ASYNCGRAPH_CONNECT_TIMEOUT_S"),
+     ({**REDIS, "ASYNCGRAPH_ALLOWED_BASE_URLS": "vllm:8000"}, "ASYNCGRAPH_ALLOWED_BASE_URLS"),
+     ({**REDIS, "ASYNCGRAPH_LOG_LEVEL": "chatty"}, "ASYNCGRAPH_LOG_LEVEL")],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings.from_env(env)
+
+
+def test_metrics_print_exact_values_and_declare_the_task_seconds_summary() -> None:
+    from asyncgraph.worker._metrics import Metrics, format_value
+
+    metrics = Metrics()
+    metrics.inc("asyncgraph_worker_tasks_total", 1234567, outcome="ok")
+    metrics.observe("asyncgraph_worker_task_seconds", 0.1)
+    metrics.observe("asyncgraph_worker_task_seconds", 0.2)
+    metrics.set("asyncgraph_worker_tasks_in_flight", 3)
+    text = metrics.render()
+    assert 'asyncgraph_worker_tasks_total{outcome="ok"} 1234567\n' in text
+    assert "# TYPE asyncgraph_worker_task_seconds summary\n" in text
+    assert "asyncgraph_worker_task_seconds_sum 0.30000000000000004\n" in text  # repr: exact
+    assert "asyncgraph_worker_task_seconds_count 2\n" in text
+    assert "# TYPE asyncgraph_worker_task_seconds_sum" not in text
+    assert "asyncgraph_worker_tasks_in_flight 3\n" in text
+    assert [format_value(v) for v in (2**53 + 1, 1e300, float("nan"), float("-inf"))] == [
+        "9007199254740993", "1e+300", "NaN", "-Inf"]
 
 
 def test_python_m_workers_check_lists_the_default_functions() -> None:
@@ -47,3 +83,12 @@ def test_python_m_workers_check_lists_the_default_functions() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "workers.echo" in result.stdout
+    for name, value, message in [
+        ("ASYNCGRAPH_HEALTH_PORT", "abc", "ASYNCGRAPH_HEALTH_PORT must be an integer"),
+        ("ASYNCGRAPH_IMPORTS", "workers.nope", "ASYNCGRAPH_IMPORTS: cannot import"),
+        ("ASYNCGRAPH_SECRET", "too-short", "ASYNCGRAPH_SECRET must be at least 16 bytes"),
+    ]:
+        result = subprocess.run([sys.executable, "-m", "workers", "--check"], cwd=ROOT,
+                                env={**env, name: value}, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -12,10 +12,10 @@ import agdist_functions as F
 import anyio
 import pytest
 import redis
-from agdist_helpers import StartWorker, wait_for_workers
+from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteError, backward
-from asyncgraph._redis_server import free_port
+from asyncgraph._redis_server import RedisServer, free_port
 from asyncgraph.executors import open_redis_executor
 from asyncgraph.wire import _keys as keys
 
@@ -80,3 +80,45 @@ async def test_supervisor_restarts_workers_and_poison_task_is_dead_lettered(
     for pid in health["pids"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_supervisor_readiness_follows_the_children_and_argv_holds_no_url(
+    start_worker: StartWorker,
+) -> None:
+    port = free_port()
+    with RedisServer() as server:
+        url = server.url.replace("redis://", "redis://default:not-in-argv@")
+        await anyio.to_thread.run_sync(lambda: redis.Redis.from_url(server.url).config_set(
+            "requirepass", "not-in-argv"))
+        start_worker(url, "ready", "--processes", "2", "--lease-ms", "1000",
+                     "--drain-timeout-s", "1", "--health-port", str(port), "--health-host",
+                     "127.0.0.1", wait=False)
+        await wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout_s=20)
+        status, body = http_get(port, "/healthz")
+        health = json.loads(body)
+        assert status == 200 and health["ready"] == 2
+        for pid in health["pids"]:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # noqa: ASYNC230
+                argv = f.read().split(b"\0")
+            assert b"--redis" not in argv and not any(b"not-in-argv" in a for a in argv)
+
+        server.stop()  # the children lose Redis: not ready, but alive
+        await wait_until(lambda: http_get(port, "/readyz")[0] == 503, timeout_s=15)
+        status, body = http_get(port, "/readyz")
+        assert "redis unreachable" in json.loads(body)["status"]
+        assert http_get(port, "/livez")[0] == 200
+        server.start()
+        await anyio.to_thread.run_sync(lambda: redis.Redis.from_url(server.url).config_set(
+            "requirepass", "not-in-argv"))
+        await wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout_s=20)
+
+
+def test_zero_processes_is_refused() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "asyncgraph", "worker", "--processes", "0",
+                           "--import", "asyncgraph.text"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--processes must be >= 1, got 0" in done.stderr

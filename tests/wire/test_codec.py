@@ -17,15 +17,40 @@ def test_round_trip_keeps_types_exactly() -> None:
     assert type(unpack(pack((1, 2)))) is tuple
 
 
-def test_numpy_arrays_and_scalars_round_trip_with_dtype() -> None:
-    for arr in (np.arange(6, dtype=np.float32).reshape(2, 3), np.array([True, False]),
-                np.arange(4, dtype=">i8"), np.zeros((0, 3), dtype=np.complex128)):
-        back = unpack(pack(arr))
-        assert back.dtype == arr.dtype.newbyteorder("<") or back.dtype == arr.dtype
-        assert back.shape == arr.shape and np.array_equal(back, arr)
-        back[...] = 0  # writeable copy, not a view of the message
+@pytest.mark.parametrize(
+    "arr",
+    [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([True, False]),
+     np.arange(4, dtype=">i8"), np.zeros((0, 3), dtype=np.complex128), np.array(2.5),
+     np.array(7, dtype=">u2"), np.arange(12, dtype=">f8").reshape(3, 4).T,
+     np.arange(3, dtype="<c8")],
+    ids=["2d", "bool", "big-endian", "empty", "0-d", "0-d big-endian", "transposed", "complex"],
+)
+def test_numpy_arrays_keep_shape_dtype_and_bytes(arr: np.ndarray) -> None:
+    back = unpack(pack(arr))
+    assert back.dtype.str == arr.dtype.str  # byte order included
+    assert back.shape == arr.shape
+    assert back.tobytes() == arr.tobytes() and np.array_equal(back, arr)
+    back[...] = 0  # writeable copy, not a view of the message
+
+
+def test_numpy_scalars_and_strings() -> None:
     scalar = unpack(pack(np.float16(1.5)))
     assert type(scalar) is np.float16 and scalar == 1.5
+    assert unpack(pack([np.str_("é"), np.bytes_(b"\x00x")])) == ["é", b"\x00x"]
+    assert type(unpack(pack(np.str_("a")))) is str
+
+
+def test_int_keys_travel_and_other_keys_are_refused_on_both_sides() -> None:
+    value = {"s": {1: "one", -2: [3.0]}, "nested": [({2**40: None},)]}
+    assert unpack(pack(value)) == value
+    for bad in ({1.5: 0}, {(1, 2): 0}, {True: 0}, {None: 0}, {b"b": 0}, {"ok": [{2.0: 1}]}):
+        with pytest.raises(TypeError, match="must be str or int"):
+            pack(bad)
+        data = msgpack.packb(bad, use_bin_type=True, default=list)
+        with pytest.raises(WireError):
+            unpack(data)
+    with pytest.raises(TypeError, match=r"ctx\['a'\]\[0\] has a key 1.5"):
+        check_packable({"a": [{1.5: 0}], "b": {3: 0}}, "ctx")
 
 
 def test_object_arrays_and_unknown_types_are_refused_on_send() -> None:
@@ -56,7 +81,7 @@ def test_dtype_outside_the_whitelist_is_a_wire_error() -> None:
         (msgpack.packb([[[[[1]]]]]), Limits(max_depth=3), "deeper"),
         (msgpack.packb(msgpack.ExtType(99, b"")), Limits(), "unknown msgpack extension"),
         (b"\x91" * 10, Limits(), "not valid msgpack"),
-        (msgpack.packb({1: 2}), Limits(), "not valid msgpack"),
+        (msgpack.packb({1.5: 2}), Limits(), "keys must be str or int"),
         (b"\xc1", Limits(), "not valid msgpack"),
     ],
 )

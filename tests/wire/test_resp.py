@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from asyncgraph.wire._resp import (
+    Oversize,
     Pool,
     RedisConnectionLost,
     ReplyError,
@@ -30,6 +31,49 @@ async def test_commands_pipelines_and_errors(redis_url: str) -> None:
         with pytest.raises(ReplyError):
             await pool.execute("NOPE")
     finally:
+        await pool.aclose()
+
+
+async def test_bulk_over_the_cap_is_skipped_unread_and_the_connection_stays_usable(
+    redis_url: str,
+) -> None:
+    pool = Pool(parse_redis_url(redis_url), timeout_s=5)
+    big = b"\xab" * 3_000_000
+    await pool.execute("DEL", "cap:s", "cap:l")
+    await pool.execute("XADD", "cap:s", "*", "m", b"small", "s", b"")
+    await pool.execute("XADD", "cap:s", "*", "m", big, "s", b"sig")
+    await pool.execute("XADD", "cap:s", "*", "m", b"after", "s", b"")
+    conn = await pool.connect()
+    peak = 0
+    receive = conn._stream.receive
+
+    async def watched(max_bytes: int = 65536) -> bytes:
+        nonlocal peak
+        peak = max(peak, len(conn._buf))
+        return await receive(max_bytes)
+
+    conn._stream.receive = watched  # type: ignore[method-assign]
+    try:
+        (entries,) = await conn.pipeline([["XRANGE", "cap:s", "-", "+"]], max_bulk=10_000)
+        assert [e[1] for e in entries] == [[b"m", b"small", b"s", b""],
+                                            [b"m", Oversize(3_000_000), b"s", b"sig"],
+                                            [b"m", b"after", b"s", b""]]
+        assert peak < 1_000_000  # never buffered the 3 MB value
+        # The skipped bytes were consumed: the next replies on this connection are intact,
+        # also when the oversize bulk ends a reply.
+        (value,) = await conn.pipeline([["XRANGE", "cap:s", entries[1][0], entries[1][0]]],
+                                       max_bulk=10_000)
+        assert value[0][1][1] == Oversize(3_000_000)
+        assert await conn.execute("PING") == b"PONG"
+        assert await conn.execute("XLEN", "cap:s") == 3
+        await pool.execute("RPUSH", "cap:l", *range(50))
+        with pytest.raises(RedisConnectionLost, match="array of 50 items"):
+            await conn.execute("LRANGE", "cap:l", 0, -1, max_bulk=10)
+        assert conn.broken
+        (whole,) = await pool.pipeline([["XRANGE", "cap:s", "-", "+"]])  # no cap: all of it
+        assert whole[1][1][1] == big
+    finally:
+        await conn.aclose()
         await pool.aclose()
 
 

@@ -16,6 +16,7 @@ from asyncgraph.wire._schema import (
     TaskMessage,
     decode,
     encode,
+    peek_ids,
 )
 from asyncgraph.wire._signing import Signer
 
@@ -101,3 +102,18 @@ def test_key_names_share_the_queue_hash_tag() -> None:
         keys.reply_stream("grads", "../../etc")
     with pytest.raises(ValueError, match="queue name"):
         keys.check_queue_name("a b")
+
+
+def test_ids_of_a_message_that_does_not_decode_can_be_peeked() -> None:
+    message = base()
+    message["p"] = {"ctx": {1.5: "float key"}, "x": msgpack.ExtType(99, b"?")}
+    packed = msgpack.packb(message)
+    with pytest.raises(WireError):
+        decode(packed, None, Signer(None), "q")
+    assert peek_ids(packed, "q", "task") == (CLIENT, "1f")
+    assert peek_ids(packed, "other", "task") is None
+    assert peek_ids(packed, "q", "reply") is None
+    assert peek_ids(b"\x81\xa1c", "q", "task") is None  # truncated
+    assert peek_ids(msgpack.packb([1, 2]), "q", "task") is None
+    assert peek_ids(msgpack.packb({**message, "c": "not-a-client"}), "q", "task") is None
+    assert peek_ids(msgpack.packb({**message, "id": 5}), "q", "task") is None
