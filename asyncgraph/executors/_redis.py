@@ -444,7 +444,7 @@ class RedisExecutor:
         self._outbox, self._cancels = [], []
         commands: list[list[Any]] = [
             ["XADD", self._task_stream, "*", keys.F_MESSAGE, p.packed, keys.F_SIGNATURE, p.signature,
-             keys.F_CLIENT_HINT, self.client_id]
+             keys.F_CLIENT_HINT, self.client_id, keys.F_TASK_HINT, p.task_id]
             for p in outbox
         ]
         for p in outbox:

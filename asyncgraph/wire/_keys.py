@@ -43,9 +43,10 @@ GROUP = "workers"
 F_MESSAGE = b"m"
 F_SIGNATURE = b"s"
 # Unsigned hints next to the message, never trusted for anything but diagnostics and
-# failing fast: a task entry names its client (so a dead letter says whose task it was,
-# even when the message is too big to read), a reply entry names its task (so a client
-# that cannot accept a reply fails that task at once instead of waiting for its timeout).
+# failing fast: a task entry names its client and task (so a dead letter says whose task
+# it was, and an unsigned fleet can answer a task too big to read), a reply entry names
+# its task (so a client that cannot accept a reply fails that task at once instead of
+# waiting for its timeout).
 F_CLIENT_HINT = b"c"
 F_TASK_HINT = b"i"
 

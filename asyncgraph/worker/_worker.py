@@ -27,8 +27,8 @@ Delivery is at-least-once with idempotent completion:
   out (or no secret is set) and its client and task ids can be read, the client
   also gets an error reply, so it fails at once instead of at its timeout;
 - a worker that stops after draining deletes its consumer from the group when it
-  holds no pending entry, and workers delete consumers that have been idle for
-  ``10 x lease_ms``, hold nothing and have no live heartbeat.
+  holds no pending entry, and workers delete consumers that have received nothing
+  for ``10 x lease_ms``, hold nothing and have no live heartbeat.
 """
 
 from __future__ import annotations
@@ -144,7 +144,12 @@ class WorkerConfig:
         if self.secret is not None:
             Signer(self.secret)  # too short: ValueError saying how to make one
         for url in self.allowed_base_urls:
-            normalize_base_url(url)
+            try:
+                normalize_base_url(url)
+            except ValueError as exc:
+                raise ValueError(
+                    f"allowed base URLs (--allow-base-url, ASYNCGRAPH_ALLOWED_BASE_URLS): {exc}"
+                ) from None
 
 
 @dataclass(eq=False)
@@ -162,6 +167,15 @@ class _Outcome:
     held: _Held
     commands: list[list[Any]] = field(default_factory=list)
     reply_stream: str | None = None
+
+
+def _hinted_ids(data: dict[Any, Any]) -> tuple[str, str] | None:
+    """(client, task id) from an entry's unsigned hints, when both are well formed."""
+    client, task_id = data.get(keys.F_CLIENT_HINT), data.get(keys.F_TASK_HINT)
+    if not (isinstance(client, bytes) and isinstance(task_id, bytes) and 0 < len(task_id) <= 64):
+        return None
+    client_id = client.decode(errors="replace")
+    return (client_id, task_id.decode(errors="replace")) if keys.is_client_id(client_id) else None
 
 
 class Worker:
@@ -300,22 +314,20 @@ class Worker:
     async def _delete_consumer(self, name: str | bytes) -> bool:
         """XGROUP DELCONSUMER ``name`` if it holds no pending entry; True if deleted.
 
-        DELCONSUMER drops the consumer's pending entries with it (they would never be
-        reclaimed), so the check and the delete run under WATCH: if the stream changed
-        in between, nothing is deleted (the next sweep tries again).
+        DELCONSUMER drops the consumer's pending entries with it (they could never be
+        reclaimed), hence the check first. The two are not atomic (WATCH does not see
+        deliveries): that is safe for this worker's own consumer once its reader has
+        stopped, and for another one only because the sweep picks consumers without a
+        live heartbeat that have received nothing for 10 leases (a dead worker's). In
+        the unlikely case that such a worker is alive after all and gets a task in
+        between, it still runs and answers it; only a crash of that worker before it
+        answers would leave the task unreclaimed (its caller times out).
         """
-        async with self._pool.connection() as conn:
-            with anyio.fail_after(self.config.redis_timeout_s):
-                _, held = await conn.pipeline(
-                    [["WATCH", self._tasks],
-                     ["XPENDING", self._tasks, keys.GROUP, "-", "+", 1, name]])
-                if isinstance(held, ReplyError) or held:
-                    await conn.execute("UNWATCH")
-                    return False
-                replies = await conn.pipeline(
-                    [["MULTI"], ["XGROUP", "DELCONSUMER", self._tasks, keys.GROUP, name],
-                     ["EXEC"]])
-        return isinstance(replies[-1], list) and bool(replies[-1])
+        held = await self._pool.execute("XPENDING", self._tasks, keys.GROUP, "-", "+", 1, name)
+        if held:
+            return False
+        await self._pool.execute("XGROUP", "DELCONSUMER", self._tasks, keys.GROUP, name)
+        return True
 
     def drain(self) -> None:
         """Stop reading tasks; ``serve`` returns once the held ones are done."""
@@ -577,12 +589,21 @@ class Worker:
         packed, signature = data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE)
         oversize = [v for v in (*data, *data.values()) if isinstance(v, Oversize)]
         if oversize or len(data) > 16:
-            # Skipped unread (see wire._resp): nothing of it can be verified or answered.
+            # Skipped unread (see wire._resp): nothing of it can be verified. Without a
+            # secret (anyone may write any task anyway) the entry's hints say whom to tell.
             text = (f"entry has a field of {oversize[0].size} bytes, above this worker's "
                     f"limit of {self.config.limits.max_message_bytes} (max_message_bytes); "
                     f"it was not read" if oversize else f"entry has {len(data)} fields")
-            self._finish(held, "rejected", [self._dead_letter(
-                held, keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED, text, data)])
+            dead = self._dead_letter(
+                held, keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED, text, data)
+            ids = None if self._signer.enabled else _hinted_ids(data)
+            if ids is None:
+                self._finish(held, "rejected", [dead])
+            else:
+                self._reply_error(held, *ids, ErrorInfo(
+                    "invalid", "WireError", f"worker {self.consumer} of queue "
+                    f"{self.config.queue!r} refused the task: {text}; send less data or raise "
+                    f"--max-message-bytes on the workers"), "rejected", dead)
             return None
         try:
             message = decode(packed, signature, self._signer, self.config.queue,

@@ -262,3 +262,20 @@ def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
     assert worker._read_count(64) == 7  # an unread entry counts as the largest readable one
     worker._note_sizes([(b"3-0", [b"m", b"small", b"s", b""])])
     assert worker._read_count(300) == 256
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_a_task_too_big_for_an_unsigned_worker_fails_at_once(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker(redis_url, "small", "--max-message-bytes", "20000")
+    x = Parameter("draft", role="x")
+    async with open_redis_executor(redis_url, queue="small", timeout_s=30) as ex:
+        with anyio.fail_after(10):
+            with pytest.raises(RemoteError, match=r"above this worker's limit of 20000.*"
+                                                  r"--max-message-bytes"):
+                await backward(F.Noop.apply(x), "x" * 50_000, executor=ex)
+    client = redis.Redis.from_url(redis_url)
+    ((_, dead),) = client.xrange(keys.dead_stream("small"))
+    assert dead[keys.F_REASON] == b"oversize" and dead[keys.F_CLIENT] == ex.client_id.encode()
+    client.close()
