@@ -12,7 +12,11 @@ Hierarchy::
     │       (also TimeoutError)              timeout
     ├── GraphError (also RuntimeError)       misuse of the graph: freed graph, bad inputs,
     │                                        wrong gradient count
-    └── WireError (also ValueError)          a message failed validation (wire format)
+    ├── WireError (also ValueError)          a message failed validation (wire format)
+    ├── ModelError                           a model call failed (asyncgraph.models, which
+    │                                        draws its own subtree)
+    └── CheckpointError                      a job checkpoint is missing, corrupt or
+                                             another job's (asyncgraph.jobs)
 
 Misuse of the Python API raises the builtin ``TypeError`` / ``ValueError``.
 """
