@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import time
 
@@ -257,12 +258,15 @@ async def test_connect_timeout_ends_the_worker_with_a_clear_error() -> None:
 
     from agdist_helpers import HERE
 
+    # The checkout's root first on the path: the test must not depend on how (or
+    # whether) asyncgraph was installed into this interpreter.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent.parent), str(HERE)]))
     done = await anyio.to_thread.run_sync(functools.partial(
         subprocess.run,
         [sys.executable, "-m", "asyncgraph", "worker", "--redis",
          f"redis://127.0.0.1:{free_port()}/0", "--import", "agdist_functions",
          "--connect-timeout-s", "0.5"],
-        capture_output=True, text=True, timeout=30, cwd=HERE))
+        capture_output=True, text=True, timeout=30, cwd=HERE, env=env))
     assert done.returncode == 1
     assert "did not answer within connect_timeout_s=0.5" in done.stderr
     assert "cannot reach Redis (attempt 1)" in done.stderr  # each failure is logged
