@@ -30,6 +30,7 @@ from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import Edge, Hook, Node, Seq
 from ._variable import Variable
+from .executors._base import MORE_READY
 
 if TYPE_CHECKING:
     from .executors import Executor
@@ -273,6 +274,7 @@ class Engine:
         self._plan(roots, capture_leaves, capture_outputs)
         self._accumulate = accumulate
         token = _GRAD_ENABLED.set(self.create_graph)
+        more_token = MORE_READY.set(self._more_ready)
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -283,6 +285,7 @@ class Engine:
                 # A blocking backward may have returned after the caller was cancelled.
                 await anyio.lowlevel.checkpoint_if_cancelled()
         finally:
+            MORE_READY.reset(more_token)
             _GRAD_ENABLED.reset(token)
             self._tg = None
         if self._error is not None:
@@ -360,6 +363,10 @@ class Engine:
         if self._slow:
             self._grow()
         return keep if self._error is None else None
+
+    def _more_ready(self) -> bool:
+        """Ready slow nodes not yet taken by a task (see ``executors.more_nodes_coming``)."""
+        return bool(self._slow)
 
     def _grow(self) -> None:
         """Start runner tasks for waiting slow nodes, doubling the pool while it is short.

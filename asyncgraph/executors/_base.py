@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from .._graph import Node
     from .._variable import Variable
 
-__all__ = ["Executor", "current_executor", "use_executor"]
+__all__ = ["Executor", "current_executor", "more_nodes_coming", "use_executor"]
 
 
 @runtime_checkable
@@ -28,6 +28,26 @@ class Executor(Protocol):
     async def run_backward(
         self, node: Node, grad_outputs: tuple[Variable | None, ...]
     ) -> Any: ...
+
+
+# Set by the engine for the tasks of a backward pass: says whether that pass still holds
+# ready nodes that its tasks have not handed to the executor yet.
+MORE_READY: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "asyncgraph_more_ready", default=None
+)
+
+
+def more_nodes_coming() -> bool:
+    """For executors that send nodes in batches, called from ``run_backward``.
+
+    True while the backward pass that called it still holds ready nodes that its
+    tasks will hand to the executor within a few event-loop ticks (a wide level
+    is started by a pool of tasks that grows each tick): worth waiting for, to
+    send them together. False once every node the pass has made ready so far was
+    handed over, and outside a backward pass: send what is batched now.
+    """
+    probe = MORE_READY.get()
+    return probe is not None and probe()
 
 
 _CURRENT: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(

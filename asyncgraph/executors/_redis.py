@@ -47,6 +47,7 @@ from .._exceptions import (
 from .._function import Function
 from .._grad_mode import is_grad_enabled
 from .._variable import Variable
+from .._yield import let_ready_tasks_run
 from ..models._usage import Usage, meters_for
 from ..wire import _keys as keys
 from ..wire._codec import DEFAULT_LIMITS, Limits
@@ -70,7 +71,7 @@ from ..wire._resp import (
 )
 from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode, peek_ids
 from ..wire._signing import SECRET_ENV, Signer, secret_from_env
-from ._base import Executor
+from ._base import Executor, more_nodes_coming
 from ._local import LocalExecutor
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ _DEAD_LOOKBACK = 200  # dead letters read by a timeout diagnosis
 # unread; error texts (at most 32 KiB) are read.
 _DIAGNOSIS_MAX_BULK = 40_000
 _SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
+_IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
 _MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
 
 
@@ -169,6 +171,7 @@ class RedisExecutor:
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
+        self._submitted = anyio.Event()
         self._closed = False
 
     # -- Executor protocol -------------------------------------------------------
@@ -264,8 +267,14 @@ class RedisExecutor:
         self._outbox.append(pending)
         self.stats.submitted += 1
         # No cancel scope per node: the deadline watcher expires waits in submission order.
+        self._submitted.set()
         try:
-            self._flush_wanted.set()  # the flusher sends it with the others of this tick
+            if more_nodes_coming():
+                self._flush_wanted.set()  # the flusher sends it with the others of its batch
+            else:
+                # The last of its batch: send the batch now, from this task (one loop
+                # iteration sooner than waking the flusher).
+                await self._flush()
             await pending.event.wait()
         except BaseException:
             self._cancel(pending)
@@ -421,21 +430,21 @@ class RedisExecutor:
         while True:
             await self._flush_wanted.wait()
             # The engine starts a wide level of ready nodes over a few ticks (its runner
-            # pool doubles each tick): wait until submissions stop for two checkpoints so
-            # they all go in one round trip (a few loop iterations, microseconds). Two, not
-            # one: trio runs each batch of tasks in either order. A level wider than
-            # _MAX_BATCH goes in several, the first leaving while the rest are submitted.
+            # pool doubles each tick) and says when the last of them was submitted
+            # (more_nodes_coming): send then, all in one round trip. Submissions from
+            # elsewhere (another pass, a remote forward, cancellations) may still come
+            # in the same ticks: unless told to send now, wait until submissions stop for
+            # two checkpoints (a few loop iterations, microseconds; two, not one: trio
+            # runs each batch of tasks in either order). A level wider than _MAX_BATCH
+            # goes in several, the first leaving while the rest are submitted.
             size, quiet = len(self._outbox) + len(self._cancels), 0
-            while quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
+            while size and quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
                 await anyio.lowlevel.checkpoint()
                 now = len(self._outbox) + len(self._cancels)
                 quiet = quiet + 1 if now == size else 0
                 size = now
             self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
-            # Shielded (and bounded by the pool's deadline): a flush cut in the middle
-            # would lose the tasks or cancellations it carries.
-            with anyio.CancelScope(shield=True):
-                await self._flush()
+            await self._flush()
 
     async def _flush(self, *, timeout_s: float | None = None) -> None:
         outbox = [p for p in self._outbox if not p.cancelled]
@@ -466,7 +475,9 @@ class RedisExecutor:
             return
         self.stats.flushes += 1
         try:
-            replies = await self._pool.pipeline(commands, timeout_s=timeout_s)
+            # Shielded (and bounded by the pool's deadline): a flush cut in the middle
+            # would lose the tasks or cancellations it carries.
+            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=True)
         except RedisConnectionLost as exc:
             for p in outbox:
                 self._fail(p, self._connection_error(exc, "sending the task"))
@@ -535,11 +546,28 @@ class RedisExecutor:
                     entries = replies[-1][0][1]
                     for _entry_id, fields in entries:
                         self._on_reply(fields)
+                    await self._before_next_read()
                     last_id = entries[-1][0]
                     trim_below = _next_id(last_id)
         finally:
             if conn is not None:
                 await conn.aclose()
+
+    async def _before_next_read(self) -> None:
+        """Let the nodes just resolved run before this client writes to Redis again.
+
+        Sending the next blocking read wakes the Redis server, which on a busy host
+        takes the CPU from this process: the resolved nodes would wait for it. So the
+        read is sent once they had their turn, and when no task of this client is in
+        flight (nothing to read), after the next submission went out, or after
+        ``_IDLE_READ_DELAY_S`` (late replies, of tasks that ran twice, are then read).
+        """
+        await let_ready_tasks_run()
+        if not self._pending:
+            self._submitted = anyio.Event()
+            with anyio.move_on_after(_IDLE_READ_DELAY_S):
+                await self._submitted.wait()
+                await let_ready_tasks_run()  # its flush is sent first
 
     async def _connect_listener(self) -> Connection:
         """A connection for the listener; fails the waiting nodes if Redis restarted meanwhile."""

@@ -45,6 +45,7 @@ __all__ = [
 
 Arg = bytes | str | int | float
 _RECV = 262_144
+_SMALL_ARG = 4096  # arguments shorter than this are formatted into their header
 
 
 class ReplyError(Exception):
@@ -129,9 +130,10 @@ def _encode(args: Sequence[Arg], out: list[bytes]) -> None:
             data = b"%d" % arg
         else:
             data = repr(float(arg)).encode()
-        out.append(b"$%d\r\n" % len(data))
-        out.append(data)
-        out.append(b"\r\n")
+        if len(data) < _SMALL_ARG:
+            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        else:  # not copied once more here
+            out += (b"$%d\r\n" % len(data), data, b"\r\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,14 +373,17 @@ class Pool:
         *,
         timeout_s: float | None = None,
         max_bulk: int | None = None,
+        shield: bool = False,
     ) -> list[Any]:
         """Run commands in one round trip within ``timeout_s`` (default: the pool's).
 
-        ``max_bulk`` as in ``Connection.pipeline``.
+        ``max_bulk`` as in ``Connection.pipeline``. ``shield``: the caller's
+        cancellation waits until the commands are answered (or the deadline passes),
+        for writes that must not be cut in the middle.
         """
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
-            with anyio.fail_after(limit):
+            with anyio.fail_after(limit, shield=shield):
                 reused = bool(self._idle)
                 try:
                     async with self.connection() as conn:

@@ -53,6 +53,7 @@ import anyio.to_thread
 from .._exceptions import WireError
 from .._function import FunctionCtx
 from .._grad_mode import no_grad
+from .._yield import let_ready_tasks_run
 from ..models._spec import normalize_base_url, restrict_base_urls
 from ..models._usage import Usage, track_usage
 from ..wire import _keys as keys
@@ -474,6 +475,11 @@ class Worker:
                     try:
                         for entry_id, fields in reply[0][1]:
                             self._take(entry_id, fields, 1)
+                        # Let the tasks just started take their first step. Those that
+                        # finish at once queue their replies for this reader, which sends
+                        # them before its next blocking read: writing to Redis first would
+                        # wake the server, which can take this CPU while the replies wait.
+                        await let_ready_tasks_run()
                     finally:
                         self._reading = False
                     if self._outgoing:
@@ -850,8 +856,9 @@ class Worker:
             commands += [["XACK", self._tasks, keys.GROUP, *ids], ["XDEL", self._tasks, *ids],
                          ["EXEC"]]
             try:
-                with anyio.CancelScope(shield=True):  # bounded by the pool's deadline
-                    replies = await self._pool.pipeline(commands)
+                # Shielded (bounded by the pool's deadline): cut in the middle, the
+                # replies would be written without their acknowledgements.
+                replies = await self._pool.pipeline(commands, shield=True)
             except RedisConnectionLost as exc:
                 self._redis_failed(f"writing {len(batch)} repl(ies) (will retry)", exc)
                 self._outgoing[:0] = batch
