@@ -182,7 +182,11 @@ class Engine:
         self._slow: deque[WorkItem] = deque()
         self._runners_starting = 0
         self._runners_alive = 0
+        # The task group exists only once a pass needs a second task (runners, hooks):
+        # a chain runs in the caller's task alone. Until then, tasks to start wait here.
         self._tg: anyio.abc.TaskGroup | None = None
+        self._deferred: list[tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]] = []
+        self._suspended = False
 
     # -- planning -------------------------------------------------------------
     def _plan(
@@ -276,14 +280,28 @@ class Engine:
         token = _GRAD_ENABLED.set(self.create_graph)
         more_token = MORE_READY.set(self._more_ready)
         try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                for i, ((target, nr), grad) in enumerate(roots):
-                    self._deliver(target, nr, (_SEED_SEQ, i), grad)
-                await self._work(await self._drain())
+            for i, ((target, nr), grad) in enumerate(roots):
+                self._deliver(target, nr, (_SEED_SEQ, i), grad)
+            # In this task alone while the pass is a chain (no task group to open and
+            # close: that costs an event-loop pass); the rest in a task group once a
+            # node or hook needs a task of its own.
+            item = await self._work(await self._drain())
+            if self._deferred and self._error is None:
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    deferred, self._deferred = self._deferred, []
+                    for fn, args in deferred:
+                        tg.start_soon(fn, *args)
+                    await self._work(item)
+                self._suspended = True
             if self._error is None:
-                # A blocking backward may have returned after the caller was cancelled.
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                if self._suspended:
+                    # A blocking backward may have returned after the caller was cancelled.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                else:
+                    # Nothing waited (a graph of inline nodes): still let other tasks run,
+                    # so that a loop of backward() calls never starves the event loop.
+                    await anyio.lowlevel.checkpoint()
         finally:
             MORE_READY.reset(more_token)
             _GRAD_ENABLED.reset(token)
@@ -401,8 +419,10 @@ class Engine:
             self._runners_alive -= 1
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(fn, *args)
+        if self._tg is None:
+            self._deferred.append((fn, args))  # started once run() opens the task group
+        else:
+            self._tg.start_soon(fn, *args)
 
     def _dispatch(self, node: Node, grads: tuple[Variable | None, ...]) -> WorkItem | None:
         """Run ``node`` now if its backward is inline; else return it as work for a task."""
@@ -421,23 +441,31 @@ class Engine:
         self._finish(node, grads_in)
         return None
 
-    async def _work(self, item: WorkItem | None) -> None:
-        """Run slow nodes one after another, as long as each makes another one ready."""
+    async def _work(self, item: WorkItem | None) -> WorkItem | None:
+        """Run slow nodes one after another, as long as each makes another one ready.
+
+        Before the task group exists, stops when a task must be started and returns
+        the node it would have run next (None when the pass is over or failed).
+        """
         ran = 0
         while item is not None:
+            if self._deferred and self._tg is None:
+                return item
             node, grads = item
             ran += 1
             if ran % _YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()  # async backwards that never suspend
             if self.listeners:
                 self._emit("started", node)
+            self._suspended = True
             try:
                 grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
             except Exception as exc:
                 self._fail(node, exc)
-                return
+                return None
             self._finish(node, grads_in)
             item = await self._drain()
+        return None
 
     async def _hooked_node(self, node: Node, contributions: list[Contribution]) -> None:
         grads = self._node_grads(node, contributions, defer_post=True)
