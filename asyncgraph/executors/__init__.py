@@ -5,7 +5,7 @@ The engine talks to one small protocol, :class:`Executor`; the in-process
 peers behind it, and tests can plug in a third.
 """
 
-from ._base import Executor, current_executor, use_executor
+from ._base import Executor, current_executor, more_nodes_coming, use_executor
 from ._local import LocalExecutor
 from ._redis import RedisExecutor, open_redis_executor
 
@@ -14,6 +14,7 @@ __all__ = [
     "LocalExecutor",
     "RedisExecutor",
     "current_executor",
+    "more_nodes_coming",
     "open_redis_executor",
     "use_executor",
 ]

@@ -26,6 +26,7 @@ from asyncgraph import (
     grad,
     use_executor,
 )
+from asyncgraph.executors import more_nodes_coming
 
 from ._ops import Add, Mul
 
@@ -409,3 +410,64 @@ async def test_backwards_run_with_grad_enabled_exactly_when_create_graph(
     assert g is not None and g.data == 4.0
     assert g.requires_grad is create_graph
     assert asyncgraph.is_grad_enabled()  # the caller's mode is untouched
+
+
+class BatchProbe:
+    """Runs async backwards itself; records, for each, whether more nodes were coming."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def inline(self, node: Node) -> bool:
+        return not node.function._backward_is_async
+
+    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
+        self.seen.append(more_nodes_coming())
+        return await node.function.backward(node.ctx, *grad_outputs)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("width", [1, 2, 10, 200])
+async def test_more_nodes_coming_is_false_for_the_last_node_of_a_ready_level(width: int) -> None:
+    probe = BatchProbe()
+    leaves = [Parameter(float(i)) for i in range(width)]
+    await backward([AsyncOp.apply(p) for p in leaves], executor=probe)
+    # An executor that batches may wait for the others, and must send at the last one.
+    assert probe.seen == [True] * (width - 1) + [False]
+    assert [p.grad.data for p in leaves] == [1.0] * width  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_more_nodes_coming_is_false_along_a_chain_and_outside_a_pass() -> None:
+    probe = BatchProbe()
+    x = Parameter(1.0)
+    y = x
+    for _ in range(5):
+        y = AsyncOp.apply(y)
+    await backward(y, executor=probe)
+    assert probe.seen == [False] * 5
+    assert more_nodes_coming() is False
+
+
+@pytest.mark.anyio
+async def test_backward_of_inline_nodes_lets_other_tasks_run() -> None:
+    """A pass that never waits still yields once: a loop of them cannot starve the loop."""
+    ticks = 0
+    done = False
+
+    async def other() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        await anyio.lowlevel.checkpoint()
+        before = ticks
+        for _ in range(50):
+            x = Parameter(2.0)
+            await backward(Mul.apply(x, x))
+            assert x.grad is not None and x.grad.data == 4.0
+        assert ticks - before >= 25
+        done = True
