@@ -4,10 +4,12 @@ Client side of the worker protocol (keys in ``asyncgraph.wire._keys``, messages
 in ``asyncgraph.wire._schema``). One executor owns, in its task group:
 
 - a *flusher*: remote nodes made ready together are XADDed to the task stream
-  in one pipelined round trip (it waits until submissions stop arriving for two
-  event-loop checkpoints, so the engine's runners that start a wide level of
-  ready nodes over a few ticks all make the same trip; at most 1,024 tasks per
-  trip); cancellations ride along;
+  in one pipelined round trip. The engine's runners start a wide level of ready
+  nodes over a few ticks and say when the last one is submitted
+  (``more_nodes_coming()``): that submission sends the batch at once, from its
+  own task. Anything else (cancellations, other passes) the flusher sends when
+  submissions stop arriving for two event-loop checkpoints; at most 1,024 tasks
+  per trip;
 - a *listener*: one blocking XREAD on this client's reply stream that resolves
   the waiting nodes; a reply for a task already resolved (a task that ran
   twice) is ignored, so every task is joined exactly once; a reply it cannot
