@@ -7,9 +7,10 @@ in ``asyncgraph.wire._schema``). One executor owns, in its task group:
   in one pipelined round trip. The engine's runners start a wide level of ready
   nodes over a few ticks and say when the last one is submitted
   (``more_nodes_coming()``): that submission sends the batch at once, from its
-  own task. Anything else (cancellations, other passes) the flusher sends when
-  submissions stop arriving for two event-loop checkpoints; at most 1,024 tasks
-  per trip;
+  own task, unless other waiters woken with it have yet to resume (their next
+  nodes join the batch) or a flush is already on its way. Then the flusher sends
+  what gathered once submissions stop arriving for two event-loop checkpoints; at
+  most 1,024 tasks per trip; cancellations ride along;
 - a *listener*: one blocking XREAD on this client's reply stream that resolves
   the waiting nodes; a reply for a task already resolved (a task that ran
   twice) is ignored, so every task is joined exactly once; a reply it cannot
@@ -118,6 +119,7 @@ class _Pending:
     cancelled: bool = False
     sent: bool = False
     timed_out: bool = False
+    woken: bool = False  # its waiter was woken and has not resumed yet
 
 
 @dataclass(slots=True)
@@ -174,6 +176,8 @@ class RedisExecutor:
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
         self._submitted = anyio.Event()
+        self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
+        self._flushing = 0  # flushes on their way to Redis
         self._closed = False
 
     # -- Executor protocol -------------------------------------------------------
@@ -271,13 +275,21 @@ class RedisExecutor:
         # No cancel scope per node: the deadline watcher expires waits in submission order.
         self._submitted.set()
         try:
-            if more_nodes_coming():
-                self._flush_wanted.set()  # the flusher sends it with the others of its batch
+            if more_nodes_coming() or self._waking or self._flushing:
+                # More submissions are on their way: nodes of the same ready level, or
+                # the next nodes of other waiters woken with this one (they resume in
+                # this tick), or a flush is already out. The flusher sends them together.
+                self._flush_wanted.set()
             else:
                 # The last of its batch: send the batch now, from this task (one loop
                 # iteration sooner than waking the flusher).
-                await self._flush()
-            await pending.event.wait()
+                await self._flush(inline=True)
+            try:
+                await pending.event.wait()
+            finally:
+                if pending.woken:
+                    pending.woken = False
+                    self._waking -= 1
         except BaseException:
             self._cancel(pending)
             raise
@@ -335,7 +347,7 @@ class RedisExecutor:
                 # Not cancelled yet: its waiter diagnoses first, then cancels it.
                 del self._pending[oldest.task_id]
                 oldest.timed_out = True
-                oldest.event.set()
+                self._wake(oldest)
             await anyio.sleep(max(wake - now, 0.001))
 
     def _cancel(self, pending: _Pending) -> None:
@@ -448,7 +460,14 @@ class RedisExecutor:
             self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
             await self._flush()
 
-    async def _flush(self, *, timeout_s: float | None = None) -> None:
+    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:
+        """Send what is batched (tasks, cancellations) in one round trip.
+
+        ``inline``: called from a node's own task, which may be cancelled meanwhile:
+        the send is not shielded (cancelling the caller takes effect at once), and
+        the batch goes back to the flusher, which sends it again (a task sent twice
+        is joined once). Otherwise shielded, bounded by the pool's deadline.
+        """
         outbox = [p for p in self._outbox if not p.cancelled]
         # Tasks cancelled before they were sent are simply never sent.
         cancels = [p for p in self._cancels if p.sent]
@@ -476,14 +495,29 @@ class RedisExecutor:
         if not commands:
             return
         self.stats.flushes += 1
+        self._flushing += 1
         try:
-            # Shielded (and bounded by the pool's deadline): a flush cut in the middle
-            # would lose the tasks or cancellations it carries.
-            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=True)
+            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=not inline)
         except RedisConnectionLost as exc:
             for p in outbox:
                 self._fail(p, self._connection_error(exc, "sending the task"))
             return
+        except Exception as exc:
+            # Not a network error (a bug, or a reply this client cannot parse): fail the
+            # whole batch with it, not only the task that happened to send it.
+            log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
+            for p in outbox:
+                self._fail(p, RemoteConnectionError(
+                    f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"))
+            return
+        except BaseException:
+            if inline:  # cancelled mid-send: the flusher sends the batch again
+                self._outbox[:0] = outbox
+                self._cancels[:0] = cancels
+                self._flush_wanted.set()
+            raise
+        finally:
+            self._flushing -= 1
         for p, reply in zip(outbox, replies, strict=False):
             if isinstance(reply, ReplyError):
                 self._fail(p, RemoteConnectionError(
@@ -494,7 +528,12 @@ class RedisExecutor:
     def _fail(self, pending: _Pending, error: BaseException) -> None:
         if self._pending.pop(pending.task_id, None) is not None:
             pending.error = error
-            pending.event.set()
+            self._wake(pending)
+
+    def _wake(self, pending: _Pending) -> None:
+        pending.woken = True
+        self._waking += 1
+        pending.event.set()
 
     def _connection_error(self, exc: Exception, doing: str) -> RemoteConnectionError:
         error = RemoteConnectionError(
@@ -612,7 +651,7 @@ class RedisExecutor:
             self.stats.duplicate_replies += 1  # ran twice, cancelled, or timed out: joined once
             return
         pending.reply = message
-        pending.event.set()
+        self._wake(pending)
 
     def _on_rejected_reply(self, data: dict[Any, Any], packed: Any, exc: WireError) -> None:
         """Count and log a reply this client refuses; fail its task now if it can be named."""

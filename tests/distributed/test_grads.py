@@ -137,6 +137,39 @@ async def test_ready_nodes_of_a_backward_go_in_one_round_trip(
     assert [p.grad.data for p in leaves] == [1.0] * ready  # type: ignore[union-attr]
 
 
+async def test_parallel_chains_send_each_level_together(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    """Replies resolved together wake nodes whose next nodes are sent together too."""
+    chains = 50
+    leaves = [Parameter(float(i)) for i in range(chains)]
+    outs = [F.Noop.apply(F.Noop.apply(F.Noop.apply(p))) for p in leaves]
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        await backward(outs, executor=ex)
+        assert ex.stats.submitted == 3 * chains
+        # About one trip per batch of replies read (the worker answers in batches, so
+        # the levels interleave: 10 to 14 here). One per node (150) would be the bug.
+        assert ex.stats.flushes <= chains // 2
+    assert [p.grad.data for p in leaves] == [1.0] * chains  # type: ignore[union-attr]
+
+
+async def test_concurrent_remote_forwards_share_round_trips(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        results: list[float] = []
+
+        async def forward(i: int) -> None:
+            y = await ex.apply(F.Double, Parameter(float(i)))
+            results.append(y.data)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(forward, i)
+        assert sorted(results) == [2.0 * i for i in range(40)]
+        assert ex.stats.flushes <= 4  # the first at once, the others together
+
+
 async def test_grad_and_use_executor_run_remotely(redis_server_url: str, shared_fleet: str) -> None:
     x = Parameter(2.0, role="x")
     y = F.Scale.apply(F.Scale.apply(x, 3.0), 5.0)
