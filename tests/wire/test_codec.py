@@ -96,3 +96,20 @@ def test_deep_tuple_extensions_are_bounded() -> None:
         value = (value,)
     with pytest.raises(WireError, match="deeper"):
         unpack(pack(value))
+
+
+def test_depth_and_keys_are_checked_through_maps_tuples_and_lists() -> None:
+    # Exactly at the limit passes; one level more is refused, whatever the containers.
+    at_limit = msgpack.packb({"a": [{"b": [1]}]})  # 4 containers deep
+    assert unpack(at_limit, Limits(max_depth=4)) == {"a": [{"b": [1]}]}
+    with pytest.raises(WireError, match="deeper than 3"):
+        unpack(at_limit, Limits(max_depth=3))
+    # A bad key below a tuple (extension) and below map values, not only at the top.
+    for bad in ([({1.5: 0},)], {"x": {"y": [{b"k": 1}]}}):
+        data = msgpack.packb(bad, use_bin_type=True, strict_types=True, default=lambda t: msgpack.ExtType(
+            1, msgpack.packb(list(t), use_bin_type=True)))
+        with pytest.raises(WireError, match="keys must be str or int"):
+            unpack(data)
+    # Lists of plain values at the deepest allowed level cost no walk of their items.
+    assert unpack(pack({"p": [list(range(1000))]}), Limits(max_depth=3)) == {
+        "p": [list(range(1000))]}
