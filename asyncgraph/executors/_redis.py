@@ -443,14 +443,13 @@ class RedisExecutor:
     async def _flusher(self) -> None:
         while True:
             await self._flush_wanted.wait()
-            # The engine starts a wide level of ready nodes over a few ticks (its runner
-            # pool doubles each tick) and says when the last of them was submitted
-            # (more_nodes_coming): send then, all in one round trip. Submissions from
-            # elsewhere (another pass, a remote forward, cancellations) may still come
-            # in the same ticks: unless told to send now, wait until submissions stop for
-            # two checkpoints (a few loop iterations, microseconds; two, not one: trio
-            # runs each batch of tasks in either order). A level wider than _MAX_BATCH
-            # goes in several, the first leaving while the rest are submitted.
+            # What reaches the flusher was not sent by its submitter (see _call): more
+            # nodes of its level, or of the waiters woken with it, or of another pass
+            # or remote forward, may come in the next ticks. Wait until submissions stop
+            # for two checkpoints (a few loop iterations, microseconds; two, not one:
+            # trio runs each batch of tasks in either order), then send them together.
+            # A level wider than _MAX_BATCH goes in several, the first leaving while the
+            # rest are submitted; a submitter that sent everything leaves nothing here.
             size, quiet = len(self._outbox) + len(self._cancels), 0
             while size and quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
                 await anyio.lowlevel.checkpoint()
