@@ -27,7 +27,9 @@ def _as_variables(value: Variables, what: str) -> list[Variable]:
     items = list(value)
     for i, item in enumerate(items):
         if not isinstance(item, Variable):
-            raise TypeError(f"{what}[{i}] must be a Variable, got {type(item).__name__} ({item!r:.60})")
+            raise TypeError(
+                f"{what}[{i}] must be a Variable, got {type(item).__name__} ({item!r:.60})"
+            )
     return items
 
 

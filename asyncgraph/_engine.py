@@ -313,7 +313,9 @@ class Engine:
             node.release()
         self._ran.clear()
 
-    def _deliver(self, target: Target, nr: int, key: tuple[Seq, int], grad: Variable | None) -> None:
+    def _deliver(
+        self, target: Target, nr: int, key: tuple[Seq, int], grad: Variable | None
+    ) -> None:
         receives = self._receives
         if receives is not None and target not in receives:
             return
@@ -597,10 +599,20 @@ class Engine:
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
 
-    def _emit(self, kind: Literal["started", "finished", "failed"], node: Node,
-              error: BaseException | None = None) -> None:
+    def _emit(
+        self,
+        kind: Literal["started", "finished", "failed"],
+        node: Node,
+        error: BaseException | None = None,
+    ) -> None:
         event = NodeEvent(
-            kind, node.name, node.input_roles, node.output_roles, node.seq, time.perf_counter(), error
+            kind,
+            node.name,
+            node.input_roles,
+            node.output_roles,
+            node.seq,
+            time.perf_counter(),
+            error,
         )
         for listener in self.listeners:
             try:

@@ -50,8 +50,9 @@ class GradManager:
     - ``gm1 | gm2`` makes a :class:`GradManagerGroup` that records together.
     """
 
-    def __init__(self, *, executor: Executor | None = None,
-                 listeners: Iterable[Listener] = ()) -> None:
+    def __init__(
+        self, *, executor: Executor | None = None, listeners: Iterable[Listener] = ()
+    ) -> None:
         self._attached: dict[int, _Attached] = {}
         self._recording = False
         self._group: GradManagerGroup | None = None
@@ -59,7 +60,9 @@ class GradManager:
         self.listeners = tuple(listeners)
 
     def attach(
-        self, variables: Variable | Sequence[Variable], callbacks: Callback | Sequence[Callback] | None = None
+        self,
+        variables: Variable | Sequence[Variable],
+        callbacks: Callback | Sequence[Callback] | None = None,
     ) -> GradManager:
         """Track ``variables`` (setting ``requires_grad`` on leaves); returns self."""
         vars_ = _as_variables(variables, "variables")
@@ -71,7 +74,9 @@ class GradManager:
             cbs = list(callbacks)
         for cb in cbs:
             if not callable(cb):
-                raise TypeError(f"GradManager callbacks must be callables (variable, grad) -> grad, got {cb!r}")
+                raise TypeError(
+                    f"GradManager callbacks must be callables (variable, grad) -> grad, got {cb!r}"
+                )
         for var in vars_:
             if var.is_leaf and not var.requires_grad:
                 var.requires_grad = True
@@ -115,7 +120,9 @@ class GradManager:
         """
         self._recording = False
 
-    async def backward(self, y: Variable | Sequence[Variable] | None = None, dy: Any = None) -> None:
+    async def backward(
+        self, y: Variable | Sequence[Variable] | None = None, dy: Any = None
+    ) -> None:
         """Accumulate d(y)/d(attached) into the attached variables' ``.grad``, then release."""
         if not self._recording:
             raise RuntimeError(
@@ -173,15 +180,23 @@ class GradManager:
         self.record()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.release()
 
     async def __aenter__(self) -> GradManager:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.__exit__(exc_type, exc, tb)
 
 
@@ -226,13 +241,21 @@ class GradManagerGroup:
         self.record()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.release()
 
     async def __aenter__(self) -> GradManagerGroup:
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.__exit__(exc_type, exc, tb)

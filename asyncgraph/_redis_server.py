@@ -82,27 +82,40 @@ class RedisServer:
             return
         args = [
             self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", self._dir.name,
-            "--protected-mode", "no",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--protected-mode",
+            "no",
         ]
         self._proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
             preexec_fn=self._preexec_fn,
         )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                raise RuntimeError(f"redis-server exited at start (port {self.port}): {err.strip()}")
+                raise RuntimeError(
+                    f"redis-server exited at start (port {self.port}): {err.strip()}"
+                )
             if self._ping():
                 return
             time.sleep(0.02)
         self.stop()
-        raise TimeoutError(f"redis-server did not answer on port {self.port} within {self.start_timeout_s}s")
+        raise TimeoutError(
+            f"redis-server did not answer on port {self.port} within {self.start_timeout_s}s"
+        )
 
     def _ping(self) -> bool:
         try:

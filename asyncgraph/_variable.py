@@ -111,9 +111,7 @@ class Variable:
         node = self.grad_fn
         if node is None:
             if not self._requires_grad:
-                raise RuntimeError(
-                    f"retain_grad() on {self!r}, which does not require grad"
-                )
+                raise RuntimeError(f"retain_grad() on {self!r}, which does not require grad")
             return
         if node.retained is None:
             node.retained = {}
@@ -135,9 +133,7 @@ class Variable:
         order they were registered. ``handle.remove()`` unregisters.
         """
         if not self._requires_grad:
-            raise RuntimeError(
-                f"cannot register a hook on {self!r}: it does not require grad"
-            )
+            raise RuntimeError(f"cannot register a hook on {self!r}: it does not require grad")
         if self.grad_fn is not None:
             return add_hook(self.grad_fn.hooks_for(self._output_nr), fn)
         if self._hooks is None:

@@ -198,23 +198,33 @@ async def main(args: argparse.Namespace) -> None:
     print(f"\n2./3. per-node overhead and memory, {n:,}-node chain of no-op nodes")
     print(f"   {'chain':28s} {'backward/node':>14s} {'graph RSS/node':>15s} {'bwd peak/node':>14s}")
     sync = await chain_overhead(Nop, n)
-    print(f"   {'asyncgraph sync no-op':28s} {sync[0]:11.2f} us {sync[1]:12.0f} B {sync[2]:11.0f} B")
+    print(
+        f"   {'asyncgraph sync no-op':28s} {sync[0]:11.2f} us {sync[1]:12.0f} B {sync[2]:11.0f} B"
+    )
     asy = await chain_overhead(AsyncNop, n)
     print(f"   {'asyncgraph async no-op':28s} {asy[0]:11.2f} us {asy[1]:12.0f} B {asy[2]:11.0f} B")
     wide = await wide_overhead(n)
-    print(f"   {'asyncgraph async no-op, wide':28s} {wide:11.2f} us   (side by side: run by a pool of runner tasks)")
+    print(
+        f"   {'asyncgraph async no-op, wide':28s} {wide:11.2f} us   (side by side: run by a pool of runner tasks)"
+    )
     torch_row = torch_chain(n)
     if torch_row is None:
         print("   torch not installed: pip install -e '.[bench]' to compare")
     else:
-        print(f"   {'torch.autograd.Function':28s} {torch_row[0]:11.2f} us {torch_row[1]:12.0f} B {'-':>14s}")
+        print(
+            f"   {'torch.autograd.Function':28s} {torch_row[0]:11.2f} us {torch_row[1]:12.0f} B {'-':>14s}"
+        )
         print(f"\n   sync no-op / torch per node: {sync[0] / torch_row[0]:.2f}x (goal <= 1.0x)")
         print(f"   graph memory / torch per node: {sync[1] / max(torch_row[1], 1):.2f}x")
-    print(f"   async no-op per node: {asy[0]:.2f} us in a chain, {wide:.2f} us side by side (goal < 20 us)")
+    print(
+        f"   async no-op per node: {asy[0]:.2f} us in a chain, {wide:.2f} us side by side (goal < 20 us)"
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--nodes", type=int, default=100_000)

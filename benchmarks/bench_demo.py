@@ -81,19 +81,29 @@ def main() -> int:
         started = time.perf_counter()
         with local_fleet(n, WORKER_IMPORTS, queue=queue) as url:
             startup = time.perf_counter() - started
-            wall_n, result_n, _ = run_once(demo_args(opts.latency_ms, "--redis", url, "--queue", queue))
+            wall_n, result_n, _ = run_once(
+                demo_args(opts.latency_ms, "--redis", url, "--queue", queue)
+            )
         rows.append((f"{n} workers (embedded redis)", wall_n, startup))
         same = same and outcome(result_n) == reference
 
-    print(f"asyncgraph demo benchmark: simulated model, {opts.latency_ms:g} ms per call, "
-          f"{result.steps_done} steps of 8 questions, validation on 16 after each")
-    print(f"model calls (in-process run's usage): {calls}; one after another they take "
-          f"{calls} x {latency_s:g} s = {sequential:.1f} s\n")
-    print(f"{'executor':<28} {'wall':>8} {'sequential':>11} {'sequential/wall':>16} {'fleet start':>12}")
+    print(
+        f"asyncgraph demo benchmark: simulated model, {opts.latency_ms:g} ms per call, "
+        f"{result.steps_done} steps of 8 questions, validation on 16 after each"
+    )
+    print(
+        f"model calls (in-process run's usage): {calls}; one after another they take "
+        f"{calls} x {latency_s:g} s = {sequential:.1f} s\n"
+    )
+    print(
+        f"{'executor':<28} {'wall':>8} {'sequential':>11} {'sequential/wall':>16} {'fleet start':>12}"
+    )
     for name, wall_s, fleet_start_s in rows:
         start_text = "-" if fleet_start_s is None else f"{fleet_start_s:.1f} s"
-        print(f"{name:<28} {wall_s:>6.2f} s {sequential:>9.1f} s {sequential / wall_s:>15.1f}x "
-              f"{start_text:>12}")
+        print(
+            f"{name:<28} {wall_s:>6.2f} s {sequential:>9.1f} s {sequential / wall_s:>15.1f}x "
+            f"{start_text:>12}"
+        )
     print(f"\nsame final prompt and metrics on every executor: {'yes' if same else 'NO'}")
     return 0 if same else 1
 

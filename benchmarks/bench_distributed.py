@@ -45,10 +45,20 @@ QUEUE = "bench"
 
 @contextlib.contextmanager
 def processes(argvs: list[list[str]], ready: Callable[[], bool] | None = None) -> Iterator[None]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen(argv, env=env, cwd=HERE, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for argv in argvs]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    )
+    procs = [
+        subprocess.Popen(
+            argv,
+            env=env,
+            cwd=HERE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for argv in argvs
+    ]
     try:
         deadline = time.monotonic() + 20
         while ready is not None and not ready():
@@ -69,9 +79,25 @@ def processes(argvs: list[list[str]], ready: Callable[[], bool] | None = None) -
 
 
 def asyncgraph_workers(url: str, count: int, concurrency: int) -> list[list[str]]:
-    return [[sys.executable, "-m", "asyncgraph", "worker", "--redis", url, "--queue", QUEUE,
-             "--import", "dist_functions", "--concurrency", str(concurrency),
-             "--log-level", "WARNING"] for _ in range(count)]
+    return [
+        [
+            sys.executable,
+            "-m",
+            "asyncgraph",
+            "worker",
+            "--redis",
+            url,
+            "--queue",
+            QUEUE,
+            "--import",
+            "dist_functions",
+            "--concurrency",
+            str(concurrency),
+            "--log-level",
+            "WARNING",
+        ]
+        for _ in range(count)
+    ]
 
 
 def workers_alive(url: str, count: int) -> Callable[[], bool]:
@@ -81,7 +107,9 @@ def workers_alive(url: str, count: int) -> Callable[[], bool]:
 
 def stats(times: list[float]) -> tuple[float, float]:
     ordered = sorted(times)
-    return statistics.median(ordered) * 1e3, ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3
+    return statistics.median(ordered) * 1e3, ordered[
+        min(len(ordered) - 1, int(len(ordered) * 0.99))
+    ] * 1e3
 
 
 async def graph_latency(executor: Any, n: int, fn: Any = F.Noop) -> list[float]:
@@ -124,8 +152,14 @@ def run_remote(url: str, body: Callable[[Any], Awaitable[Any]], backend: str = "
 
 def other(script: str, url: str, latency_n: int, tasks: int) -> tuple[list[float], float]:
     """Measure a compared system in a subprocess, killed if it hangs."""
-    result = subprocess.run([sys.executable, script, "measure", url, str(latency_n), str(tasks)],
-                            cwd=HERE, capture_output=True, text=True, timeout=240, check=True)
+    result = subprocess.run(
+        [sys.executable, script, "measure", url, str(latency_n), str(tasks)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
     *times, rate = map(float, result.stdout.split())
     return times, rate
 
@@ -140,12 +174,19 @@ def main() -> int:
     rows: list[tuple[str, str, str, str, str]] = []
     figures: dict[str, float] = {}
 
-    def row(name: str, times: list[float] | None, one: float | None, two: float | None,
-            note: str = "") -> None:
+    def row(
+        name: str, times: list[float] | None, one: float | None, two: float | None, note: str = ""
+    ) -> None:
         med, p99 = stats(times) if times else (float("nan"), float("nan"))
-        rows.append((name, f"{med:7.3f}", f"{p99:7.3f}",
-                     f"{one:8.0f}" if one else "       -", (f"{two:8.0f}" if two else "       -")
-                     + (f"  {note}" if note else "")))
+        rows.append(
+            (
+                name,
+                f"{med:7.3f}",
+                f"{p99:7.3f}",
+                f"{one:8.0f}" if one else "       -",
+                (f"{two:8.0f}" if two else "       -") + (f"  {note}" if note else ""),
+            )
+        )
 
     with RedisServer() as server:
         url = server.url
@@ -169,9 +210,11 @@ def main() -> int:
             for _ in range(5):
                 for backend in ("asyncio", "trio"):
                     round_trips[backend] += run_remote(
-                        url, lambda ex: graph_latency(ex, lat_n // 5), backend)
+                        url, lambda ex: graph_latency(ex, lat_n // 5), backend
+                    )
                 round_trips["sync"] += run_remote(
-                    url, lambda ex: graph_latency(ex, lat_n // 5, F.SyncNoop))
+                    url, lambda ex: graph_latency(ex, lat_n // 5, F.SyncNoop)
+                )
                 round_trips["raw"] += asyncio.run(dist_raw.latency(url, lat_n // 5))
 
         # asyncgraph: 1 worker, then 2.
@@ -214,7 +257,7 @@ def main() -> int:
         row("raw redis-py streams, per task", times, one, two)
         row("raw redis-py streams, 1 pipeline", None, piped_one, piped_two, "(no per-task work)")
 
-        for name in ([] if args.no_others else ["arq", "saq"]):
+        for name in [] if args.no_others else ["arq", "saq"]:
             try:
                 __import__(name)
             except ImportError:
@@ -242,8 +285,10 @@ def main() -> int:
     for r in rows:
         print(f"{r[0]:34} {r[1]:>9} {r[2]:>9} {r[3]:>10} {r[4]:>11}")
     print()
-    print(f"256 remote nodes x 200 ms, 2 workers x 128: wall / critical-path ideal = "
-          f"{figures['critical_path_ratio']:.3f} (goal <= 1.25; local executor: {local_ratio:.3f})")
+    print(
+        f"256 remote nodes x 200 ms, 2 workers x 128: wall / critical-path ideal = "
+        f"{figures['critical_path_ratio']:.3f} (goal <= 1.25; local executor: {local_ratio:.3f})"
+    )
     for backend in ("asyncio", "trio", "sync"):
         rt = figures[f"ag_{backend}_median"] / figures["raw_median"]
         t1 = figures[f"ag_{backend}_one"] / figures["raw_one"]
@@ -251,9 +296,11 @@ def main() -> int:
         p1 = figures[f"ag_{backend}_one"] / figures["piped_one"]
         p2 = figures[f"ag_{backend}_two"] / figures["piped_two"]
         name = "sync no-op, asyncio" if backend == "sync" else backend
-        print(f"asyncgraph ({name}) vs raw per task: round trip {rt:.2f}x (goal <= 1.5x), "
-              f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2 (goal >= 70%); vs the "
-              f"single-pipeline floor: {p1:.0%} and {p2:.0%}")
+        print(
+            f"asyncgraph ({name}) vs raw per task: round trip {rt:.2f}x (goal <= 1.5x), "
+            f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2 (goal >= 70%); vs the "
+            f"single-pipeline floor: {p1:.0%} and {p2:.0%}"
+        )
     return 0
 
 

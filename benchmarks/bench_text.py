@@ -50,7 +50,10 @@ class TimedModel:
 
 
 async def bench_tgd(model: TimedModel, n_params: int) -> tuple[int, float, float]:
-    params = [Parameter(f"Instruction {i}: answer the question.", role=f"prompt {i}") for i in range(n_params)]
+    params = [
+        Parameter(f"Instruction {i}: answer the question.", role=f"prompt {i}")
+        for i in range(n_params)
+    ]
     for p in params:
         p.grad = Variable(["The answer lacks units.", "The answer is too long."])
     tgd = TGD(params, model=model)

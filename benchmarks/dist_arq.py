@@ -1,6 +1,6 @@
 """arq at tuned settings (many jobs per worker, 1 ms result polling), for comparison.
 
-    python benchmarks/dist_arq.py worker URL
+python benchmarks/dist_arq.py worker URL
 """
 
 from __future__ import annotations

@@ -110,8 +110,9 @@ class Client:
 
         async def call(task_id: bytes) -> bytes:
             future = futures[task_id] = loop.create_future()
-            await self.client.xadd(STREAM, {b"id": task_id, b"reply": self.reply,
-                                            b"payload": b"\x91\xc0"})
+            await self.client.xadd(
+                STREAM, {b"id": task_id, b"reply": self.reply, b"payload": b"\x91\xc0"}
+            )
             return await future
 
         started = time.perf_counter()

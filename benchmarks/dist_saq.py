@@ -1,6 +1,6 @@
 """saq at tuned settings (concurrency 128, completion polled every 0.5 ms), for comparison.
 
-    python benchmarks/dist_saq.py worker URL
+python benchmarks/dist_saq.py worker URL
 """
 
 from __future__ import annotations

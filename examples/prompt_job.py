@@ -131,7 +131,9 @@ def _judge(content: str) -> str:
     if expected not in predicted.split() and expected in RULES:
         fixes.append(RULES[expected])
     advice = " ".join(f'Add the rule: "{fix}"' for fix in fixes)
-    return f'Wrong: the ticket {ticket!r} is "{expected}" but the router said "{predicted}". {advice}'
+    return (
+        f'Wrong: the ticket {ticket!r} is "{expected}" but the router said "{predicted}". {advice}'
+    )
 
 
 def _improve(request: str) -> str:
@@ -182,7 +184,9 @@ def build_job() -> Job:
         expected = Variable(example["label"], role="expected label")
         loss = await judge(ticket=ticket, expected=expected, prediction=prediction)
         return Evaluation(
-            loss=loss, score=score(str(prediction.data), example["label"]), prediction=prediction.data
+            loss=loss,
+            score=score(str(prediction.data), example["label"]),
+            prediction=prediction.data,
         )
 
     return Job(

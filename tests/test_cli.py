@@ -7,13 +7,15 @@ import sys
 
 
 def run(*code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_help_lists_every_subcommand() -> None:
-    done = subprocess.run([sys.executable, "-m", "asyncgraph", "--help"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncgraph", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0
     for name in ("worker", "demo", "run"):
         assert name in done.stdout
@@ -37,7 +39,8 @@ def test_a_subcommand_imports_only_its_own_module() -> None:
 
 
 def test_no_command_prints_help_and_exits_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "asyncgraph"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncgraph"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "COMMAND" in done.stdout

@@ -27,21 +27,31 @@ def check(settings: Settings) -> str:
     except ValueError as exc:
         raise ValueError(f"ASYNCGRAPH_IMPORTS: {exc}") from None
     WorkerConfig(
-        redis_url=settings.redis_url, queue=settings.queue, concurrency=settings.concurrency,
-        secret=settings.secret, lease_ms=settings.lease_ms, max_attempts=settings.max_attempts,
-        drain_timeout_s=settings.drain_timeout_s, health_port=settings.health_port,
+        redis_url=settings.redis_url,
+        queue=settings.queue,
+        concurrency=settings.concurrency,
+        secret=settings.secret,
+        lease_ms=settings.lease_ms,
+        max_attempts=settings.max_attempts,
+        drain_timeout_s=settings.drain_timeout_s,
+        health_port=settings.health_port,
         allowed_base_urls=settings.allowed_base_urls,
-        connect_timeout_s=settings.connect_timeout_s, limits=Limits(),
+        connect_timeout_s=settings.connect_timeout_s,
+        limits=Limits(),
     )
-    return (f"queue {settings.queue!r}: serving {', '.join(sorted(registry))} "
-            f"({settings.processes} process(es) x {settings.concurrency}, "
-            f"{'signed' if settings.secret else 'unsigned'}, health port "
-            f"{settings.health_port if settings.health_port is not None else 'off'})")
+    return (
+        f"queue {settings.queue!r}: serving {', '.join(sorted(registry))} "
+        f"({settings.processes} process(es) x {settings.concurrency}, "
+        f"{'signed' if settings.secret else 'unsigned'}, health port "
+        f"{settings.health_port if settings.health_port is not None else 'off'})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="validate settings and imports, then exit")
+    parser.add_argument(
+        "--check", action="store_true", help="validate settings and imports, then exit"
+    )
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)

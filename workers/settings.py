@@ -85,7 +85,9 @@ class Settings:
             try:
                 value = float(raw)
             except ValueError:
-                raise ValueError(f"ASYNCGRAPH_{name} must be a number of seconds, got {raw!r}") from None
+                raise ValueError(
+                    f"ASYNCGRAPH_{name} must be a number of seconds, got {raw!r}"
+                ) from None
             if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
                 bound = ">= 0" if zero_ok else "> 0"
                 raise ValueError(f"ASYNCGRAPH_{name} must be {bound} and finite, got {raw!r}")
@@ -107,7 +109,8 @@ class Settings:
         if secret is not None and len(secret.encode()) < 16:
             raise ValueError(
                 "ASYNCGRAPH_SECRET must be at least 16 bytes long; generate one with "
-                "`python -c 'import secrets; print(secrets.token_hex(32))'`")
+                "`python -c 'import secrets; print(secrets.token_hex(32))'`"
+            )
         allowed = tuple(u.strip() for u in (get("ALLOWED_BASE_URLS") or "").split(",") if u.strip())
         for base_url in allowed:
             try:
@@ -125,8 +128,10 @@ class Settings:
             raise ValueError(f"ASYNCGRAPH_BACKEND must be asyncio or trio, got {backend!r}")
         log_level = (get("LOG_LEVEL") or "INFO").upper()
         if log_level not in _LOG_LEVELS:
-            raise ValueError(f"ASYNCGRAPH_LOG_LEVEL must be one of {', '.join(_LOG_LEVELS)}, "
-                             f"got {get('LOG_LEVEL')!r}")
+            raise ValueError(
+                f"ASYNCGRAPH_LOG_LEVEL must be one of {', '.join(_LOG_LEVELS)}, "
+                f"got {get('LOG_LEVEL')!r}"
+            )
         lease_ms = integer("LEASE_MS", 10_000)
         if lease_ms < 200:
             raise ValueError(f"ASYNCGRAPH_LEASE_MS must be >= 200, got {lease_ms}")
@@ -154,12 +159,26 @@ class Settings:
         are not in it: ``asyncgraph worker`` reads them from the same environment
         (``ASYNCGRAPH_REDIS_URL``, ``ASYNCGRAPH_SECRET``, ``ASYNCGRAPH_ALLOWED_BASE_URLS``).
         """
-        args = ["--queue", self.queue,
-                "--concurrency", str(self.concurrency), "--processes", str(self.processes),
-                "--lease-ms", str(self.lease_ms), "--max-attempts", str(self.max_attempts),
-                "--drain-timeout-s", str(self.drain_timeout_s),
-                "--connect-timeout-s", str(self.connect_timeout_s), "--backend", self.backend,
-                "--log-level", self.log_level]
+        args = [
+            "--queue",
+            self.queue,
+            "--concurrency",
+            str(self.concurrency),
+            "--processes",
+            str(self.processes),
+            "--lease-ms",
+            str(self.lease_ms),
+            "--max-attempts",
+            str(self.max_attempts),
+            "--drain-timeout-s",
+            str(self.drain_timeout_s),
+            "--connect-timeout-s",
+            str(self.connect_timeout_s),
+            "--backend",
+            self.backend,
+            "--log-level",
+            self.log_level,
+        ]
         for module in self.imports:
             args += ["--import", module]
         if self.health_port is not None:

@@ -25,9 +25,7 @@ class Executor(Protocol):
 
     def inline(self, node: Node) -> bool: ...
 
-    async def run_backward(
-        self, node: Node, grad_outputs: tuple[Variable | None, ...]
-    ) -> Any: ...
+    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any: ...
 
 
 # Set by the engine for the tasks of a backward pass: says whether that pass still holds

@@ -201,7 +201,12 @@ class RedisExecutor:
         except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
             raise TypeError(f"{fn.__name__}: {exc}") from None
         result = await self._call(
-            fn, "backward", payload, node, node.input_roles, ctx=node.ctx,
+            fn,
+            "backward",
+            payload,
+            node,
+            node.input_roles,
+            ctx=node.ctx,
             values=lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
         )
         return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
@@ -221,7 +226,12 @@ class RedisExecutor:
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
         result = await self._call(
-            fn, "forward", payload, None, roles, ctx=None,
+            fn,
+            "forward",
+            payload,
+            None,
+            roles,
+            ctx=None,
             values=lambda: {"args": list(args), "kwargs": dict(kwargs)},
         )
         try:
@@ -230,7 +240,8 @@ class RedisExecutor:
         except WireError as exc:
             raise RemoteError(
                 f"{fn.__name__}.forward on queue {self.queue!r} returned a malformed result: {exc}",
-                function=fn.__name__, input_roles=roles,
+                function=fn.__name__,
+                input_roles=roles,
             ) from None
         ctx._saved = remote_ctx._saved
         for key, value in vars(remote_ctx).items():
@@ -260,15 +271,22 @@ class RedisExecutor:
         name = remote_name(fn)
         task_id = f"{next(self._ids):x}"
         message = TaskMessage(
-            self.queue, self.client_id, task_id, name, fingerprint(fn), op,
-            max(1, int(self.timeout_s * 1000)), payload,
+            self.queue,
+            self.client_id,
+            task_id,
+            name,
+            fingerprint(fn),
+            op,
+            max(1, int(self.timeout_s * 1000)),
+            payload,
         )
         try:
             packed, signature = encode(message, self._signer, self._limits)
         except TypeError:
             raise diagnose_unpackable(fn.__name__, ctx, values()) from None
-        pending = _Pending(task_id, name, anyio.Event(), packed, signature,
-                           anyio.current_time() + self.timeout_s)
+        pending = _Pending(
+            task_id, name, anyio.Event(), packed, signature, anyio.current_time() + self.timeout_s
+        )
         self._pending[task_id] = pending
         self._outbox.append(pending)
         self.stats.submitted += 1
@@ -319,7 +337,10 @@ class RedisExecutor:
             error = pending.error
             if isinstance(error, BackwardError) and not error.function:
                 error.function, error.input_roles, error.output_roles = (
-                    fn.__name__, input_roles, output_roles)
+                    fn.__name__,
+                    input_roles,
+                    output_roles,
+                )
                 error.args = (f"{describe}: {error.args[0]}",)
             raise error
         assert pending.reply is not None and pending.reply.error is not None
@@ -366,19 +387,25 @@ class RedisExecutor:
         """Why a reply may be missing: live workers, where the task is, this client's dead letters."""
         entry = pending.entry_id
         commands: list[list[Any]] = [
-            ["TIME"], ["HGETALL", keys.workers_hash(self.queue)], ["XLEN", self._task_stream],
+            ["TIME"],
+            ["HGETALL", keys.workers_hash(self.queue)],
+            ["XLEN", self._task_stream],
             ["XREVRANGE", keys.dead_stream(self.queue), "+", "-", "COUNT", _DEAD_LOOKBACK],
         ]
         if entry is not None:
-            commands += [["XPENDING", self._task_stream, keys.GROUP, entry, entry, 1],
-                         ["XRANGE", self._task_stream, entry, entry]]
+            commands += [
+                ["XPENDING", self._task_stream, keys.GROUP, entry, entry, 1],
+                ["XRANGE", self._task_stream, entry, entry],
+            ]
         try:
             replies = await self._pool.pipeline(
-                commands, timeout_s=min(self._pool.timeout_s, 2.0), max_bulk=_DIAGNOSIS_MAX_BULK)
+                commands, timeout_s=min(self._pool.timeout_s, 2.0), max_bulk=_DIAGNOSIS_MAX_BULK
+            )
             now, beats, length, dead = replies[:4]
             now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
             alive = sum(
-                1 for expiry in (beats[1::2] if isinstance(beats, list) else ())
+                1
+                for expiry in (beats[1::2] if isinstance(beats, list) else ())
                 if int(expiry) >= now_ms
             )
         except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
@@ -387,24 +414,30 @@ class RedisExecutor:
         if alive == 0:
             parts.append(
                 f"no worker of queue {self.queue!r} is alive: start one with `asyncgraph worker "
-                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)")
+                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)"
+            )
         else:
             where = ""
             if entry is not None and not any(isinstance(r, ReplyError) for r in replies[4:]):
                 held, queued = replies[4], replies[5]
                 if held:
                     _, consumer, idle_ms, deliveries = held[0]
-                    where = (f"task {pending.task_id} is being processed by worker "
-                             f"{bytes(consumer).decode(errors='replace')} (delivered "
-                             f"{int(deliveries)} time(s), lease renewed {int(idle_ms)} ms ago): ")
+                    where = (
+                        f"task {pending.task_id} is being processed by worker "
+                        f"{bytes(consumer).decode(errors='replace')} (delivered "
+                        f"{int(deliveries)} time(s), lease renewed {int(idle_ms)} ms ago): "
+                    )
                 elif queued:
                     where = f"task {pending.task_id} is still waiting in the stream: "
                 else:
-                    where = (f"task {pending.task_id} is no longer in the stream (answered, "
-                             f"dead-lettered or deleted) but its reply did not arrive: ")
+                    where = (
+                        f"task {pending.task_id} is no longer in the stream (answered, "
+                        f"dead-lettered or deleted) but its reply did not arrive: "
+                    )
             parts.append(
                 f"{where}{alive} worker(s) alive, {length} task(s) in the stream; the workers "
-                f"are busy or the function is slower than the timeout")
+                f"are busy or the function is slower than the timeout"
+            )
         parts += self._dead_letter_hints(dead)
         rejected = self.stats.rejected_replies
         if rejected:
@@ -422,21 +455,30 @@ class RedisExecutor:
             error = data.get(keys.F_ERROR)
             if isinstance(reason, bytes):
                 reasons.setdefault(reason.decode(errors="replace"), []).append(
-                    error.decode(errors="replace") if isinstance(error, bytes) else "")
+                    error.decode(errors="replace") if isinstance(error, bytes) else ""
+                )
         hints = []
         forged = reasons.pop(keys.REASON_FORGED, [])
         if forged:
             if self._signer.enabled:
-                fix = (f"this client signs with another secret than the workers: give both the "
-                       f"same {SECRET_ENV}")
+                fix = (
+                    f"this client signs with another secret than the workers: give both the "
+                    f"same {SECRET_ENV}"
+                )
             else:
-                fix = (f"the workers require signed tasks and this client has no secret: pass "
-                       f"secret= to open_redis_executor or set {SECRET_ENV} to the workers' value")
-            hints.append(f"{len(forged)} task(s) of this client were dead-lettered as unsigned or "
-                         f"forged ({forged[0]}): {fix}")
+                fix = (
+                    f"the workers require signed tasks and this client has no secret: pass "
+                    f"secret= to open_redis_executor or set {SECRET_ENV} to the workers' value"
+                )
+            hints.append(
+                f"{len(forged)} task(s) of this client were dead-lettered as unsigned or "
+                f"forged ({forged[0]}): {fix}"
+            )
         for reason, errors in sorted(reasons.items()):
-            hints.append(f"{len(errors)} task(s) of this client were dead-lettered ({reason}: "
-                         f"{errors[0][:300]})")
+            hints.append(
+                f"{len(errors)} task(s) of this client were dead-lettered ({reason}: "
+                f"{errors[0][:300]})"
+            )
         return hints
 
     # -- background tasks -----------------------------------------------------------
@@ -472,8 +514,19 @@ class RedisExecutor:
         cancels = [p for p in self._cancels if p.sent]
         self._outbox, self._cancels = [], []
         commands: list[list[Any]] = [
-            ["XADD", self._task_stream, "*", keys.F_MESSAGE, p.packed, keys.F_SIGNATURE, p.signature,
-             keys.F_CLIENT_HINT, self.client_id, keys.F_TASK_HINT, p.task_id]
+            [
+                "XADD",
+                self._task_stream,
+                "*",
+                keys.F_MESSAGE,
+                p.packed,
+                keys.F_SIGNATURE,
+                p.signature,
+                keys.F_CLIENT_HINT,
+                self.client_id,
+                keys.F_TASK_HINT,
+                p.task_id,
+            ]
             for p in outbox
         ]
         for p in outbox:
@@ -488,9 +541,20 @@ class RedisExecutor:
                 CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
                 self._signer,
             )
-            commands.append(["XADD", keys.cancel_stream(self.queue), "MAXLEN", "~",
-                             keys.CANCEL_MAXLEN, "*", keys.F_MESSAGE, packed,
-                             keys.F_SIGNATURE, signature])
+            commands.append(
+                [
+                    "XADD",
+                    keys.cancel_stream(self.queue),
+                    "MAXLEN",
+                    "~",
+                    keys.CANCEL_MAXLEN,
+                    "*",
+                    keys.F_MESSAGE,
+                    packed,
+                    keys.F_SIGNATURE,
+                    signature,
+                ]
+            )
         if not commands:
             return
         self.stats.flushes += 1
@@ -506,8 +570,12 @@ class RedisExecutor:
             # whole batch with it, not only the task that happened to send it.
             log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
             for p in outbox:
-                self._fail(p, RemoteConnectionError(
-                    f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"))
+                self._fail(
+                    p,
+                    RemoteConnectionError(
+                        f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"
+                    ),
+                )
             return
         except BaseException:
             if inline:  # cancelled mid-send: the flusher sends the batch again
@@ -519,8 +587,12 @@ class RedisExecutor:
             self._flushing -= 1
         for p, reply in zip(outbox, replies, strict=False):
             if isinstance(reply, ReplyError):
-                self._fail(p, RemoteConnectionError(
-                    f"Redis refused the task for {p.function!r} on queue {self.queue!r}: {reply}"))
+                self._fail(
+                    p,
+                    RemoteConnectionError(
+                        f"Redis refused the task for {p.function!r} on queue {self.queue!r}: {reply}"
+                    ),
+                )
             else:
                 p.entry_id = reply
 
@@ -564,18 +636,35 @@ class RedisExecutor:
                 commands: list[list[Any]] = []
                 if trim_below is not None:  # drop what was read, in the same round trip
                     commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
-                commands.append(["XREAD", "COUNT", _READ_COUNT, "BLOCK", _BLOCK_MS,
-                                 "STREAMS", self._reply_stream, last_id])
+                commands.append(
+                    [
+                        "XREAD",
+                        "COUNT",
+                        _READ_COUNT,
+                        "BLOCK",
+                        _BLOCK_MS,
+                        "STREAMS",
+                        self._reply_stream,
+                        last_id,
+                    ]
+                )
                 limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
                 try:
                     with anyio.fail_after(limit_s):
                         replies = await conn.pipeline(commands, max_bulk=self._max_bulk)
                     if isinstance(replies[-1], ReplyError):
-                        raise RedisConnectionLost(f"XREAD of the reply stream failed: {replies[-1]}")
+                        raise RedisConnectionLost(
+                            f"XREAD of the reply stream failed: {replies[-1]}"
+                        )
                 except (RedisConnectionLost, TimeoutError) as exc:
-                    what = str(exc) if isinstance(exc, RedisConnectionLost) else (
-                        f"Redis at {self._pool.address.display} did not answer the blocking "
-                        f"read of the reply stream within {limit_s:g}s")
+                    what = (
+                        str(exc)
+                        if isinstance(exc, RedisConnectionLost)
+                        else (
+                            f"Redis at {self._pool.address.display} did not answer the blocking "
+                            f"read of the reply stream within {limit_s:g}s"
+                        )
+                    )
                     log.warning("reply listener of queue %r: %s; reconnecting", self.queue, what)
                     self.stats.reconnects += 1
                     await conn.aclose()
@@ -618,9 +707,13 @@ class RedisExecutor:
             await conn.aclose()
             raise
         if self._run_id is not None and run_id != self._run_id:
-            self._fail_all(RedisConnectionLost(
-                f"Redis at {self._pool.address.display} restarted: tasks and replies in flight "
-                f"were lost"), "waiting for the reply")
+            self._fail_all(
+                RedisConnectionLost(
+                    f"Redis at {self._pool.address.display} restarted: tasks and replies in flight "
+                    f"were lost"
+                ),
+                "waiting for the reply",
+            )
         self._run_id = run_id
         return conn
 
@@ -637,9 +730,11 @@ class RedisExecutor:
                 raise WireError(
                     f"the reply is {packed.size} bytes, above this client's limit of "
                     f"{self._limits.max_message_bytes} (it was not read); raise "
-                    f"limits=Limits(max_message_bytes=...) here or return less data")
-            message = decode(packed, data.get(keys.F_SIGNATURE), self._signer, self.queue,
-                             self._limits)
+                    f"limits=Limits(max_message_bytes=...) here or return less data"
+                )
+            message = decode(
+                packed, data.get(keys.F_SIGNATURE), self._signer, self.queue, self._limits
+            )
             if not isinstance(message, ReplyMessage) or message.client != self.client_id:
                 raise WireError("not a reply to this client")
         except WireError as exc:
@@ -664,17 +759,27 @@ class RedisExecutor:
             if ids is not None and ids[0] == self.client_id:
                 task_id = ids[1]
         pending = self._pending.get(task_id) if task_id is not None else None
-        log.warning("rejected a reply on queue %r%s: %s", self.queue,
-                    f" for task {task_id}" if task_id else "", exc)
+        log.warning(
+            "rejected a reply on queue %r%s: %s",
+            self.queue,
+            f" for task {task_id}" if task_id else "",
+            exc,
+        )
         if pending is None:
             return
         if "signature" in str(exc) or "unsigned" in str(exc):
-            advice = (f"; the client and the workers must share one secret (secret= here, "
-                      f"{SECRET_ENV} on both sides)")
+            advice = (
+                f"; the client and the workers must share one secret (secret= here, "
+                f"{SECRET_ENV} on both sides)"
+            )
         else:
             advice = ""
-        self._fail(pending, RemoteError(
-            f"its reply from the workers of queue {self.queue!r} was rejected: {exc}{advice}"))
+        self._fail(
+            pending,
+            RemoteError(
+                f"its reply from the workers of queue {self.queue!r} was rejected: {exc}{advice}"
+            ),
+        )
 
     async def _close(self) -> None:
         """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
@@ -682,8 +787,12 @@ class RedisExecutor:
         for pending in list(self._pending.values()):
             pending.cancelled = True
             self._cancels.append(pending)
-            self._fail(pending, RuntimeError(
-                f"the RedisExecutor of queue {self.queue!r} was closed while this node waited"))
+            self._fail(
+                pending,
+                RuntimeError(
+                    f"the RedisExecutor of queue {self.queue!r} was closed while this node waited"
+                ),
+            )
         if self.stats.submitted:  # else there is nothing to cancel or delete
             with anyio.move_on_after(self._pool.timeout_s, shield=True):
                 try:
@@ -695,8 +804,10 @@ class RedisExecutor:
             await self._pool.aclose()
 
     def __repr__(self) -> str:
-        return (f"RedisExecutor(url={self._pool.address.display!r}, queue={self.queue!r}, "
-                f"timeout_s={self.timeout_s!r})")
+        return (
+            f"RedisExecutor(url={self._pool.address.display!r}, queue={self.queue!r}, "
+            f"timeout_s={self.timeout_s!r})"
+        )
 
 
 def _next_id(entry_id: bytes) -> bytes:
@@ -711,7 +822,8 @@ async def _run_id(conn: Connection, timeout_s: float) -> bytes:
             info = await conn.execute("INFO", "server")
     except TimeoutError:
         raise RedisConnectionLost(
-            f"Redis at {conn.address.display} did not answer within {timeout_s:g}s") from None
+            f"Redis at {conn.address.display} did not answer within {timeout_s:g}s"
+        ) from None
     for line in bytes(info).splitlines():
         if line.startswith(b"run_id:"):
             return line[7:].strip()
@@ -730,7 +842,9 @@ def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], An
         if var is None:
             raise WireError(f"output {i} is nil")
         outputs.append(var)
-    if not isinstance(nd, list) or not all(isinstance(i, int) and 0 <= i < len(outputs) for i in nd):
+    if not isinstance(nd, list) or not all(
+        isinstance(i, int) and 0 <= i < len(outputs) for i in nd
+    ):
         raise WireError("forward result 'nd' must list output indices")
     return outputs, result.get("ctx"), nd, is_tuple
 
@@ -783,18 +897,23 @@ async def open_redis_executor(
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=redis_timeout_s)
     executor = RedisExecutor(
-        pool, queue, signer=signer, timeout_s=timeout_s,
-        local=local if local is not None else LocalExecutor(), limits=limits, run_id=None,
+        pool,
+        queue,
+        signer=signer,
+        timeout_s=timeout_s,
+        local=local if local is not None else LocalExecutor(),
+        limits=limits,
+        run_id=None,
     )
     try:
         # Tasks sent before any worker exists must wait for it: create the group at 0.
-        await pool.execute("XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0",
-                           "MKSTREAM")
+        await pool.execute("XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0", "MKSTREAM")
     except ReplyError as exc:
         if exc.code != "BUSYGROUP":
             await pool.aclose()
             raise RemoteConnectionError(
-                f"Redis at {address.display} refused to set up queue {queue!r}: {exc}") from None
+                f"Redis at {address.display} refused to set up queue {queue!r}: {exc}"
+            ) from None
     except RedisConnectionLost as exc:
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc

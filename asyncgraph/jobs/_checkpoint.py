@@ -31,7 +31,9 @@ class CheckpointError(AsyncGraphError):
 
 def fingerprint_data(value: Any) -> str:
     """A short sha256 of a JSON-able value (datasets, configurations)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    text = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -46,7 +46,8 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"must be an integer >= {minimum}, got {text!r}") from None
+                f"must be an integer >= {minimum}, got {text!r}"
+            ) from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
@@ -110,7 +111,9 @@ def _report(errors: Sequence[BaseException]) -> int:
     """Print one ``error:`` line per distinct error; the exit code for them."""
     seen: set[str] = set()
     for error in errors:
-        text = str(error) if isinstance(error, AsyncGraphError) else f"{type(error).__name__}: {error}"
+        text = (
+            str(error) if isinstance(error, AsyncGraphError) else f"{type(error).__name__}: {error}"
+        )
         if text not in seen:
             seen.add(text)
             print(f"error: {text}", file=sys.stderr, flush=True)

@@ -119,7 +119,11 @@ def _improve(everything: str) -> str:
 def demo_responder(messages: Sequence[Mapping[str, Any]]) -> str:
     """The scripted replies of the demo's simulated model (see the module docstring)."""
     everything = "\n".join(str(m.get("content", "")) for m in messages)
-    system = str(messages[0].get("content", "")) if messages and messages[0].get("role") == "system" else ""
+    system = (
+        str(messages[0].get("content", ""))
+        if messages and messages[0].get("role") == "system"
+        else ""
+    )
     if "IMPROVED_VARIABLE" in everything:
         return _improve(everything)
     if "You condense feedback" in system:
@@ -177,8 +181,13 @@ def build_demo_job(
     """
     data = load_dataset()
     prompt = Parameter(INITIAL_PROMPT, role="system prompt of the question answerer")
-    judge = TextLoss(JUDGE_INSTRUCTION, model=model, template=JUDGE_TEMPLATE, base_url=base_url,
-                     function=DemoJudge)
+    judge = TextLoss(
+        JUDGE_INSTRUCTION,
+        model=model,
+        template=JUDGE_TEMPLATE,
+        base_url=base_url,
+        function=DemoJudge,
+    )
 
     async def forward(example: Mapping[str, Any]) -> Evaluation:
         question = Variable(example["question"], role="question")

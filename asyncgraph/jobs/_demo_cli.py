@@ -39,24 +39,45 @@ WORKER_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs._demo")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=non_negative_int, default=0, metavar="N",
-                       help="run backwards on N local worker processes (embedded redis-server)")
-    where.add_argument("--redis", metavar="URL",
-                       help="use this Redis and the workers already serving it (queue --queue)")
+    where.add_argument(
+        "--workers",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="run backwards on N local worker processes (embedded redis-server)",
+    )
+    where.add_argument(
+        "--redis",
+        metavar="URL",
+        help="use this Redis and the workers already serving it (queue --queue)",
+    )
     parser.add_argument("--queue", default=DEMO_QUEUE, help=f"worker queue (default: {DEMO_QUEUE})")
-    parser.add_argument("--model", default="demo",
-                        help="'demo' (simulated, offline; default) or openai:MODEL")
+    parser.add_argument(
+        "--model", default="demo", help="'demo' (simulated, offline; default) or openai:MODEL"
+    )
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --model")
-    parser.add_argument("--latency-ms", type=non_negative_float, default=100.0,
-                        help="simulated model latency per call (default 100)")
+    parser.add_argument(
+        "--latency-ms",
+        type=non_negative_float,
+        default=100.0,
+        help="simulated model latency per call (default 100)",
+    )
     parser.add_argument("--epochs", type=positive_int, default=2)
-    parser.add_argument("--out", metavar="DIR",
-                        help="keep the checkpoint, history.json and metrics.png in DIR "
-                             "(default: a temporary directory, discarded at the end)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="keep the checkpoint, history.json and metrics.png in DIR "
+        "(default: a temporary directory, discarded at the end)",
+    )
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    start.add_argument("--overwrite", action="store_true",
-                       help="start over even if --out holds a checkpoint (it is replaced)")
+    start.add_argument(
+        "--resume", action="store_true", help="continue from the checkpoint in --out"
+    )
+    start.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over even if --out holds a checkpoint (it is replaced)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
@@ -69,8 +90,12 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     simulated = args.model == "demo"
     if simulated:
         register_model(_demo.DEMO_MODEL, _demo.make_demo_model(args.latency_ms / 1000))
-    job, prompt = build_demo_job(args.model, base_url=args.base_url, epochs=args.epochs,
-                                 latency_ms=args.latency_ms if simulated else None)
+    job, prompt = build_demo_job(
+        args.model,
+        base_url=args.base_url,
+        epochs=args.epochs,
+        latency_ms=args.latency_ms if simulated else None,
+    )
     before = prompt.data
     progress = not args.no_progress
     info: dict[str, Any] = {
@@ -89,21 +114,34 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
         elif args.redis:
             result = await _run_remote(job, out, args.redis, args, progress)
         else:
-            result = await run_job(job, out, resume=args.resume,
-                                   overwrite=getattr(args, "overwrite", False), progress=progress,
-                                   handle_sigint=True)
+            result = await run_job(
+                job,
+                out,
+                resume=args.resume,
+                overwrite=getattr(args, "overwrite", False),
+                progress=progress,
+                handle_sigint=True,
+            )
     info["after"] = prompt.data
     info["calls"] = usage.snapshot().requests
     return result, info
 
 
-async def _run_remote(job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool) -> JobResult:
+async def _run_remote(
+    job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool
+) -> JobResult:
     from ..executors import open_redis_executor
 
     async with open_redis_executor(url, queue=args.queue, timeout_s=120.0) as executor:
-        return await run_job(job, out, resume=args.resume,
-                             overwrite=getattr(args, "overwrite", False), executor=executor,
-                             progress=progress, handle_sigint=True)
+        return await run_job(
+            job,
+            out,
+            resume=args.resume,
+            overwrite=getattr(args, "overwrite", False),
+            executor=executor,
+            progress=progress,
+            handle_sigint=True,
+        )
 
 
 def _pct(value: float | None) -> str:
@@ -119,7 +157,11 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
     table.add_column("")
     table.add_column("before")
     table.add_column("after")
-    table.add_row("validation accuracy (exact match)", _pct(result.initial_val_score), _pct(result.final_val_score))
+    table.add_row(
+        "validation accuracy (exact match)",
+        _pct(result.initial_val_score),
+        _pct(result.final_val_score),
+    )
     table.add_row("system prompt", info["before"], info["after"])
     console.print(table)
     calls = info["calls"]
@@ -129,8 +171,10 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
     latency_s = info.get("latency_s")
     if latency_s and calls:
         sequential = calls * latency_s
-        print(f"one call at a time they would take {sequential:.1f}s: "
-              f"{sequential / wall_s:.1f}x faster concurrently")
+        print(
+            f"one call at a time they would take {sequential:.1f}s: "
+            f"{sequential / wall_s:.1f}x faster concurrently"
+        )
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
@@ -138,11 +182,15 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if args.model != "demo" and not args.model.startswith("openai:"):
         return f"--model must be 'demo' or openai:MODEL, got {args.model!r}"
     if args.model == "demo" and args.base_url is not None:
-        return ("--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "
-                "model makes no requests")
+        return (
+            "--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "
+            "model makes no requests"
+        )
     if args.resume and not args.out:
-        return ("--resume needs --out DIR: without --out the demo writes to a temporary "
-                "directory that is deleted at the end, so there is nothing to resume")
+        return (
+            "--resume needs --out DIR: without --out the demo writes to a temporary "
+            "directory that is deleted at the end, so there is nothing to resume"
+        )
     return redis_problem(args.redis, args.queue)
 
 
@@ -150,8 +198,13 @@ def run(args: argparse.Namespace) -> int:
     problem = _usage_problem(args)
     if problem is not None:
         return usage_error(problem)
-    where = (f"{args.workers} local worker processes via an embedded redis-server" if args.workers
-             else f"workers of {args.redis}" if args.redis else "in-process")
+    where = (
+        f"{args.workers} local worker processes via an embedded redis-server"
+        if args.workers
+        else f"workers of {args.redis}"
+        if args.redis
+        else "in-process"
+    )
 
     async def main() -> int:
         if args.redis:
@@ -160,12 +213,16 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {missing}", file=sys.stderr)
                 return EXIT_ERROR
         if args.model == "demo":
-            print("asyncgraph demo: prompt optimization on 24 training / 16 validation questions.\n"
-                  "Model: SIMULATED (offline, scripted replies, not a language model; "
-                  f"{args.latency_ms:.0f} ms per call). Use --model openai:MODEL for a real one.")
+            print(
+                "asyncgraph demo: prompt optimization on 24 training / 16 validation questions.\n"
+                "Model: SIMULATED (offline, scripted replies, not a language model; "
+                f"{args.latency_ms:.0f} ms per call). Use --model openai:MODEL for a real one."
+            )
         else:
-            print(f"asyncgraph demo: prompt optimization with {args.model} at "
-                  f"{args.base_url or 'the default endpoint'}")
+            print(
+                f"asyncgraph demo: prompt optimization with {args.model} at "
+                f"{args.base_url or 'the default endpoint'}"
+            )
         print(f"executor: {where}\n", flush=True)
         with tempfile.TemporaryDirectory(prefix="asyncgraph-demo-") as tmp:
             out = Path(args.out) if args.out else Path(tmp)
@@ -175,16 +232,22 @@ def run(args: argparse.Namespace) -> int:
             if args.out:
                 print(f"{outputs(result)}: {result.out_dir}")
             else:
-                print(f"{outputs(result)} went to a temporary directory and are discarded "
-                      f"(pass --out DIR to keep them)")
+                print(
+                    f"{outputs(result)} went to a temporary directory and are discarded "
+                    f"(pass --out DIR to keep them)"
+                )
             if result.interrupted:
                 if args.out:
-                    print("interrupted: the last completed step is checkpointed; resume with the "
-                          "same command plus --resume"
-                          + (" (instead of --overwrite)" if args.overwrite else ""))
+                    print(
+                        "interrupted: the last completed step is checkpointed; resume with the "
+                        "same command plus --resume"
+                        + (" (instead of --overwrite)" if args.overwrite else "")
+                    )
                 else:
-                    print("interrupted: nothing is kept without --out DIR, so this run cannot be "
-                          "resumed")
+                    print(
+                        "interrupted: nothing is kept without --out DIR, so this run cannot be "
+                        "resumed"
+                    )
                 return EXIT_INTERRUPTED
             return 0
 

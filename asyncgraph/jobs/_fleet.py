@@ -89,9 +89,15 @@ def _live_now(client: redis.Redis, queue: str) -> set[bytes]:
     return live
 
 
-def wait_for_workers(url: str, queue: str, count: int, *, timeout_s: float = 30.0,
-                     proc: subprocess.Popen[bytes] | None = None,
-                     ignore: frozenset[bytes] = frozenset()) -> None:
+def wait_for_workers(
+    url: str,
+    queue: str,
+    count: int,
+    *,
+    timeout_s: float = 30.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    ignore: frozenset[bytes] = frozenset(),
+) -> None:
     """Block until ``count`` live workers of ``queue``, not in ``ignore``, sent a heartbeat.
 
     Raises FleetError when the supervisor ``proc`` exits first or ``timeout_s`` passes.
@@ -213,12 +219,31 @@ def local_fleet(
                 already = frozenset(client.hkeys(keys.workers_hash(queue)))  # type: ignore[arg-type]
         finally:
             client.close()
-        args = [sys.executable, "-m", "asyncgraph", "worker", "--redis", url, "--queue", queue,
-                "--processes", str(processes), "--concurrency", str(concurrency),
-                *(arg for module in imports for arg in ("--import", module)), *extra_args]
+        args = [
+            sys.executable,
+            "-m",
+            "asyncgraph",
+            "worker",
+            "--redis",
+            url,
+            "--queue",
+            queue,
+            "--processes",
+            str(processes),
+            "--concurrency",
+            str(concurrency),
+            *(arg for module in imports for arg in ("--import", module)),
+            *extra_args,
+        ]
         out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                env=dict(os.environ), preexec_fn=child_setup())
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=dict(os.environ),
+            preexec_fn=child_setup(),
+        )
         try:
             wait_for_workers(url, queue, processes, proc=proc, ignore=already)
             yield url

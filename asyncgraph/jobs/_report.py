@@ -63,8 +63,9 @@ class Reporter:
             self._progress = Progress(
                 TextColumn(
                     "[bold]{task.description}",
-                    table_column=Column(max_width=self.NAME_WIDTH, no_wrap=True,
-                                        overflow="ellipsis"),
+                    table_column=Column(
+                        max_width=self.NAME_WIDTH, no_wrap=True, overflow="ellipsis"
+                    ),
                 ),
                 BarColumn(bar_width=self.BAR_WIDTH),
                 MofNCompleteColumn(),
@@ -80,7 +81,9 @@ class Reporter:
                 expand=True,
             )
             self._task = self._progress.add_task(
-                self.name, total=self.total, completed=step,
+                self.name,
+                total=self.total,
+                completed=step,
                 metrics=self._compact(self._rows(history)),
             )
             self._progress.start()
@@ -173,8 +176,9 @@ def write_plot(
     score_ax.set_title("score")
     score_ax.grid(alpha=0.3)
     score_ax.legend(loc="lower right")
-    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", color="tab:red",
-                 label="train loss")
+    loss_ax.plot(
+        steps, [h["train_loss"] for h in history], marker="o", color="tab:red", label="train loss"
+    )
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("training loss")

@@ -30,13 +30,22 @@ __all__ = ["add_arguments", "load_job_file", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_file", help="a Python file that defines build_job() -> Job")
-    parser.add_argument("--redis", metavar="URL", help="run remote backwards on the workers of this Redis")
+    parser.add_argument(
+        "--redis", metavar="URL", help="run remote backwards on the workers of this Redis"
+    )
     parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    start.add_argument("--overwrite", action="store_true",
-                       help="start over even if --out holds a checkpoint (it is replaced)")
-    parser.add_argument("--out", metavar="DIR", help="checkpoint/metrics directory (default: runs/<job name>)")
+    start.add_argument(
+        "--resume", action="store_true", help="continue from the checkpoint in --out"
+    )
+    start.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over even if --out holds a checkpoint (it is replaced)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="checkpoint/metrics directory (default: runs/<job name>)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
@@ -70,17 +79,29 @@ async def build(module: ModuleType) -> Job:
 
 
 async def run_with_optional_redis(
-    job: Job, out: Path, *, redis: str | None, queue: str, resume: bool, progress: bool,
+    job: Job,
+    out: Path,
+    *,
+    redis: str | None,
+    queue: str,
+    resume: bool,
+    progress: bool,
     overwrite: bool = False,
 ) -> JobResult:
     if redis is None:
-        return await run_job(job, out, resume=resume, overwrite=overwrite, progress=progress,
-                             handle_sigint=True)
+        return await run_job(
+            job, out, resume=resume, overwrite=overwrite, progress=progress, handle_sigint=True
+        )
     from ..executors._redis import open_redis_executor
 
     async with open_redis_executor(redis, queue=queue) as executor:
         return await run_job(
-            job, out, resume=resume, overwrite=overwrite, executor=executor, progress=progress,
+            job,
+            out,
+            resume=resume,
+            overwrite=overwrite,
+            executor=executor,
+            progress=progress,
             handle_sigint=True,
         )
 
@@ -111,8 +132,13 @@ def run(args: argparse.Namespace) -> int:
         job = await build(module)
         out = Path(args.out) if args.out else Path("runs") / job.name
         result = await run_with_optional_redis(
-            job, out, redis=args.redis, queue=args.queue, resume=args.resume,
-            overwrite=args.overwrite, progress=not args.no_progress,
+            job,
+            out,
+            redis=args.redis,
+            queue=args.queue,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
         )
         summary(result, overwrite=args.overwrite)
         return EXIT_INTERRUPTED if result.interrupted else 0
@@ -135,5 +161,7 @@ def summary(result: JobResult, *, overwrite: bool = False) -> None:
         f"{outputs(result)} in {result.out_dir}"
     )
     if result.interrupted:
-        print("resume with the same command plus --resume"
-              + (" (instead of --overwrite)" if overwrite else ""))
+        print(
+            "resume with the same command plus --resume"
+            + (" (instead of --overwrite)" if overwrite else "")
+        )

@@ -418,7 +418,9 @@ async def run_job(
                 "step": step,
                 "epoch": epoch,
                 "position": position * job.batch_size,
-                "parameters": [{"role": p.role, "data": _parameter_data(p)} for p in job.parameters],
+                "parameters": [
+                    {"role": p.role, "data": _parameter_data(p)} for p in job.parameters
+                ],
                 "optimizer": job.optimizer.state_dict(),
                 "history": history,
                 "initial_val_score": initial_val,
@@ -452,7 +454,9 @@ async def run_job(
             job.optimizer.zero_grad()
             train_score = sum(e.score for e in evals) / len(evals)
             val_score = None
-            if job.val_set and ((step + 1) % job.validate_every == 0 or step + 1 == job.total_steps):
+            if job.val_set and (
+                (step + 1) % job.validate_every == 0 or step + 1 == job.total_steps
+            ):
                 val_score = await evaluate(job, job.val_set)
             spent = usage.snapshot()
             step += 1
@@ -498,8 +502,9 @@ async def run_job(
             write_history(out / "history.json", history)
             drawn = write_plot(out / "metrics.png", history, job.name, initial_val)
         except Exception as exc:  # do not hide the job's own outcome behind a reporting error
-            print(f"note: could not write {out}/history.json or metrics.png: {exc}",
-                  file=sys.stderr)
+            print(
+                f"note: could not write {out}/history.json or metrics.png: {exc}", file=sys.stderr
+            )
             return None
         return out / "metrics.png" if drawn else None
 
@@ -529,7 +534,9 @@ async def run_job(
     if failure is not None:
         raise failure
 
-    final_val = next((h["val_score"] for h in reversed(history) if h["val_score"] is not None), None)
+    final_val = next(
+        (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
+    )
     return JobResult(
         history=history,
         parameters=[p.data for p in job.parameters],

@@ -127,9 +127,7 @@ class OpenAIChat(BaseChatModel):
         self._lock = threading.Lock()
         # One pool per event loop (keyed by the loop object, so it goes with the loop): a
         # pool's connections belong to the loop that opened them and fail in any other.
-        self._clients: weakref.WeakKeyDictionary[object, _LoopClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: weakref.WeakKeyDictionary[object, _LoopClient] = weakref.WeakKeyDictionary()
 
     @property
     def cache_endpoint(self) -> str:

@@ -156,9 +156,7 @@ def _cache(environ: Mapping[str, str]) -> Cache | None:
         return cache
 
 
-def model_options_from_env(
-    name: str, environ: Mapping[str, str] | None = None
-) -> dict[str, Any]:
+def model_options_from_env(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``rate_limit`` / ``cache`` options the environment sets for a model called ``name``.
 
     Reads ``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``, ``ASYNCGRAPH_MODEL_RATE_REDIS``
@@ -191,8 +189,15 @@ def normalize_base_url(url: str) -> str:
     parts = urlsplit(url.strip())
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise ValueError(f"base URL {url!r} is not an http:// or https:// URL")
-    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"),
-                       parts.query, parts.fragment))
+    return urlunsplit(
+        (
+            parts.scheme.lower(),
+            parts.netloc.lower(),
+            parts.path.rstrip("/"),
+            parts.query,
+            parts.fragment,
+        )
+    )
 
 
 class BaseUrlRestriction:

@@ -60,7 +60,9 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        return Usage(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
 
     def to_dict(self) -> dict[str, int | float]:
         """A msgpack/JSON-ready map (what a worker sends back with a task's result)."""

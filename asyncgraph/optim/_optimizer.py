@@ -58,9 +58,7 @@ class Optimizer:
     def add_param_group(self, group: Mapping[str, Any]) -> None:
         """Add a group ``{"params": [...], **options}``; missing options take the defaults."""
         if not isinstance(group, Mapping) or "params" not in group:
-            raise TypeError(
-                f"a parameter group is a dict with a 'params' list, got {group!r:.80}"
-            )
+            raise TypeError(f"a parameter group is a dict with a 'params' list, got {group!r:.80}")
         raw = group["params"]
         params = [raw] if isinstance(raw, Variable) else list(raw)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
@@ -119,9 +117,7 @@ class Optimizer:
             options = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
             options["params"] = [index[id(p)] for p in group["params"]]
             groups.append(options)
-        state = {
-            str(index[id(p)]): self._state_to_data(p, s) for p, s in self.state.items() if s
-        }
+        state = {str(index[id(p)]): self._state_to_data(p, s) for p, s in self.state.items() if s}
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

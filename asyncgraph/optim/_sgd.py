@@ -72,7 +72,9 @@ class SGD(Optimizer):
         for name in ("lr", "momentum", "dampening", "weight_decay"):
             if name in group and _number(name, group[name]) < 0:
                 raise ValueError(f"SGD: {name} must be >= 0, got {group[name]!r}")
-        if group.get("nesterov") and (group.get("momentum", 0) <= 0 or group.get("dampening", 0) != 0):
+        if group.get("nesterov") and (
+            group.get("momentum", 0) <= 0 or group.get("dampening", 0) != 0
+        ):
             raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening == 0")
 
     async def step(self) -> None:
@@ -114,5 +116,7 @@ class SGD(Optimizer):
         if buf is not None and type(param.data).__module__ == "numpy":
             import numpy
 
-            state["momentum_buffer"] = numpy.asarray(buf, dtype=numpy.result_type(param.data, float))
+            state["momentum_buffer"] = numpy.asarray(
+                buf, dtype=numpy.result_type(param.data, float)
+            )
         return state

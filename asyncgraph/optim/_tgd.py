@@ -204,7 +204,9 @@ class TGD(Optimizer):
         if budget is not None and (
             not isinstance(budget, int) or isinstance(budget, bool) or budget < 1
         ):
-            raise ValueError(f"TGD: max_feedback_tokens must be an int >= 1 or None, got {budget!r}")
+            raise ValueError(
+                f"TGD: max_feedback_tokens must be an int >= 1 or None, got {budget!r}"
+            )
 
     def _model(self) -> ChatModel:
         if isinstance(self.model, str):

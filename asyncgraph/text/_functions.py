@@ -47,7 +47,9 @@ __all__ = [
 ]
 
 _OUTPUT_ROLE = "response from the language model"
-_LLM_OPTIONS = frozenset({"model", "base_url", "params", "feedback_model", "feedback_params", "role"})
+_LLM_OPTIONS = frozenset(
+    {"model", "base_url", "params", "feedback_model", "feedback_params", "role"}
+)
 
 
 class _TextFunction(Function):
@@ -105,7 +107,9 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
         # Model objects passed in: the node keeps them alive (the registry holds them
         # weakly), off the wire (underscored ctx attributes are not sent to workers).
         "objects": [
-            m for m in (options["model"], feedback_model) if m is not None and not isinstance(m, str)
+            m
+            for m in (options["model"], feedback_model)
+            if m is not None and not isinstance(m, str)
         ],
         "params": params,
         "feedback_params": params
@@ -217,12 +221,16 @@ class LLMCall(_TextFunction):
     @staticmethod
     async def forward(ctx: Any, *args: Any, **options: Any) -> Variable:
         if not args:
-            raise TypeError("LLMCall.apply(system_prompt, *inputs, model=...) needs a system_prompt "
-                            "(a Variable, a str, or None)")
+            raise TypeError(
+                "LLMCall.apply(system_prompt, *inputs, model=...) needs a system_prompt "
+                "(a Variable, a str, or None)"
+            )
         opts = _llm_options("LLMCall", options)
         system, inputs = args[0], args[1:]
         if not inputs:
-            raise TypeError("LLMCall.apply(system_prompt, *inputs, model=...) needs at least one input")
+            raise TypeError(
+                "LLMCall.apply(system_prompt, *inputs, model=...) needs at least one input"
+            )
         slots: list[dict[str, Any]] = []
         if isinstance(system, Variable):
             slots.append(_slot(0, system, "system prompt"))
@@ -391,7 +399,11 @@ class ExactMatch(_TextFunction):
         a, b = _text(prediction).strip(), _text(target).strip()
         if ignore_case:
             a, b = a.casefold(), b.casefold()
-        role = prediction.role if isinstance(prediction, Variable) and prediction.role else "prediction"
+        role = (
+            prediction.role
+            if isinstance(prediction, Variable) and prediction.role
+            else "prediction"
+        )
         out = Variable(1.0 if a == b else 0.0, role=f"exact match of {role}")
         ctx.mark_non_differentiable(out)
         return out
@@ -419,7 +431,9 @@ class Metric(_TextFunction):
     remote_name: ClassVar[str | None] = "asyncgraph.text.Metric"
 
     @staticmethod
-    async def forward(ctx: Any, fn: Callable[..., Any], *inputs: Any, role: str = "metric") -> Variable:
+    async def forward(
+        ctx: Any, fn: Callable[..., Any], *inputs: Any, role: str = "metric"
+    ) -> Variable:
         if not callable(fn):
             raise TypeError(f"Metric.apply(fn, *inputs): fn must be callable, got {fn!r:.80}")
         result = fn(*(item.data if isinstance(item, Variable) else item for item in inputs))
@@ -558,7 +572,9 @@ def concat(*texts: Variable | str, separator: str = "\n\n", role: str | None = N
     return out
 
 
-def exact_match(prediction: Variable | str, target: Variable | str, *, ignore_case: bool = False) -> Variable:
+def exact_match(
+    prediction: Variable | str, target: Variable | str, *, ignore_case: bool = False
+) -> Variable:
     """``ExactMatch.apply(...)`` with a typed signature; see :class:`ExactMatch`."""
     out: Variable = ExactMatch.apply(prediction, target, ignore_case=ignore_case)
     return out

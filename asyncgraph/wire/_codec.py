@@ -37,8 +37,11 @@ EXT_NPSCALAR = 3
 # an array comes back with the byte order it was sent with.
 _DTYPES = frozenset(
     {"|b1", "|i1", "|u1"}
-    | {order + code for order in "<>"
-       for code in ("i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")}
+    | {
+        order + code
+        for order in "<>"
+        for code in ("i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")
+    }
 )
 # Map keys that travel (both sides check): msgpack can carry others, but a float or
 # tuple key would come back as something else, or not at all.
@@ -133,7 +136,9 @@ def pack(obj: Any) -> bytes:
 
 
 def _bad_key(key: Any) -> bool:
-    return type(key) not in _KEY_TYPES and not (isinstance(key, (str, int)) and not isinstance(key, bool))
+    return type(key) not in _KEY_TYPES and not (
+        isinstance(key, (str, int)) and not isinstance(key, bool)
+    )
 
 
 def _check_keys(obj: Any) -> None:
@@ -196,9 +201,17 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
         value = _unpackb(bytes(data), limits, 0)
     except WireError:
         raise
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
-            RecursionError) as exc:
-        raise WireError(f"message is not valid msgpack within limits: {type(exc).__name__}: {exc}") from None
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+        RecursionError,
+    ) as exc:
+        raise WireError(
+            f"message is not valid msgpack within limits: {type(exc).__name__}: {exc}"
+        ) from None
     _check_depth(value, limits.max_depth)
     return value
 
@@ -243,15 +256,21 @@ def _dtype(name: Any) -> Any:
 
 
 def _ndarray(body: Any) -> Any:
-    if not (isinstance(body, list) and len(body) == 3 and isinstance(body[1], list)
-            and isinstance(body[2], bytes)):
+    if not (
+        isinstance(body, list)
+        and len(body) == 3
+        and isinstance(body[1], list)
+        and isinstance(body[2], bytes)
+    ):
         raise WireError("malformed numpy array extension")
     numpy, dtype = _dtype(body[0])
     shape = tuple(body[1])
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise WireError(f"malformed numpy array shape {shape!r:.60}")
     if math.prod(shape) * dtype.itemsize != len(body[2]):
-        raise WireError(f"numpy array of shape {shape!r:.60} does not match its {len(body[2])} bytes")
+        raise WireError(
+            f"numpy array of shape {shape!r:.60} does not match its {len(body[2])} bytes"
+        )
     return numpy.frombuffer(body[2], dtype=dtype).reshape(shape).copy()
 
 

@@ -59,11 +59,11 @@ F_ORIGINAL = b"original"
 F_CLIENT = b"client"
 
 # Dead-letter reasons.
-REASON_FORGED = "forged"          # unsigned, or signed with another secret
-REASON_MALFORMED = "malformed"    # failed decoding or validation
-REASON_OVERSIZE = "oversize"      # larger than the worker's max_message_bytes: not read
+REASON_FORGED = "forged"  # unsigned, or signed with another secret
+REASON_MALFORMED = "malformed"  # failed decoding or validation
+REASON_OVERSIZE = "oversize"  # larger than the worker's max_message_bytes: not read
 REASON_MAX_ATTEMPTS = "max_attempts"
-REASON_ERROR = "error"            # the function raised (a copy; the client got the error)
+REASON_ERROR = "error"  # the function raised (a copy; the client got the error)
 
 # Bulk strings read from a stream may exceed max_message_bytes by this much (field
 # names, signature): anything longer is skipped unread (see wire._resp.Oversize).

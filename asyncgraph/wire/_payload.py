@@ -48,7 +48,9 @@ def remote_name(fn: type[Function]) -> str:
     explicit = fn.__dict__.get("remote_name")
     if explicit is not None:
         if not isinstance(explicit, str) or not explicit or len(explicit) > 256:
-            raise ValueError(f"{fn.__qualname__}.remote_name must be a non-empty str, got {explicit!r}")
+            raise ValueError(
+                f"{fn.__qualname__}.remote_name must be a non-empty str, got {explicit!r}"
+            )
         return explicit
     return f"{fn.__module__}:{fn.__qualname__}"
 
@@ -84,7 +86,9 @@ def var_from_entry(entry: Any, what: str, *, with_flag: bool = False) -> Variabl
         return None
     size = 3 if with_flag else 2
     if not (isinstance(entry, list) and len(entry) == size and isinstance(entry[1], str)):
-        raise WireError(f"{what} must be nil or [data, role{', requires_grad' if with_flag else ''}]")
+        raise WireError(
+            f"{what} must be nil or [data, role{', requires_grad' if with_flag else ''}]"
+        )
     try:
         var = Variable(entry[0], role=entry[1])
     except TypeError as exc:
@@ -134,8 +138,12 @@ def ctx_from_state(state: Any, fn: type[Function]) -> FunctionCtx:
     if not isinstance(attrs, dict):
         raise WireError("ctx 'attrs' must be a map")
     for key, value in attrs.items():
-        if (not isinstance(key, str) or not key.isidentifier() or key.startswith("_")
-                or key in _CTX_RESERVED):
+        if (
+            not isinstance(key, str)
+            or not key.isidentifier()
+            or key.startswith("_")
+            or key in _CTX_RESERVED
+        ):
             raise WireError(f"ctx attribute name {key!r:.60} is not allowed")
         setattr(ctx, key, value)
     return ctx
@@ -191,7 +199,9 @@ def result_entries(result: Any) -> list[list[Any] | None]:
 
 
 # -- forward -------------------------------------------------------------------------
-def forward_payload(args: tuple[Any, ...], kwargs: dict[str, Any], needs: tuple[bool, ...]) -> dict[str, Any]:
+def forward_payload(
+    args: tuple[Any, ...], kwargs: dict[str, Any], needs: tuple[bool, ...]
+) -> dict[str, Any]:
     def arg(value: Any) -> list[Any]:
         if isinstance(value, Variable):
             return [1, value.data, value.role, value._requires_grad]
@@ -204,7 +214,9 @@ def forward_payload(args: tuple[Any, ...], kwargs: dict[str, Any], needs: tuple[
     }
 
 
-def forward_args(payload: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], tuple[bool, ...]]:
+def forward_args(
+    payload: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any], tuple[bool, ...]]:
     def arg(entry: Any, what: str) -> Any:
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == 0:
             return entry[1]

@@ -164,7 +164,7 @@ def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:
         raise _Incomplete(0)
     kind = buf[pos]
     if kind == 36:  # $ bulk string
-        n = int(buf[pos + 1:end])
+        n = int(buf[pos + 1 : end])
         if n < 0:
             return None, end + 2
         start = end + 2
@@ -175,12 +175,13 @@ def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:
             raise _Incomplete(stop + 2)
         return bytes(buf[start:stop]), stop + 2
     if kind == 42:  # * array
-        n = int(buf[pos + 1:end])
+        n = int(buf[pos + 1 : end])
         if n < 0:
             return None, end + 2
         if cap is not None and n > cap:
             raise RedisConnectionLost(
-                f"protocol limit: an array of {n} items is above this call's cap of {cap}")
+                f"protocol limit: an array of {n} items is above this call's cap of {cap}"
+            )
         items = []
         pos = end + 2
         for _ in range(n):
@@ -188,13 +189,13 @@ def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:
             items.append(item)
         return items, pos
     if kind == _SKIPPED:
-        return Oversize(int(buf[pos + 1:end])), end + 2
+        return Oversize(int(buf[pos + 1 : end])), end + 2
     if kind == 58:  # : integer
-        return int(buf[pos + 1:end]), end + 2
+        return int(buf[pos + 1 : end]), end + 2
     if kind == 43:  # + simple string
-        return bytes(buf[pos + 1:end]), end + 2
+        return bytes(buf[pos + 1 : end]), end + 2
     if kind == 45:  # - error
-        return ReplyError(buf[pos + 1:end].decode("utf-8", "replace")), end + 2
+        return ReplyError(buf[pos + 1 : end].decode("utf-8", "replace")), end + 2
     raise RedisConnectionLost(f"protocol error: unexpected reply type byte {kind!r}")
 
 
@@ -221,8 +222,11 @@ class Connection:
                 elif address.ssl_context is not None:
                     # Redis servers may close TLS without close_notify: not an error here.
                     stream = await anyio.connect_tcp(
-                        address.host, address.port, ssl_context=address.ssl_context,
-                        tls_standard_compatible=False)
+                        address.host,
+                        address.port,
+                        ssl_context=address.ssl_context,
+                        tls_standard_compatible=False,
+                    )
                 else:
                     stream = await anyio.connect_tcp(address.host, address.port)
                 conn = cls(address, stream)
@@ -230,7 +234,8 @@ class Connection:
                 if address.password is not None:
                     setup.append(
                         ["AUTH", address.username, address.password]
-                        if address.username else ["AUTH", address.password]
+                        if address.username
+                        else ["AUTH", address.password]
                     )
                 if address.db:
                     setup.append(["SELECT", address.db])
@@ -242,8 +247,13 @@ class Connection:
             if stream is not None:
                 await anyio.aclose_forcefully(stream)
             raise
-        except (OSError, TimeoutError, anyio.BrokenResourceError, anyio.EndOfStream,
-                ssl.SSLError) as exc:
+        except (
+            OSError,
+            TimeoutError,
+            anyio.BrokenResourceError,
+            anyio.EndOfStream,
+            ssl.SSLError,
+        ) as exc:
             if stream is not None:
                 await anyio.aclose_forcefully(stream)
             raise RedisConnectionLost(
@@ -277,8 +287,16 @@ class Connection:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
             await anyio.aclose_forcefully(self._stream)
-            if isinstance(exc, (OSError, anyio.BrokenResourceError, anyio.EndOfStream,
-                                anyio.ClosedResourceError, ssl.SSLError)):
+            if isinstance(
+                exc,
+                (
+                    OSError,
+                    anyio.BrokenResourceError,
+                    anyio.EndOfStream,
+                    anyio.ClosedResourceError,
+                    ssl.SSLError,
+                ),
+            ):
                 raise RedisConnectionLost(
                     f"lost the connection to Redis at {self.address.display}: "
                     f"{type(exc).__name__}: {exc or 'connection closed'}"
@@ -298,7 +316,7 @@ class Connection:
                     # data and skip the rest as it comes; the parse then goes on after it.
                     buf[over.header] = _SKIPPED
                     held = min(len(buf) - over.data, over.size + 2)
-                    del buf[over.data:over.data + held]
+                    del buf[over.data : over.data + held]
                     self._skip = over.size + 2 - held
                     self._need = 0
                     continue

@@ -61,9 +61,18 @@ class TaskMessage:
     payload: dict[str, Any]
 
     def to_map(self) -> dict[str, Any]:
-        return {"v": PROTOCOL_VERSION, "k": "task", "q": self.queue, "c": self.client,
-                "id": self.id, "fn": self.function, "fp": self.fingerprint, "op": self.op,
-                "ttl": self.ttl_ms, "p": self.payload}
+        return {
+            "v": PROTOCOL_VERSION,
+            "k": "task",
+            "q": self.queue,
+            "c": self.client,
+            "id": self.id,
+            "fn": self.function,
+            "fp": self.fingerprint,
+            "op": self.op,
+            "ttl": self.ttl_ms,
+            "p": self.payload,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +83,12 @@ class ErrorInfo:
     traceback: str = ""
 
     def to_map(self) -> dict[str, Any]:
-        return {"kind": self.kind, "type": self.type, "message": self.message,
-                "traceback": self.traceback}
+        return {
+            "kind": self.kind,
+            "type": self.type,
+            "message": self.message,
+            "traceback": self.traceback,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +102,15 @@ class ReplyMessage:
     usage: dict[str, int | float] | None = None
 
     def to_map(self) -> dict[str, Any]:
-        m: dict[str, Any] = {"v": PROTOCOL_VERSION, "k": "reply", "q": self.queue,
-                             "c": self.client, "id": self.id, "w": self.worker,
-                             "ok": self.error is None}
+        m: dict[str, Any] = {
+            "v": PROTOCOL_VERSION,
+            "k": "reply",
+            "q": self.queue,
+            "c": self.client,
+            "id": self.id,
+            "w": self.worker,
+            "ok": self.error is None,
+        }
         if self.usage:
             m["u"] = self.usage
         if self.error is None:
@@ -108,14 +127,21 @@ class CancelMessage:
     ids: tuple[str, ...]
 
     def to_map(self) -> dict[str, Any]:
-        return {"v": PROTOCOL_VERSION, "k": "cancel", "q": self.queue, "c": self.client,
-                "ids": list(self.ids)}
+        return {
+            "v": PROTOCOL_VERSION,
+            "k": "cancel",
+            "q": self.queue,
+            "c": self.client,
+            "ids": list(self.ids),
+        }
 
 
 Message = TaskMessage | ReplyMessage | CancelMessage
 
 
-def encode(message: Message, signer: Signer, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, bytes]:
+def encode(
+    message: Message, signer: Signer, limits: Limits = DEFAULT_LIMITS
+) -> tuple[bytes, bytes]:
     """``(packed, signature)``; ``TypeError`` if a value cannot travel, ``WireError`` if too big."""
     packed = pack(message.to_map())
     if len(packed) > limits.max_message_bytes:
@@ -163,8 +189,16 @@ def decode(
         payload = m.get("p")
         if not isinstance(payload, dict):
             raise WireError("field 'p' must be a map")
-        return TaskMessage(queue, client, _str(m, "id", _MAX_ID), _str(m, "fn", _MAX_NAME),
-                           _str(m, "fp", _MAX_ID), op, ttl, payload)  # type: ignore[arg-type]
+        return TaskMessage(
+            queue,
+            client,
+            _str(m, "id", _MAX_ID),
+            _str(m, "fn", _MAX_NAME),
+            _str(m, "fp", _MAX_ID),
+            op,
+            ttl,
+            payload,
+        )  # type: ignore[arg-type]
     if kind == "reply":
         ok = m.get("ok")
         if not isinstance(ok, bool):
@@ -177,14 +211,26 @@ def decode(
             ekind = _str(err, "kind", 32)
             if ekind not in _ERROR_KINDS:
                 raise WireError(f"error kind {ekind!r} is unknown")
-            error = ErrorInfo(ekind, _str(err, "type", _MAX_NAME),  # type: ignore[arg-type]
-                              _str(err, "message", limits.max_str_len),
-                              _str(err, "traceback", limits.max_str_len))
-        return ReplyMessage(queue, client, _str(m, "id", _MAX_ID), _str(m, "w", _MAX_NAME),
-                            m.get("r"), error, _usage(m))
+            error = ErrorInfo(
+                ekind,
+                _str(err, "type", _MAX_NAME),  # type: ignore[arg-type]
+                _str(err, "message", limits.max_str_len),
+                _str(err, "traceback", limits.max_str_len),
+            )
+        return ReplyMessage(
+            queue,
+            client,
+            _str(m, "id", _MAX_ID),
+            _str(m, "w", _MAX_NAME),
+            m.get("r"),
+            error,
+            _usage(m),
+        )
     if kind == "cancel":
         ids = m.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) and len(i) <= _MAX_ID for i in ids):
+        if not isinstance(ids, list) or not all(
+            isinstance(i, str) and len(i) <= _MAX_ID for i in ids
+        ):
             raise WireError("field 'ids' must be a list of task ids")
         return CancelMessage(queue, client, tuple(ids))
     raise WireError(f"message kind {kind!r:.20} is unknown")
@@ -205,10 +251,16 @@ def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
     """
     if not isinstance(packed, bytes) or not packed:
         return None
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(packed),
-                                max_str_len=_MAX_NAME, max_bin_len=_MAX_NAME,
-                                max_array_len=len(packed), max_map_len=len(packed),
-                                max_ext_len=len(packed))
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=False,
+        max_buffer_size=len(packed),
+        max_str_len=_MAX_NAME,
+        max_bin_len=_MAX_NAME,
+        max_array_len=len(packed),
+        max_map_len=len(packed),
+        max_ext_len=len(packed),
+    )
     unpacker.feed(packed)
     found: dict[str, Any] = {}
     try:
@@ -223,15 +275,27 @@ def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError):
         pass  # a truncated or broken message: use what was read before the break
     client, task_id = found.get("c"), found.get("id")
-    if (found.get("q") != queue or found.get("k") != kind or not isinstance(client, str)
-            or not is_client_id(client) or not isinstance(task_id, str)
-            or not 0 < len(task_id) <= _MAX_ID):
+    if (
+        found.get("q") != queue
+        or found.get("k") != kind
+        or not isinstance(client, str)
+        or not is_client_id(client)
+        or not isinstance(task_id, str)
+        or not 0 < len(task_id) <= _MAX_ID
+    ):
         return None
     return client, task_id
 
 
-_USAGE_FIELDS = ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cost_usd",
-                 "retries", "errors")
+_USAGE_FIELDS = (
+    "requests",
+    "cache_hits",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "retries",
+    "errors",
+)
 
 
 def _usage(m: dict[str, Any]) -> dict[str, int | float] | None:

@@ -11,4 +11,11 @@ from ._registry import RegisteredFunction, Registry, build_registry
 from ._supervisor import Supervisor
 from ._worker import Worker, WorkerConfig
 
-__all__ = ["RegisteredFunction", "Registry", "Supervisor", "Worker", "WorkerConfig", "build_registry"]
+__all__ = [
+    "RegisteredFunction",
+    "Registry",
+    "Supervisor",
+    "Worker",
+    "WorkerConfig",
+    "build_registry",
+]

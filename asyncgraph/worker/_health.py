@@ -58,16 +58,20 @@ async def serve_health(
                     path = line[1] if len(line) >= 2 else "/"
                     if path.startswith("/livez"):
                         ok, detail = live() if live is not None else (True, {"status": "alive"})
-                        await _respond(stream, 200 if ok else 503, "application/json",
-                                       json.dumps(detail))
+                        await _respond(
+                            stream, 200 if ok else 503, "application/json", json.dumps(detail)
+                        )
                     elif path.startswith("/healthz") or path.startswith("/readyz"):
                         ok, detail = health()
-                        await _respond(stream, 200 if ok else 503, "application/json",
-                                       json.dumps(detail))
+                        await _respond(
+                            stream, 200 if ok else 503, "application/json", json.dumps(detail)
+                        )
                     elif path.startswith("/metrics"):
                         await _respond(stream, 200, "text/plain; version=0.0.4", metrics())
                     else:
-                        await _respond(stream, 404, "text/plain", "try /livez, /readyz, /healthz or /metrics\n")
+                        await _respond(
+                            stream, 404, "text/plain", "try /livez, /readyz, /healthz or /metrics\n"
+                        )
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 pass
 
@@ -75,9 +79,13 @@ async def serve_health(
         await listener.serve(handle)
 
 
-async def _respond(stream: anyio.abc.SocketStream, status: int, content_type: str, body: str) -> None:
+async def _respond(
+    stream: anyio.abc.SocketStream, status: int, content_type: str, body: str
+) -> None:
     reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
     data = body.encode()
-    head = (f"HTTP/1.0 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.0 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     await stream.send(head + data)

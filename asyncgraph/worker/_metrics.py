@@ -25,12 +25,18 @@ __all__ = ["Metrics", "format_value", "merge_snapshots", "read_health", "render"
 HELP: dict[str, tuple[str, str]] = {
     "asyncgraph_worker_tasks_total": ("counter", "Tasks finished, by outcome."),
     "asyncgraph_worker_dead_letters_total": ("counter", "Messages dead-lettered, by reason."),
-    "asyncgraph_worker_reclaimed_total": ("counter", "Tasks reclaimed from workers whose lease expired."),
+    "asyncgraph_worker_reclaimed_total": (
+        "counter",
+        "Tasks reclaimed from workers whose lease expired.",
+    ),
     "asyncgraph_worker_redis_errors_total": ("counter", "Redis calls that failed."),
     "asyncgraph_worker_task_seconds": ("summary", "Seconds spent running tasks."),
     "asyncgraph_worker_tasks_in_flight": ("gauge", "Tasks read and not yet acknowledged."),
     "asyncgraph_worker_processes": ("gauge", "Worker processes alive."),
-    "asyncgraph_worker_restarts_total": ("counter", "Worker processes restarted by the supervisor."),
+    "asyncgraph_worker_restarts_total": (
+        "counter",
+        "Worker processes restarted by the supervisor.",
+    ),
 }
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -74,8 +80,9 @@ class Metrics:
     def snapshot(self) -> list[list[object]]:
         return [[name, dict(labels), value] for (name, labels), value in self.values.items()]
 
-    def write_snapshot(self, directory: str,
-                       health: tuple[bool, dict[str, Any]] | None = None) -> None:
+    def write_snapshot(
+        self, directory: str, health: tuple[bool, dict[str, Any]] | None = None
+    ) -> None:
         """Write this process's metrics (and health) for a supervisor, atomically."""
         path = Path(directory) / f"{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")

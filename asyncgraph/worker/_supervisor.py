@@ -71,9 +71,16 @@ class Supervisor:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._signals, tg.cancel_scope)
                 if self.health_port is not None:
-                    await tg.start(functools.partial(
-                        serve_health, self.health_host, self.health_port, self.health,
-                        self.render_metrics, live=self.liveness))
+                    await tg.start(
+                        functools.partial(
+                            serve_health,
+                            self.health_host,
+                            self.health_port,
+                            self.health,
+                            self.render_metrics,
+                            live=self.liveness,
+                        )
+                    )
                 async with anyio.create_task_group() as children:
                     for slot in range(self.processes):
                         children.start_soon(self._keep_alive, slot)
@@ -125,13 +132,23 @@ class Supervisor:
         pause = 0.5
         while not self._stopping:
             started = time.monotonic()
-            argv = [*self.child_argv, "--metrics-dir", self._dir,
-                    "--supervisor-pid", str(os.getpid())]
+            argv = [
+                *self.child_argv,
+                "--metrics-dir",
+                self._dir,
+                "--supervisor-pid",
+                str(os.getpid()),
+            ]
             # Own session: a terminal's Ctrl-C reaches the supervisor only, which forwards
             # SIGTERM once, so the children drain instead of stopping at a second signal.
-            process = await anyio.open_process(argv, stdin=subprocess.DEVNULL, stdout=None,
-                                               stderr=None, env=self.env,
-                                               start_new_session=True)
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=None,
+                stderr=None,
+                env=self.env,
+                start_new_session=True,
+            )
             self._children[slot] = process
             log.info("supervisor: worker %d started (pid %d)", slot, process.pid)
             try:
@@ -145,8 +162,13 @@ class Supervisor:
             self.metrics.inc("asyncgraph_worker_restarts_total")
             quick = time.monotonic() - started < 5.0
             pause = min(pause * 2, 10.0) if quick else 0.5
-            log.warning("supervisor: worker %d (pid %d) exited with code %s; restarting in %.1fs",
-                        slot, process.pid, code, pause if quick else 0.0)
+            log.warning(
+                "supervisor: worker %d (pid %d) exited with code %s; restarting in %.1fs",
+                slot,
+                process.pid,
+                code,
+                pause if quick else 0.0,
+            )
             if quick:
                 await anyio.sleep(pause)
 
@@ -156,8 +178,11 @@ class Supervisor:
                 if self._stopping:
                     scope.cancel()  # second signal: stop now (children are killed)
                     return
-                log.info("supervisor: %s, draining %d worker(s)", signal.Signals(signum).name,
-                         len(self._children))
+                log.info(
+                    "supervisor: %s, draining %d worker(s)",
+                    signal.Signals(signum).name,
+                    len(self._children),
+                )
                 self._stopping = True
                 for process in self._children.values():
                     if process.returncode is None:

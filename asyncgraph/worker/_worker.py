@@ -139,7 +139,8 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.connect_timeout_s >= 0:
             raise ValueError(
-                f"connect_timeout_s must be >= 0 (0: retry forever), got {self.connect_timeout_s!r}")
+                f"connect_timeout_s must be >= 0 (0: retry forever), got {self.connect_timeout_s!r}"
+            )
         if self.health_port is not None and not 0 <= self.health_port <= 65535:
             raise ValueError(f"health_port must be 0 to 65535, got {self.health_port!r}")
         if self.secret is not None:
@@ -190,7 +191,8 @@ class Worker:
         self.config = config
         self.registry = registry
         self.consumer = config.consumer or (
-            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.metrics = Metrics()
         self._signer = Signer(config.secret)
         self._pool = Pool(parse_redis_url(config.redis_url), timeout_s=config.redis_timeout_s)
@@ -251,9 +253,15 @@ class Worker:
                     services.start_soon(self._signal_watcher)
                 if self.config.health_port is not None:
                     await services.start(
-                        functools.partial(serve_health, self.config.health_host,
-                                          self.config.health_port, self.health,
-                                          self.metrics.render, live=self.liveness))
+                        functools.partial(
+                            serve_health,
+                            self.config.health_host,
+                            self.config.health_port,
+                            self.health,
+                            self.metrics.render,
+                            live=self.liveness,
+                        )
+                    )
                 if self.config.metrics_dir:
                     services.start_soon(self._reporter)
                 with self._connecting:
@@ -277,8 +285,9 @@ class Worker:
             raise connect_error
         log.info("worker %s stopped", self.consumer)
 
-    async def _serve_connected(self, services: anyio.abc.TaskGroup,
-                               task_status: anyio.abc.TaskStatus[None]) -> None:
+    async def _serve_connected(
+        self, services: anyio.abc.TaskGroup, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
         services.start_soon(self._reply_flusher)
         services.start_soon(self._cancel_watcher)
         services.start_soon(self._lease_renewer)
@@ -305,8 +314,9 @@ class Worker:
         """On the way out: drop the heartbeat; after a full drain, the consumer too (bounded)."""
         with anyio.move_on_after(self.config.redis_timeout_s):
             try:
-                await self._pool.execute("HDEL", keys.workers_hash(self.config.queue),
-                                         self.consumer)
+                await self._pool.execute(
+                    "HDEL", keys.workers_hash(self.config.queue), self.consumer
+                )
                 if self._drained and await self._delete_consumer(self.consumer):
                     log.info("worker %s: left the consumer group (nothing pending)", self.consumer)
             except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
@@ -341,8 +351,11 @@ class Worker:
         """Readiness: connected, Redis answering lately, not draining (the /readyz answer)."""
         now = time.monotonic()
         age = now - self._last_redis_ok
-        redis_ok = (self._connected and self._last_redis_ok >= self._last_redis_error
-                    and age < max(3 * self._beat_s, 10.0))
+        redis_ok = (
+            self._connected
+            and self._last_redis_ok >= self._last_redis_error
+            and age < max(3 * self._beat_s, 10.0)
+        )
         ok = redis_ok and not self._draining
         if self._draining:
             status = "draining"
@@ -381,16 +394,23 @@ class Worker:
                     raise RedisConnectionLost(
                         f"worker {self.consumer}: Redis at {self._pool.address.display} did not "
                         f"answer within connect_timeout_s={timeout_s:g} ({attempt} attempt(s); "
-                        f"last error: {exc})") from exc
-                log.warning("worker %s: cannot reach Redis (attempt %d): %s; retrying in %.1fs",
-                            self.consumer, attempt, exc, backoff)
+                        f"last error: {exc})"
+                    ) from exc
+                log.warning(
+                    "worker %s: cannot reach Redis (attempt %d): %s; retrying in %.1fs",
+                    self.consumer,
+                    attempt,
+                    exc,
+                    backoff,
+                )
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
             self._connected = True
             if attempt > 1:
-                log.info("worker %s: connected to Redis at %s", self.consumer,
-                         self._pool.address.display)
+                log.info(
+                    "worker %s: connected to Redis at %s", self.consumer, self._pool.address.display
+                )
             return
 
     async def _setup(self) -> None:
@@ -427,8 +447,11 @@ class Worker:
             if entry is None or not isinstance(entry[1], list):
                 continue
             for value in entry[1]:
-                size = value.size if isinstance(value, Oversize) else (
-                    len(value) if isinstance(value, bytes) else 0)
+                size = (
+                    value.size
+                    if isinstance(value, Oversize)
+                    else (len(value) if isinstance(value, bytes) else 0)
+                )
                 largest = max(largest, min(size, self._max_bulk))
         self._entry_bytes = largest
 
@@ -451,9 +474,19 @@ class Worker:
                         conn = await self._pool.connect()
                     with anyio.fail_after(_BLOCK_MS / 1000 + self.config.redis_timeout_s):
                         reply = await conn.execute(
-                            "XREADGROUP", "GROUP", keys.GROUP, self.consumer, "COUNT", count,
-                            "BLOCK", _BLOCK_MS, "STREAMS", self._tasks, ">",
-                            max_bulk=self._max_bulk)
+                            "XREADGROUP",
+                            "GROUP",
+                            keys.GROUP,
+                            self.consumer,
+                            "COUNT",
+                            count,
+                            "BLOCK",
+                            _BLOCK_MS,
+                            "STREAMS",
+                            self._tasks,
+                            ">",
+                            max_bulk=self._max_bulk,
+                        )
                     backoff = 0.05
                 except (RedisConnectionLost, TimeoutError, ReplyError) as exc:
                     if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
@@ -505,9 +538,16 @@ class Worker:
                 continue
             try:
                 reply = await self._pool.execute(
-                    "XAUTOCLAIM", self._tasks, keys.GROUP, self.consumer,
-                    self.config.lease_ms, cursor, "COUNT", self._read_count(free),
-                    max_bulk=self._max_bulk)
+                    "XAUTOCLAIM",
+                    self._tasks,
+                    keys.GROUP,
+                    self.consumer,
+                    self.config.lease_ms,
+                    cursor,
+                    "COUNT",
+                    self._read_count(free),
+                    max_bulk=self._max_bulk,
+                )
                 scanned_from, cursor = cursor, reply[0]
                 self._note_sizes(reply[1])
                 entries = [(e[0], e[1]) for e in reply[1] if e is not None]
@@ -524,7 +564,8 @@ class Worker:
                 if not entries:
                     continue
                 counts = await self._pool.pipeline(
-                    [["XPENDING", self._tasks, keys.GROUP, i, i, 1] for i, _ in entries])
+                    [["XPENDING", self._tasks, keys.GROUP, i, i, 1] for i, _ in entries]
+                )
             except (RedisConnectionLost, ReplyError) as exc:
                 if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
                     await self._redis_step(self._ensure_group, "creating the group")
@@ -534,23 +575,40 @@ class Worker:
             for (entry_id, fields), pending in zip(entries, counts, strict=True):
                 deliveries = int(pending[0][3]) if isinstance(pending, list) and pending else 2
                 self.metrics.inc("asyncgraph_worker_reclaimed_total")
-                log.info("worker %s reclaimed task entry %s (delivery %d)",
-                         self.consumer, entry_id.decode(), deliveries)
+                log.info(
+                    "worker %s reclaimed task entry %s (delivery %d)",
+                    self.consumer,
+                    entry_id.decode(),
+                    deliveries,
+                )
                 self._take(entry_id, fields, deliveries)
 
-    async def _claimed_but_deleted(self, scanned_from: bytes | str,
-                                   entries: list[tuple[bytes, Any]]) -> list[bytes]:
+    async def _claimed_but_deleted(
+        self, scanned_from: bytes | str, entries: list[tuple[bytes, Any]]
+    ) -> list[bytes]:
         """Ids of deleted entries the last XAUTOCLAIM gave this consumer (Redis 6.2).
 
         They are ours now, were delivered before (count >= 2: never a fresh read in
         flight), lie in the scanned range and are neither held nor returned with data.
         """
         claimed = {i for i, _ in entries}
-        rows = await self._pool.execute("XPENDING", self._tasks, keys.GROUP, scanned_from, "+",
-                                        self.config.batch_size, self.consumer)
-        return [row[0] for row in rows
-                if int(row[3]) >= 2 and row[0] not in claimed and row[0] not in self._held
-                and int(row[2]) < self.config.lease_ms]
+        rows = await self._pool.execute(
+            "XPENDING",
+            self._tasks,
+            keys.GROUP,
+            scanned_from,
+            "+",
+            self.config.batch_size,
+            self.consumer,
+        )
+        return [
+            row[0]
+            for row in rows
+            if int(row[3]) >= 2
+            and row[0] not in claimed
+            and row[0] not in self._held
+            and int(row[2]) < self.config.lease_ms
+        ]
 
     def _redis_ok(self) -> None:
         self._last_redis_ok = time.monotonic()
@@ -597,23 +655,36 @@ class Worker:
         if oversize or len(data) > 16:
             # Skipped unread (see wire._resp): nothing of it can be verified. Without a
             # secret (anyone may write any task anyway) the entry's hints say whom to tell.
-            text = (f"entry has a field of {oversize[0].size} bytes, above this worker's "
-                    f"limit of {self.config.limits.max_message_bytes} (max_message_bytes); "
-                    f"it was not read" if oversize else f"entry has {len(data)} fields")
+            text = (
+                f"entry has a field of {oversize[0].size} bytes, above this worker's "
+                f"limit of {self.config.limits.max_message_bytes} (max_message_bytes); "
+                f"it was not read"
+                if oversize
+                else f"entry has {len(data)} fields"
+            )
             dead = self._dead_letter(
-                held, keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED, text, data)
+                held, keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED, text, data
+            )
             ids = None if self._signer.enabled else _hinted_ids(data)
             if ids is None:
                 self._finish(held, "rejected", [dead])
             else:
-                self._reply_error(held, *ids, ErrorInfo(
-                    "invalid", "WireError", f"worker {self.consumer} of queue "
-                    f"{self.config.queue!r} refused the task: {text}; send less data or raise "
-                    f"--max-message-bytes on the workers"), "rejected", dead)
+                self._reply_error(
+                    held,
+                    *ids,
+                    ErrorInfo(
+                        "invalid",
+                        "WireError",
+                        f"worker {self.consumer} of queue "
+                        f"{self.config.queue!r} refused the task: {text}; send less data or raise "
+                        f"--max-message-bytes on the workers",
+                    ),
+                    "rejected",
+                    dead,
+                )
             return None
         try:
-            message = decode(packed, signature, self._signer, self.config.queue,
-                             self.config.limits)
+            message = decode(packed, signature, self._signer, self.config.queue, self.config.limits)
             if not isinstance(message, TaskMessage):
                 raise WireError(f"a {type(message).__name__} in the task stream")
         except WireError as exc:
@@ -629,56 +700,93 @@ class Worker:
             self._finish(held, "expired")
             return None
         if deliveries > self.config.max_attempts:
-            text = (f"task {message.id} of {message.function!r} was delivered {deliveries} times "
-                    f"without completing (each worker holding it died or lost its lease); "
-                    f"max_attempts is {self.config.max_attempts}: moved to the dead-letter stream "
-                    f"{self._dead!r}")
-            self._reply_error(held, message.client, message.id,
-                              ErrorInfo("dead_letter", "DeadLetter", text), "dead_letter",
-                              self._dead_letter(held, keys.REASON_MAX_ATTEMPTS, text, data))
+            text = (
+                f"task {message.id} of {message.function!r} was delivered {deliveries} times "
+                f"without completing (each worker holding it died or lost its lease); "
+                f"max_attempts is {self.config.max_attempts}: moved to the dead-letter stream "
+                f"{self._dead!r}"
+            )
+            self._reply_error(
+                held,
+                message.client,
+                message.id,
+                ErrorInfo("dead_letter", "DeadLetter", text),
+                "dead_letter",
+                self._dead_letter(held, keys.REASON_MAX_ATTEMPTS, text, data),
+            )
             return None
         registered = self.registry.get(message.function)
         if registered is None:
             served = ", ".join(sorted(self.registry)) or "nothing"
-            self._reply_error(held, message.client, message.id, ErrorInfo(
-                "unknown_function", "LookupError",
-                f"function {message.function!r} is not served by the workers of queue "
-                f"{self.config.queue!r} (worker {self.consumer} serves: {served}); start the "
-                f"workers with --import <the module defining it>, or set remote_name"),
-                "unknown_function")
+            self._reply_error(
+                held,
+                message.client,
+                message.id,
+                ErrorInfo(
+                    "unknown_function",
+                    "LookupError",
+                    f"function {message.function!r} is not served by the workers of queue "
+                    f"{self.config.queue!r} (worker {self.consumer} serves: {served}); start the "
+                    f"workers with --import <the module defining it>, or set remote_name",
+                ),
+                "unknown_function",
+            )
             return None
         if registered.fingerprint != message.fingerprint:
-            self._reply_error(held, message.client, message.id, ErrorInfo(
-                "fingerprint", "LookupError",
-                f"function {message.function!r} on queue {self.config.queue!r} has fingerprint "
-                f"{registered.fingerprint} on worker {self.consumer} but {message.fingerprint} on "
-                f"the client: they run different code; deploy the same version to both"),
-                "fingerprint")
+            self._reply_error(
+                held,
+                message.client,
+                message.id,
+                ErrorInfo(
+                    "fingerprint",
+                    "LookupError",
+                    f"function {message.function!r} on queue {self.config.queue!r} has fingerprint "
+                    f"{registered.fingerprint} on worker {self.consumer} but {message.fingerprint} on "
+                    f"the client: they run different code; deploy the same version to both",
+                ),
+                "fingerprint",
+            )
             return None
         return message, registered, data
 
-    def _refuse(self, held: _Held, data: dict[Any, Any], packed: Any, signature: Any,
-                exc: WireError) -> None:
+    def _refuse(
+        self, held: _Held, data: dict[Any, Any], packed: Any, signature: Any, exc: WireError
+    ) -> None:
         """Dead-letter an entry that does not decode; answer its client when it may be trusted.
 
         A message whose signature does not check out is never answered: a reply would
         be signed by this worker on behalf of whoever wrote the entry.
         """
-        forged = isinstance(packed, bytes) and self._signer.verify(
-            packed, signature if isinstance(signature, bytes) else None) is not None
+        forged = (
+            isinstance(packed, bytes)
+            and self._signer.verify(packed, signature if isinstance(signature, bytes) else None)
+            is not None
+        )
         reason = keys.REASON_FORGED if forged else keys.REASON_MALFORMED
         dead = self._dead_letter(held, reason, str(exc), data)
         ids = None if forged else peek_ids(packed, self.config.queue, "task")
         if ids is None:
             self._finish(held, "rejected", [dead])
             return
-        self._reply_error(held, *ids, ErrorInfo(
-            "invalid", "WireError",
-            f"worker {self.consumer} of queue {self.config.queue!r} refused the task: {exc}"),
-            "rejected", dead)
+        self._reply_error(
+            held,
+            *ids,
+            ErrorInfo(
+                "invalid",
+                "WireError",
+                f"worker {self.consumer} of queue {self.config.queue!r} refused the task: {exc}",
+            ),
+            "rejected",
+            dead,
+        )
 
-    async def _run(self, held: _Held, message: TaskMessage, registered: RegisteredFunction,
-                   data: dict[Any, Any]) -> None:
+    async def _run(
+        self,
+        held: _Held,
+        message: TaskMessage,
+        registered: RegisteredFunction,
+        data: dict[Any, Any],
+    ) -> None:
         """Run an async (or threaded) task under its deadline; a cancel message stops it."""
         assert held.key is not None
         started = time.perf_counter()
@@ -697,30 +805,60 @@ class Worker:
             self._finish(held, "cancelled" if held.key in self._cancelled else "expired")
             return
         spent = usage.snapshot()
-        self._complete(held, message, data, started, result, error,
-                       spent.to_dict() if spent != Usage() else None)
+        self._complete(
+            held,
+            message,
+            data,
+            started,
+            result,
+            error,
+            spent.to_dict() if spent != Usage() else None,
+        )
 
-    def _complete(self, held: _Held, message: TaskMessage, data: dict[Any, Any], started: float,
-                  result: Any, error: Exception | None,
-                  usage: dict[str, int | float] | None = None) -> None:
+    def _complete(
+        self,
+        held: _Held,
+        message: TaskMessage,
+        data: dict[Any, Any],
+        started: float,
+        result: Any,
+        error: Exception | None,
+        usage: dict[str, int | float] | None = None,
+    ) -> None:
         """Queue the reply: the result, or the error with this worker's traceback."""
         self.metrics.observe("asyncgraph_worker_task_seconds", time.perf_counter() - started)
         if error is not None:
             tb = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
             info = ErrorInfo("error", type(error).__qualname__, str(error)[:_MAX_TRACEBACK], tb)
-            self._reply_error(held, message.client, message.id, info, "error", self._dead_letter(
-                held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data),
-                usage=usage)
+            self._reply_error(
+                held,
+                message.client,
+                message.id,
+                info,
+                "error",
+                self._dead_letter(
+                    held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data
+                ),
+                usage=usage,
+            )
             return
-        reply = ReplyMessage(self.config.queue, message.client, message.id, self.consumer, result,
-                             usage=usage)
+        reply = ReplyMessage(
+            self.config.queue, message.client, message.id, self.consumer, result, usage=usage
+        )
         try:
             packed, signature = encode(reply, self._signer, self.config.limits)
         except (TypeError, WireError) as exc:
-            self._reply_error(held, message.client, message.id, ErrorInfo(
-                "error", type(exc).__qualname__,
-                f"{message.function}.{message.op} returned a value that cannot be sent back: {exc}"),
-                "error")
+            self._reply_error(
+                held,
+                message.client,
+                message.id,
+                ErrorInfo(
+                    "error",
+                    type(exc).__qualname__,
+                    f"{message.function}.{message.op} returned a value that cannot be sent back: {exc}",
+                ),
+                "error",
+            )
             return
         self._reply(held, message.client, message.id, packed, signature, "ok")
 
@@ -781,43 +919,96 @@ class Worker:
         return anyio.current_time() + remaining_s
 
     # -- replies, acknowledgements, dead letters -------------------------------------------
-    def _reply(self, held: _Held, client: str, task_id: str, packed: bytes, signature: bytes,
-               outcome: str, *extra: list[Any]) -> None:
+    def _reply(
+        self,
+        held: _Held,
+        client: str,
+        task_id: str,
+        packed: bytes,
+        signature: bytes,
+        outcome: str,
+        *extra: list[Any],
+    ) -> None:
         stream = keys.reply_stream(self.config.queue, client)
-        self._finish(held, outcome, [
-            ["XADD", stream, "*", keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature,
-             keys.F_TASK_HINT, task_id], *extra,
-        ], stream)
+        self._finish(
+            held,
+            outcome,
+            [
+                [
+                    "XADD",
+                    stream,
+                    "*",
+                    keys.F_MESSAGE,
+                    packed,
+                    keys.F_SIGNATURE,
+                    signature,
+                    keys.F_TASK_HINT,
+                    task_id,
+                ],
+                *extra,
+            ],
+            stream,
+        )
 
-    def _reply_error(self, held: _Held, client: str, task_id: str, info: ErrorInfo, outcome: str,
-                     *extra: list[Any], usage: dict[str, int | float] | None = None) -> None:
-        reply = ReplyMessage(self.config.queue, client, task_id, self.consumer,
-                             error=info, usage=usage)
+    def _reply_error(
+        self,
+        held: _Held,
+        client: str,
+        task_id: str,
+        info: ErrorInfo,
+        outcome: str,
+        *extra: list[Any],
+        usage: dict[str, int | float] | None = None,
+    ) -> None:
+        reply = ReplyMessage(
+            self.config.queue, client, task_id, self.consumer, error=info, usage=usage
+        )
         packed, signature = encode(reply, self._signer)
         self._reply(held, client, task_id, packed, signature, outcome, *extra)
 
     def _dead_letter(self, held: _Held, reason: str, text: str, data: dict[Any, Any]) -> list[Any]:
         """The XADD that dead-letters ``held`` with its reason and (truncated) original message."""
         self.metrics.inc("asyncgraph_worker_dead_letters_total", reason=reason)
-        log.warning("worker %s dead-lettered entry %s (%s): %.300s", self.consumer,
-                    held.entry_id.decode(errors="replace"), reason, text)
-        fields: list[Any] = [keys.F_REASON, reason, keys.F_ERROR, text[:_MAX_TRACEBACK],
-                             keys.F_WORKER, self.consumer, keys.F_TASK, held.entry_id]
+        log.warning(
+            "worker %s dead-lettered entry %s (%s): %.300s",
+            self.consumer,
+            held.entry_id.decode(errors="replace"),
+            reason,
+            text,
+        )
+        fields: list[Any] = [
+            keys.F_REASON,
+            reason,
+            keys.F_ERROR,
+            text[:_MAX_TRACEBACK],
+            keys.F_WORKER,
+            self.consumer,
+            keys.F_TASK,
+            held.entry_id,
+        ]
         # Whose task it was (for that client's timeout diagnosis): from the message when
         # it can be read, else from the entry's hint. Informational, never trusted.
         original = data.get(keys.F_MESSAGE)
         ids = peek_ids(original, self.config.queue, "task")
         hint = data.get(keys.F_CLIENT_HINT)
-        client = ids[0] if ids is not None else (
-            hint.decode(errors="replace")[:32] if isinstance(hint, bytes) else None)
+        client = (
+            ids[0]
+            if ids is not None
+            else (hint.decode(errors="replace")[:32] if isinstance(hint, bytes) else None)
+        )
         if client is not None and keys.is_client_id(client):
             fields += [keys.F_CLIENT, client]
         if isinstance(original, bytes):
             fields += [keys.F_ORIGINAL, original[:_MAX_ORIGINAL]]
         return ["XADD", self._dead, "MAXLEN", "~", keys.DEAD_MAXLEN, "*", *fields]
 
-    def _finish(self, held: _Held, outcome: str, commands: list[list[Any]] | None = None,
-                reply_stream: str | None = None) -> None:
+    def _finish(
+        self,
+        held: _Held,
+        outcome: str,
+        commands: list[list[Any]] | None = None,
+        reply_stream: str | None = None,
+    ) -> None:
         """Queue the reply (if any) and the acknowledgement: written together by the flusher."""
         self.metrics.inc("asyncgraph_worker_tasks_total", outcome=outcome)
         self._outgoing.append(_Outcome(held, commands or [], reply_stream))
@@ -853,8 +1044,11 @@ class Worker:
             # Reply streams of clients that died expire; one EXPIRE per stream per batch.
             for stream in dict.fromkeys(o.reply_stream for o in batch if o.reply_stream):
                 commands.append(["EXPIRE", stream, keys.REPLY_TTL_S])
-            commands += [["XACK", self._tasks, keys.GROUP, *ids], ["XDEL", self._tasks, *ids],
-                         ["EXEC"]]
+            commands += [
+                ["XACK", self._tasks, keys.GROUP, *ids],
+                ["XDEL", self._tasks, *ids],
+                ["EXEC"],
+            ]
             try:
                 # Shielded (bounded by the pool's deadline): cut in the middle, the
                 # replies would be written without their acknowledgements.
@@ -888,8 +1082,16 @@ class Worker:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.redis_timeout_s):
             try:
                 await self._pool.execute(
-                    "XCLAIM", self._tasks, keys.GROUP, self.consumer, 0, *leftover,
-                    "IDLE", self.config.lease_ms * 10, "JUSTID")
+                    "XCLAIM",
+                    self._tasks,
+                    keys.GROUP,
+                    self.consumer,
+                    0,
+                    *leftover,
+                    "IDLE",
+                    self.config.lease_ms * 10,
+                    "JUSTID",
+                )
                 log.info("worker %s released %d unfinished task(s)", self.consumer, len(leftover))
             except (RedisConnectionLost, ReplyError) as exc:
                 log.warning("worker %s: releasing unfinished tasks: %s", self.consumer, exc)
@@ -903,8 +1105,9 @@ class Worker:
             if not ids:
                 continue
             try:
-                await self._pool.execute("XCLAIM", self._tasks, keys.GROUP, self.consumer, 0,
-                                         *ids, "JUSTID")
+                await self._pool.execute(
+                    "XCLAIM", self._tasks, keys.GROUP, self.consumer, 0, *ids, "JUSTID"
+                )
             except (RedisConnectionLost, ReplyError) as exc:
                 self._redis_failed("renewing leases", exc)
             else:
@@ -928,8 +1131,11 @@ class Worker:
             except (RedisConnectionLost, ReplyError, ValueError, TimeoutError) as exc:
                 self._redis_failed("heartbeat", exc)
             if self.config.supervisor_pid and os.getppid() != self.config.supervisor_pid:
-                log.warning("worker %s: supervisor %d is gone, draining", self.consumer,
-                            self.config.supervisor_pid)
+                log.warning(
+                    "worker %s: supervisor %d is gone, draining",
+                    self.consumer,
+                    self.config.supervisor_pid,
+                )
                 self.drain()
             now = time.monotonic()
             for task_key, until in list(self._cancelled.items()):
@@ -943,22 +1149,30 @@ class Worker:
         now_ms = self._redis_now_ms()
         beats = await self._pool.execute("HGETALL", workers)
         alive = {beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) >= now_ms}
-        stale = [beats[i] for i in range(0, len(beats), 2)
-                 if int(beats[i + 1]) < now_ms - _STALE_BEAT_MS]
+        stale = [
+            beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) < now_ms - _STALE_BEAT_MS
+        ]
         if stale:
             await self._pool.execute("HDEL", workers, *stale)
         idle_limit_ms = _CONSUMER_IDLE_LEASES * self.config.lease_ms
         for info in await self._pool.execute("XINFO", "CONSUMERS", self._tasks, keys.GROUP):
             fields = dict(zip(info[::2], info[1::2], strict=False))
             name = fields.get(b"name")
-            if (not isinstance(name, bytes) or name in alive
-                    or name == self.consumer.encode() or fields.get(b"pending") != 0
-                    or int(fields.get(b"idle", 0)) < idle_limit_ms):
+            if (
+                not isinstance(name, bytes)
+                or name in alive
+                or name == self.consumer.encode()
+                or fields.get(b"pending") != 0
+                or int(fields.get(b"idle", 0)) < idle_limit_ms
+            ):
                 continue
             if await self._delete_consumer(name):
-                log.info("worker %s: deleted consumer %s (idle %d ms, nothing pending, no "
-                         "heartbeat)", self.consumer, name.decode(errors="replace"),
-                         int(fields[b"idle"]))
+                log.info(
+                    "worker %s: deleted consumer %s (idle %d ms, nothing pending, no heartbeat)",
+                    self.consumer,
+                    name.decode(errors="replace"),
+                    int(fields[b"idle"]),
+                )
 
     async def _reporter(self) -> None:
         """Under a supervisor: write metrics and health to its directory every second."""
@@ -983,9 +1197,17 @@ class Worker:
                     if conn is None:
                         conn = await self._pool.connect()
                     with anyio.fail_after(_BLOCK_MS / 1000 + self.config.redis_timeout_s):
-                        reply = await conn.execute("XREAD", "COUNT", 512, "BLOCK", _BLOCK_MS,
-                                                   "STREAMS", stream, last_id,
-                                                   max_bulk=self._max_bulk)
+                        reply = await conn.execute(
+                            "XREAD",
+                            "COUNT",
+                            512,
+                            "BLOCK",
+                            _BLOCK_MS,
+                            "STREAMS",
+                            stream,
+                            last_id,
+                            max_bulk=self._max_bulk,
+                        )
                 except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
                     self._redis_failed("reading cancellations", exc)
                     if conn is not None:
@@ -1000,12 +1222,19 @@ class Worker:
                     last_id = entry_id
                     data = dict(zip(fields[::2], fields[1::2], strict=False))
                     try:
-                        message = decode(data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE),
-                                         self._signer, self.config.queue, self.config.limits)
+                        message = decode(
+                            data.get(keys.F_MESSAGE),
+                            data.get(keys.F_SIGNATURE),
+                            self._signer,
+                            self.config.queue,
+                            self.config.limits,
+                        )
                         if not isinstance(message, CancelMessage):
                             raise WireError("not a cancel message")
                     except WireError as exc:
-                        self.metrics.inc("asyncgraph_worker_dead_letters_total", reason="bad_cancel")
+                        self.metrics.inc(
+                            "asyncgraph_worker_dead_letters_total", reason="bad_cancel"
+                        )
                         log.warning("worker %s: ignored a cancel entry: %s", self.consumer, exc)
                         continue
                     until = time.monotonic() + _CANCEL_MEMORY_S

@@ -240,12 +240,14 @@ def random_graph(seed: int) -> GraphSpec:
     return spec
 
 
-def build(spec: GraphSpec, inputs: list[float] | None = None, *, requires_grad: bool = True
-          ) -> tuple[list[Variable], list[Variable], list[Variable]]:
+def build(
+    spec: GraphSpec, inputs: list[float] | None = None, *, requires_grad: bool = True
+) -> tuple[list[Variable], list[Variable], list[Variable]]:
     """Apply the spec's Functions to fresh leaves; return (leaves, all values, outputs)."""
     xs = spec.inputs if inputs is None else inputs
-    leaves = [Variable(float(x), role=f"x{i}", requires_grad=requires_grad)
-              for i, x in enumerate(xs)]
+    leaves = [
+        Variable(float(x), role=f"x{i}", requires_grad=requires_grad) for i, x in enumerate(xs)
+    ]
     values: list[Variable] = list(leaves)
     for name, operands in spec.ops:
         args = [values[i] for i in operands]

@@ -35,8 +35,12 @@ class Step(Function):
         return g
 
 
-def step(x: Variable, name: str, log: list[tuple[str, str]],
-         during: Callable[[], Awaitable[Any]] | None = None) -> Variable:
+def step(
+    x: Variable,
+    name: str,
+    log: list[tuple[str, str]],
+    during: Callable[[], Awaitable[Any]] | None = None,
+) -> Variable:
     y = Step.apply(x)
     assert y.grad_fn is not None
     ctx = y.grad_fn.ctx

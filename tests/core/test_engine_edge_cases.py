@@ -123,7 +123,9 @@ async def test_cancelling_during_a_threaded_backward_commits_nothing() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_listener_that_raises_does_not_break_the_pass(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_listener_that_raises_does_not_break_the_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def bad(event: Any) -> None:
         raise ValueError("observer bug")
 

@@ -188,8 +188,9 @@ class ThreadedBackward(Function):
 
 
 @pytest.mark.anyio
-async def test_blocking_function_runs_its_backward_in_a_worker_thread_without_blocking_the_loop(
-) -> None:
+async def test_blocking_function_runs_its_backward_in_a_worker_thread_without_blocking_the_loop() -> (
+    None
+):
     ThreadedBackward.info.clear()
     x = Variable(1.0, requires_grad=True)
     y = ThreadedBackward.apply(x)
@@ -405,7 +406,9 @@ async def test_backwards_run_with_grad_enabled_exactly_when_create_graph(
     y = BlockingModeProbe.apply(AsyncModeProbe.apply(ModeProbe.apply(Mul.apply(x, x))))
     (g,) = await grad(y, x, create_graph=create_graph)
     assert sorted(ModeProbe.seen) == [
-        ("async", create_graph), ("sync", create_graph), ("thread", create_graph)
+        ("async", create_graph),
+        ("sync", create_graph),
+        ("thread", create_graph),
     ]
     assert g is not None and g.data == 4.0
     assert g.requires_grad is create_graph

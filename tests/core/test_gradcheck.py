@@ -74,7 +74,10 @@ async def test_random_dag_second_derivatives_match_finite_differences(seed: int)
 
     leaves, _, outputs = build(spec)
     firsts = await asyncgraph.grad(
-        outputs, leaves, grad_outputs=tuple(spec.output_weights), create_graph=True,
+        outputs,
+        leaves,
+        grad_outputs=tuple(spec.output_weights),
+        create_graph=True,
         allow_unused=True,
     )
     for i in reachable:
@@ -93,5 +96,6 @@ async def test_random_dag_second_derivatives_match_finite_differences(seed: int)
             fd = (await first_derivative(up, i) - await first_derivative(down, i)) / (2 * h)
             second = seconds[j]
             got = 0.0 if second is None else float(second.data)
-            assert_close(got, fd, rtol=1e-4, atol=1e-5,
-                         what=f"seed {seed}, d2/dx{i}dx{j}, spec {spec}")
+            assert_close(
+                got, fd, rtol=1e-4, atol=1e-5, what=f"seed {seed}, d2/dx{i}dx{j}, spec {spec}"
+            )

@@ -154,10 +154,29 @@ def test_repr_shows_data_role_and_grad_fn() -> None:
 
 
 CORE_NAMES = [
-    "BackwardError", "Executor", "Function", "FunctionCtx", "GradManager", "GradManagerGroup",
-    "GraphError", "LocalExecutor", "Node", "NodeEvent", "Parameter", "RemovableHandle",
-    "Variable", "accumulate", "backward", "current_executor", "enable_grad", "grad",
-    "is_grad_enabled", "no_grad", "register_accumulator", "set_grad_enabled", "use_executor",
+    "BackwardError",
+    "Executor",
+    "Function",
+    "FunctionCtx",
+    "GradManager",
+    "GradManagerGroup",
+    "GraphError",
+    "LocalExecutor",
+    "Node",
+    "NodeEvent",
+    "Parameter",
+    "RemovableHandle",
+    "Variable",
+    "accumulate",
+    "backward",
+    "current_executor",
+    "enable_grad",
+    "grad",
+    "is_grad_enabled",
+    "no_grad",
+    "register_accumulator",
+    "set_grad_enabled",
+    "use_executor",
 ]
 
 

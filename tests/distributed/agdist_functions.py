@@ -70,7 +70,9 @@ class Split(Function):
 
     @staticmethod
     def backward(ctx: Any, g1: Variable | None, g2: Variable | None) -> float:
-        return (g1.data if g1 is not None else 0.0) * 2.0 + (g2.data if g2 is not None else 0.0) * 3.0
+        return (g1.data if g1 is not None else 0.0) * 2.0 + (
+            g2.data if g2 is not None else 0.0
+        ) * 3.0
 
 
 class Sleep(Function):
@@ -94,7 +96,8 @@ class Sleep(Function):
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(
-                        client.rpush, f"agdist:cancelled:{ctx.tag}", os.getpid())
+                        client.rpush, f"agdist:cancelled:{ctx.tag}", os.getpid()
+                    )
                 raise
             await anyio.to_thread.run_sync(client.rpush, f"agdist:finished:{ctx.tag}", os.getpid())
         finally:

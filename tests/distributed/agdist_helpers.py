@@ -21,20 +21,39 @@ SECRET = "0123456789abcdef-test-secret"
 class WorkerProcess:
     """One ``asyncgraph worker`` subprocess; stopped (killed if need be) at teardown."""
 
-    def __init__(self, url: str, queue: str, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, queue: str, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
         self.url = url
         self.queue = queue
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join(
-            [str(HERE), *filter(None, [full_env.get("PYTHONPATH")])])
+            [str(HERE), *filter(None, [full_env.get("PYTHONPATH")])]
+        )
         full_env["AGDIST_REDIS_URL"] = url
-        for name in ("ASYNCGRAPH_SECRET", "ASYNCGRAPH_ALLOWED_BASE_URLS", "OPENAI_API_KEY",
-                     "OPENAI_BASE_URL"):
+        for name in (
+            "ASYNCGRAPH_SECRET",
+            "ASYNCGRAPH_ALLOWED_BASE_URLS",
+            "OPENAI_API_KEY",
+            "OPENAI_BASE_URL",
+        ):
             full_env.pop(name, None)
         full_env.update(env or {})
         imports = [] if "--import" in extra else ["--import", "agdist_functions"]
-        self.args = [sys.executable, "-m", "asyncgraph", "worker", "--redis", url,
-                     "--queue", queue, *imports, "--log-level", "WARNING", *extra]
+        self.args = [
+            sys.executable,
+            "-m",
+            "asyncgraph",
+            "worker",
+            "--redis",
+            url,
+            "--queue",
+            queue,
+            *imports,
+            "--log-level",
+            "WARNING",
+            *extra,
+        ]
         self.proc = subprocess.Popen(self.args, env=full_env, stdin=subprocess.DEVNULL)
 
     @property
@@ -109,11 +128,17 @@ class CaptureServer:
                 length = int(self.headers.get("content-length") or 0)
                 self.rfile.read(length)
                 capture.requests.append((self.path, self.headers.get("authorization") or ""))
-                body = json.dumps({
-                    "choices": [{"message": {"role": "assistant", "content": "captured"},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-                }).encode()
+                body = json.dumps(
+                    {
+                        "choices": [
+                            {
+                                "message": {"role": "assistant", "content": "captured"},
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))

@@ -14,8 +14,9 @@ def start_worker() -> Iterator[StartWorker]:
     """``start_worker(url, queue, *flags, wait=True)`` starts a worker; all are stopped after the test."""
     started: list[WorkerProcess] = []
 
-    def start(url: str, queue: str, *extra: str, wait: bool = True,
-              env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        url: str, queue: str, *extra: str, wait: bool = True, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         before = 0
         if wait:
             from asyncgraph.wire._keys import workers_hash
@@ -49,5 +50,3 @@ def shared_fleet(redis_server_url: str) -> Iterator[str]:
     finally:
         for worker in workers:
             worker.stop()
-
-

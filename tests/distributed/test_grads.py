@@ -93,7 +93,9 @@ def odd_data() -> tuple[list[Parameter], list[Variable]]:
     big = Parameter(np.arange(4, dtype=">f8"), role="big-endian")
     w = Parameter(np.arange(3, dtype=">i4"), role="w")
     return [zero_d, big, w], [
-        F.Noop.apply(zero_d), F.Noop.apply(big), F.Table.apply(w, {1: 3, 2: 5}),
+        F.Noop.apply(zero_d),
+        F.Noop.apply(big),
+        F.Table.apply(w, {1: 3, 2: 5}),
     ]
 
 
@@ -181,7 +183,9 @@ async def test_grad_and_use_executor_run_remotely(redis_server_url: str, shared_
     assert x.grad is None
 
 
-async def test_local_nodes_never_cross_the_network(redis_server_url: str, shared_fleet: str) -> None:
+async def test_local_nodes_never_cross_the_network(
+    redis_server_url: str, shared_fleet: str
+) -> None:
     a, b = Parameter(1.0), Parameter(2.0)
     z = Add.apply(Add.apply(a, b), F.Noop.apply(b))
     async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
@@ -281,7 +285,9 @@ class HoldsALock(Function):
         return g
 
 
-async def test_unserializable_ctx_attribute_is_named(redis_server_url: str, shared_fleet: str) -> None:
+async def test_unserializable_ctx_attribute_is_named(
+    redis_server_url: str, shared_fleet: str
+) -> None:
     y = HoldsALock.apply(Parameter(1.0))
     async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
         with pytest.raises(BackwardError) as info:
@@ -327,22 +333,26 @@ async def test_a_reply_the_client_rejects_fails_its_task_at_once(
 
     x = Parameter("ab", role="x")
     # Unsigned workers answer unsigned replies; a client with a secret rejects them.
-    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=30,
-                                   secret="a-client-only-secret-16") as ex:
+    async with open_redis_executor(
+        redis_server_url, queue=shared_fleet, timeout_s=30, secret="a-client-only-secret-16"
+    ) as ex:
         with anyio.fail_after(10):
             with pytest.raises(RemoteError, match=r"unsigned message.*share one secret") as info:
                 await backward(F.Noop.apply(x), "fb", executor=ex)
         assert info.value.function == "Noop" and ex.stats.rejected_replies == 1
     # A reply above this client's limit is skipped unread, and fails its task.
-    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=30,
-                                   limits=Limits(max_message_bytes=2000)) as ex:
+    async with open_redis_executor(
+        redis_server_url, queue=shared_fleet, timeout_s=30, limits=Limits(max_message_bytes=2000)
+    ) as ex:
         with anyio.fail_after(10):
             with pytest.raises(RemoteError, match="above this client's limit of 2000"):
                 await backward(F.Expand.apply(x, 50_000), "fb", executor=ex)
     assert x.grad is None
 
 
-async def test_remote_backward_refuses_create_graph(redis_server_url: str, shared_fleet: str) -> None:
+async def test_remote_backward_refuses_create_graph(
+    redis_server_url: str, shared_fleet: str
+) -> None:
     y = F.Scale.apply(Parameter(1.0), 2.0)
     async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
         with pytest.raises(BackwardError) as info:

@@ -39,7 +39,9 @@ async def test_sigkill_mid_task_loses_nothing_and_counts_once(
     async with open_redis_executor(redis_url, queue="kill", timeout_s=30) as ex:
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(backward, outs, executor=ex))
-            await wait_until(lambda: all(pids(redis_url, f"agdist:started:kill{i}") for i in range(6)))
+            await wait_until(
+                lambda: all(pids(redis_url, f"agdist:started:kill{i}") for i in range(6))
+            )
             start_worker(redis_url, "kill", *FAST, "--concurrency", "8")
             first.kill()
         assert ex.stats.completed == 12
@@ -77,8 +79,9 @@ async def test_redis_restart_mid_pass_is_a_clear_error_then_workers_recover(
         start_worker(server.url, "restart", *FAST)
         x = Parameter(1.0)
         y = F.Sleep.apply(x, 30.0, "restart")
-        async with open_redis_executor(server.url, queue="restart", timeout_s=60,
-                                       redis_timeout_s=2) as ex:
+        async with open_redis_executor(
+            server.url, queue="restart", timeout_s=60, redis_timeout_s=2
+        ) as ex:
             async with anyio.create_task_group() as tg:
 
                 async def restart() -> None:
@@ -132,8 +135,9 @@ async def test_cancelling_the_caller_stops_running_tasks_and_skips_queued_ones(
         with anyio.move_on_after(15) as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(functools.partial(backward, outs, executor=ex))
-                running = await wait_until(lambda: [
-                    i for i in range(3) if pids(redis_url, f"agdist:started:cancel{i}")])
+                running = await wait_until(
+                    lambda: [i for i in range(3) if pids(redis_url, f"agdist:started:cancel{i}")]
+                )
                 scope.cancel()
         assert scope.cancelled_caught
         assert ex.stats.cancelled == 3
@@ -145,7 +149,9 @@ async def test_cancelling_the_caller_stops_running_tasks_and_skips_queued_ones(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
-async def test_worker_added_mid_run_picks_up_work(redis_url: str, start_worker: StartWorker) -> None:
+async def test_worker_added_mid_run_picks_up_work(
+    redis_url: str, start_worker: StartWorker
+) -> None:
     first = start_worker(redis_url, "grow", *FAST, "--concurrency", "2")
     outs = [F.Sleep.apply(Parameter(1.0), 0.5, "grow") for _ in range(12)]
     async with open_redis_executor(redis_url, queue="grow", timeout_s=30) as ex:
@@ -237,8 +243,9 @@ async def test_timeout_diagnosis_says_where_the_task_is(
 async def test_a_worker_started_before_redis_waits_for_it(start_worker: StartWorker) -> None:
     port, health = free_port(), free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    start_worker(url, "early", *FAST, "--health-port", str(health), "--health-host",
-                 "127.0.0.1", wait=False)
+    start_worker(
+        url, "early", *FAST, "--health-port", str(health), "--health-host", "127.0.0.1", wait=False
+    )
     await wait_until(lambda: http_get(health, "/livez")[0] == 200)
     status, body = http_get(health, "/readyz")
     assert status == 503 and "connecting to Redis" in body
@@ -261,12 +268,28 @@ async def test_connect_timeout_ends_the_worker_with_a_clear_error() -> None:
     # The checkout's root first on the path: the test must not depend on how (or
     # whether) asyncgraph was installed into this interpreter.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent.parent), str(HERE)]))
-    done = await anyio.to_thread.run_sync(functools.partial(
-        subprocess.run,
-        [sys.executable, "-m", "asyncgraph", "worker", "--redis",
-         f"redis://127.0.0.1:{free_port()}/0", "--import", "agdist_functions",
-         "--connect-timeout-s", "0.5"],
-        capture_output=True, text=True, timeout=30, cwd=HERE, env=env))
+    done = await anyio.to_thread.run_sync(
+        functools.partial(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "asyncgraph",
+                "worker",
+                "--redis",
+                f"redis://127.0.0.1:{free_port()}/0",
+                "--import",
+                "agdist_functions",
+                "--connect-timeout-s",
+                "0.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=HERE,
+            env=env,
+        )
+    )
     assert done.returncode == 1
     assert "did not answer within connect_timeout_s=0.5" in done.stderr
     assert "cannot reach Redis (attempt 1)" in done.stderr  # each failure is logged
@@ -288,8 +311,10 @@ async def test_idle_consumers_are_deleted_and_a_drained_worker_deletes_its_own(
     client.hset(keys.workers_hash("tidy"), "beating", int(time.time() * 1000) + 3_600_000)
 
     def consumers() -> set[str]:
-        return {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
-                for c in client.xinfo_consumers(stream, keys.GROUP)}
+        return {
+            c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            for c in client.xinfo_consumers(stream, keys.GROUP)
+        }
 
     # lease 200 ms: consumers idle 2 s (10 leases), holding nothing, without a heartbeat go.
     worker = start_worker(redis_url, "tidy", "--lease-ms", "200", "--drain-timeout-s", "1")

@@ -26,8 +26,13 @@ CLIENT = "0" * 32
 
 def task(signer: Signer, **overrides: Any) -> tuple[bytes, bytes]:
     fields: dict[str, Any] = {
-        "queue": QUEUE, "client": CLIENT, "id": "1", "function": "agdist_functions:Noop",
-        "fingerprint": "x", "op": "backward", "ttl_ms": 60_000,
+        "queue": QUEUE,
+        "client": CLIENT,
+        "id": "1",
+        "function": "agdist_functions:Noop",
+        "fingerprint": "x",
+        "op": "backward",
+        "ttl_ms": 60_000,
         "payload": {"ctx": {"saved": [], "needs": [True], "attrs": {}}, "g": [[1.0, ""]]},
     }
     fields.update(overrides)
@@ -38,8 +43,20 @@ def bad_entries() -> dict[str, dict[bytes, bytes]]:
     good_packed, good_sig = task(Signer(SECRET))
     forged_packed, forged_sig = task(Signer("another-secret-of-16-bytes"))
     unsigned_packed, _ = task(Signer(None))
-    wrong_types = msgpack.packb({"v": 1, "k": "task", "q": QUEUE, "c": CLIENT, "id": 7,
-                                 "fn": ["x"], "fp": None, "op": "backward", "ttl": "soon", "p": 3})
+    wrong_types = msgpack.packb(
+        {
+            "v": 1,
+            "k": "task",
+            "q": QUEUE,
+            "c": CLIENT,
+            "id": 7,
+            "fn": ["x"],
+            "fp": None,
+            "op": "backward",
+            "ttl": "soon",
+            "p": 3,
+        }
+    )
     signer = Signer(SECRET)
     noise, huge = os.urandom(200), b"\xc4" + b"x" * 300_000
     # Correctly signed garbage: it passes the signature check and fails decoding.
@@ -50,20 +67,27 @@ def bad_entries() -> dict[str, dict[bytes, bytes]]:
         "huge": {keys.F_MESSAGE: huge, keys.F_SIGNATURE: signer.sign(huge)},
         "unsigned": {keys.F_MESSAGE: unsigned_packed, keys.F_SIGNATURE: b""},
         "forged": {keys.F_MESSAGE: forged_packed, keys.F_SIGNATURE: forged_sig},
-        "tampered": {keys.F_MESSAGE: good_packed.replace(b"Noop", b"Boom"),
-                     keys.F_SIGNATURE: good_sig},
-        "not a map": {keys.F_MESSAGE: msgpack.packb([1, 2, 3]),
-                      keys.F_SIGNATURE: signer.sign(msgpack.packb([1, 2, 3]))},
-        "old version": {keys.F_MESSAGE: msgpack.packb({"v": 0}),
-                        keys.F_SIGNATURE: signer.sign(msgpack.packb({"v": 0}))},
+        "tampered": {
+            keys.F_MESSAGE: good_packed.replace(b"Noop", b"Boom"),
+            keys.F_SIGNATURE: good_sig,
+        },
+        "not a map": {
+            keys.F_MESSAGE: msgpack.packb([1, 2, 3]),
+            keys.F_SIGNATURE: signer.sign(msgpack.packb([1, 2, 3])),
+        },
+        "old version": {
+            keys.F_MESSAGE: msgpack.packb({"v": 0}),
+            keys.F_SIGNATURE: signer.sign(msgpack.packb({"v": 0})),
+        },
     }
 
 
 async def test_bad_messages_are_dead_lettered_while_good_tasks_flow(
     redis_url: str, start_worker: StartWorker
 ) -> None:
-    worker = start_worker(redis_url, QUEUE, "--max-message-bytes", "100000",
-                          env={"ASYNCGRAPH_SECRET": SECRET})
+    worker = start_worker(
+        redis_url, QUEUE, "--max-message-bytes", "100000", env={"ASYNCGRAPH_SECRET": SECRET}
+    )
     client = redis.Redis.from_url(redis_url)
     stream = keys.task_stream(QUEUE)
     entries = bad_entries()
@@ -78,10 +102,14 @@ async def test_bad_messages_are_dead_lettered_while_good_tasks_flow(
         assert [p.grad.data for p in leaves] == [2.0] * 30  # type: ignore[union-attr]
 
         # A forged reply to this client is rejected, not joined.
-        packed, _ = encode(ReplyMessage(QUEUE, ex.client_id, "1", "mallory", [[9.0, ""]]),
-                           Signer("mallory-secret-16bytes"))
-        client.xadd(keys.reply_stream(QUEUE, ex.client_id),
-                    {keys.F_MESSAGE: packed, keys.F_SIGNATURE: b"ff"})
+        packed, _ = encode(
+            ReplyMessage(QUEUE, ex.client_id, "1", "mallory", [[9.0, ""]]),
+            Signer("mallory-secret-16bytes"),
+        )
+        client.xadd(
+            keys.reply_stream(QUEUE, ex.client_id),
+            {keys.F_MESSAGE: packed, keys.F_SIGNATURE: b"ff"},
+        )
         await wait_until(lambda: ex.stats.rejected_replies >= 1)
 
     await wait_until(lambda: client.xlen(keys.dead_stream(QUEUE)) >= len(entries))
@@ -137,8 +165,7 @@ async def test_a_worker_sends_its_api_key_only_to_base_urls_it_allows(
         assert len(server.requests) == 1  # the forward, from this process, without a key
         assert server.requests[0][1] == ""
 
-        start_worker(redis_url, "keys", "--import", "asyncgraph.text",
-                     env={"OPENAI_API_KEY": key})
+        start_worker(redis_url, "keys", "--import", "asyncgraph.text", env={"OPENAI_API_KEY": key})
         async with open_redis_executor(redis_url, queue="keys", timeout_s=20) as ex:
             with pytest.raises(RemoteError) as info:
                 await answer.backward(Variable("too long"), executor=ex)
@@ -151,9 +178,16 @@ async def test_a_worker_sends_its_api_key_only_to_base_urls_it_allows(
         # Allowed (through the environment; scheme case and a trailing / do not matter):
         # now the key goes there.
         allowed = server.base_url.replace("http://", "HTTP://") + "/"
-        start_worker(redis_url, "keys-allowed", "--import", "asyncgraph.text",
-                     env={"OPENAI_API_KEY": key,
-                          "ASYNCGRAPH_ALLOWED_BASE_URLS": f"https://x.invalid/v1, {allowed}"})
+        start_worker(
+            redis_url,
+            "keys-allowed",
+            "--import",
+            "asyncgraph.text",
+            env={
+                "OPENAI_API_KEY": key,
+                "ASYNCGRAPH_ALLOWED_BASE_URLS": f"https://x.invalid/v1, {allowed}",
+            },
+        )
         async with open_redis_executor(redis_url, queue="keys-allowed", timeout_s=20) as ex:
             await answer.backward(Variable("too long"), executor=ex)
         assert [auth for _, auth in server.requests[1:]] == [f"Bearer {key}"]
@@ -229,8 +263,16 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
     try:
         url = redis_url.replace("redis://", "redis://agacl:acl-test-pw@")
         # lease 200 ms: the consumer sweep (XINFO CONSUMERS, WATCH...) runs every 2 s.
-        worker = start_worker(url, "acl", "--lease-ms", "200", "--drain-timeout-s", "1",
-                              env={"AGDIST_REDIS_URL": redis_url}, wait=False)
+        worker = start_worker(
+            url,
+            "acl",
+            "--lease-ms",
+            "200",
+            "--drain-timeout-s",
+            "1",
+            env={"AGDIST_REDIS_URL": redis_url},
+            wait=False,
+        )
         await anyio.to_thread.run_sync(wait_for_workers, redis_url, "acl", 1)
         x = Parameter(1.0)
         async with open_redis_executor(url, queue="acl", timeout_s=20) as ex:
@@ -242,8 +284,9 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
         worker.signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0
         assert x.grad is not None and x.grad.data == 2.0
-        denied = [e for e in admin.execute_command("ACL", "LOG")
-                  if b"agacl" in e or "agacl" in str(e)]
+        denied = [
+            e for e in admin.execute_command("ACL", "LOG") if b"agacl" in e or "agacl" in str(e)
+        ]
         assert denied == []
     finally:
         admin.execute_command("ACL", "DELUSER", "agacl")
@@ -272,8 +315,11 @@ async def test_a_task_too_big_for_an_unsigned_worker_fails_at_once(
     x = Parameter("draft", role="x")
     async with open_redis_executor(redis_url, queue="small", timeout_s=30) as ex:
         with anyio.fail_after(10):
-            with pytest.raises(RemoteError, match=r"above this worker's limit of 20000.*"
-                                                  r"--max-message-bytes"):
+            with pytest.raises(
+                RemoteError,
+                match=r"above this worker's limit of 20000.*"
+                r"--max-message-bytes",
+            ):
                 await backward(F.Noop.apply(x), "x" * 50_000, executor=ex)
     client = redis.Redis.from_url(redis_url)
     ((_, dead),) = client.xrange(keys.dead_stream("small"))

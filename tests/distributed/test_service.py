@@ -16,14 +16,16 @@ from workers.settings import Settings  # noqa: E402
 
 
 def test_settings_from_environment() -> None:
-    settings = Settings.from_env({
-        "ASYNCGRAPH_REDIS_URL": "rediss://u:p@redis:6380/1",
-        "ASYNCGRAPH_IMPORTS": "a.b, c",
-        "ASYNCGRAPH_PROCESSES": "4",
-        "ASYNCGRAPH_HEALTH_PORT": "",
-        "ASYNCGRAPH_SECRET": "x" * 32,
-        "ASYNCGRAPH_ALLOWED_BASE_URLS": "http://vllm:8000/v1, https://llm.example/v1",
-    })
+    settings = Settings.from_env(
+        {
+            "ASYNCGRAPH_REDIS_URL": "rediss://u:p@redis:6380/1",
+            "ASYNCGRAPH_IMPORTS": "a.b, c",
+            "ASYNCGRAPH_PROCESSES": "4",
+            "ASYNCGRAPH_HEALTH_PORT": "",
+            "ASYNCGRAPH_SECRET": "x" * 32,
+            "ASYNCGRAPH_ALLOWED_BASE_URLS": "http://vllm:8000/v1, https://llm.example/v1",
+        }
+    )
     assert settings.imports == ("a.b", "c") and settings.processes == 4
     assert settings.allowed_base_urls == ("http://vllm:8000/v1", "https://llm.example/v1")
     argv = settings.argv()
@@ -37,20 +39,22 @@ REDIS = {"ASYNCGRAPH_REDIS_URL": "redis://r"}
 
 @pytest.mark.parametrize(
     ("env", "message"),
-    [({}, "ASYNCGRAPH_REDIS_URL is required"),
-     ({"ASYNCGRAPH_REDIS_URL": "http://r"}, "ASYNCGRAPH_REDIS_URL: invalid Redis URL"),
-     ({**REDIS, "ASYNCGRAPH_CONCURRENCY": "many"}, "ASYNCGRAPH_CONCURRENCY must be an integer"),
-     ({**REDIS, "ASYNCGRAPH_PROCESSES": "0"}, "ASYNCGRAPH_PROCESSES must be >= 1"),
-     ({**REDIS, "ASYNCGRAPH_BACKEND": "curio"}, "ASYNCGRAPH_BACKEND"),
-     ({**REDIS, "ASYNCGRAPH_QUEUE": "a b"}, "ASYNCGRAPH_QUEUE: queue name"),
-     ({**REDIS, "ASYNCGRAPH_SECRET": "short"}, "ASYNCGRAPH_SECRET must be at least 16 bytes"),
-     ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "http"}, "ASYNCGRAPH_HEALTH_PORT must be an integer"),
-     ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "70000"}, "ASYNCGRAPH_HEALTH_PORT must be 0 to 65535"),
-     ({**REDIS, "ASYNCGRAPH_LEASE_MS": "100"}, "ASYNCGRAPH_LEASE_MS must be >= 200"),
-     ({**REDIS, "ASYNCGRAPH_DRAIN_TIMEOUT_S": "-1"}, "ASYNCGRAPH_DRAIN_TIMEOUT_S must be > 0"),
-     ({**REDIS, "ASYNCGRAPH_CONNECT_TIMEOUT_S": "soon"}, "ASYNCGRAPH_CONNECT_TIMEOUT_S"),
-     ({**REDIS, "ASYNCGRAPH_ALLOWED_BASE_URLS": "vllm:8000"}, "ASYNCGRAPH_ALLOWED_BASE_URLS"),
-     ({**REDIS, "ASYNCGRAPH_LOG_LEVEL": "chatty"}, "ASYNCGRAPH_LOG_LEVEL")],
+    [
+        ({}, "ASYNCGRAPH_REDIS_URL is required"),
+        ({"ASYNCGRAPH_REDIS_URL": "http://r"}, "ASYNCGRAPH_REDIS_URL: invalid Redis URL"),
+        ({**REDIS, "ASYNCGRAPH_CONCURRENCY": "many"}, "ASYNCGRAPH_CONCURRENCY must be an integer"),
+        ({**REDIS, "ASYNCGRAPH_PROCESSES": "0"}, "ASYNCGRAPH_PROCESSES must be >= 1"),
+        ({**REDIS, "ASYNCGRAPH_BACKEND": "curio"}, "ASYNCGRAPH_BACKEND"),
+        ({**REDIS, "ASYNCGRAPH_QUEUE": "a b"}, "ASYNCGRAPH_QUEUE: queue name"),
+        ({**REDIS, "ASYNCGRAPH_SECRET": "short"}, "ASYNCGRAPH_SECRET must be at least 16 bytes"),
+        ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "http"}, "ASYNCGRAPH_HEALTH_PORT must be an integer"),
+        ({**REDIS, "ASYNCGRAPH_HEALTH_PORT": "70000"}, "ASYNCGRAPH_HEALTH_PORT must be 0 to 65535"),
+        ({**REDIS, "ASYNCGRAPH_LEASE_MS": "100"}, "ASYNCGRAPH_LEASE_MS must be >= 200"),
+        ({**REDIS, "ASYNCGRAPH_DRAIN_TIMEOUT_S": "-1"}, "ASYNCGRAPH_DRAIN_TIMEOUT_S must be > 0"),
+        ({**REDIS, "ASYNCGRAPH_CONNECT_TIMEOUT_S": "soon"}, "ASYNCGRAPH_CONNECT_TIMEOUT_S"),
+        ({**REDIS, "ASYNCGRAPH_ALLOWED_BASE_URLS": "vllm:8000"}, "ASYNCGRAPH_ALLOWED_BASE_URLS"),
+        ({**REDIS, "ASYNCGRAPH_LOG_LEVEL": "chatty"}, "ASYNCGRAPH_LOG_LEVEL"),
+    ],
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -73,14 +77,24 @@ def test_metrics_print_exact_values_and_declare_the_task_seconds_summary() -> No
     assert "# TYPE asyncgraph_worker_task_seconds_sum" not in text
     assert "asyncgraph_worker_tasks_in_flight 3\n" in text
     assert [format_value(v) for v in (2**53 + 1, 1e300, float("nan"), float("-inf"))] == [
-        "9007199254740993", "1e+300", "NaN", "-Inf"]
+        "9007199254740993",
+        "1e+300",
+        "NaN",
+        "-Inf",
+    ]
 
 
 def test_python_m_workers_check_lists_the_default_functions() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRAPH_")}
     env["ASYNCGRAPH_REDIS_URL"] = "redis://127.0.0.1:1/0"
-    result = subprocess.run([sys.executable, "-m", "workers", "--check"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "workers", "--check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "workers.echo" in result.stdout
     for name, value, message in [
@@ -88,7 +102,12 @@ def test_python_m_workers_check_lists_the_default_functions() -> None:
         ("ASYNCGRAPH_IMPORTS", "workers.nope", "ASYNCGRAPH_IMPORTS: cannot import"),
         ("ASYNCGRAPH_SECRET", "too-short", "ASYNCGRAPH_SECRET must be at least 16 bytes"),
     ]:
-        result = subprocess.run([sys.executable, "-m", "workers", "--check"], cwd=ROOT,
-                                env={**env, name: value}, capture_output=True, text=True,
-                                timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "workers", "--check"],
+            cwd=ROOT,
+            env={**env, name: value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 2 and message in result.stderr, result.stderr

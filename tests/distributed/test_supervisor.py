@@ -30,15 +30,30 @@ def get(port: int, path: str) -> tuple[int, str]:
         return int(exc.code), str(exc.read().decode())
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the supervisor's behaviour, not the client's
+@pytest.mark.parametrize(
+    "anyio_backend", ["asyncio"]
+)  # the supervisor's behaviour, not the client's
 async def test_supervisor_restarts_workers_and_poison_task_is_dead_lettered(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     port = free_port()
     supervisor = start_worker(
-        redis_url, "super", "--processes", "2", "--lease-ms", "1000", "--max-attempts", "2",
-        "--drain-timeout-s", "2", "--health-port", str(port), "--health-host", "127.0.0.1",
-        wait=False)
+        redis_url,
+        "super",
+        "--processes",
+        "2",
+        "--lease-ms",
+        "1000",
+        "--max-attempts",
+        "2",
+        "--drain-timeout-s",
+        "2",
+        "--health-port",
+        str(port),
+        "--health-host",
+        "127.0.0.1",
+        wait=False,
+    )
     wait_for_workers(redis_url, "super", 2)
     x = Parameter(1.0, role="x")
     async with open_redis_executor(redis_url, queue="super", timeout_s=60) as ex:
@@ -65,9 +80,11 @@ async def test_supervisor_restarts_workers_and_poison_task_is_dead_lettered(
             await anyio.sleep(0.1)
     health = json.loads(body)
     assert health["restarts"] >= 2
-    wanted = ["asyncgraph_worker_processes 2",
-              'asyncgraph_worker_tasks_total{outcome="dead_letter"} 1',
-              'asyncgraph_worker_tasks_total{outcome="ok"} 1']
+    wanted = [
+        "asyncgraph_worker_processes 2",
+        'asyncgraph_worker_tasks_total{outcome="dead_letter"} 1',
+        'asyncgraph_worker_tasks_total{outcome="ok"} 1',
+    ]
     with anyio.fail_after(10):  # children write their snapshots about once a second
         while True:
             status, metrics = await anyio.to_thread.run_sync(get, port, "/metrics")
@@ -89,11 +106,24 @@ async def test_supervisor_readiness_follows_the_children_and_argv_holds_no_url(
     port = free_port()
     with RedisServer() as server:
         url = server.url.replace("redis://", "redis://default:not-in-argv@")
-        await anyio.to_thread.run_sync(lambda: redis.Redis.from_url(server.url).config_set(
-            "requirepass", "not-in-argv"))
-        start_worker(url, "ready", "--processes", "2", "--lease-ms", "1000",
-                     "--drain-timeout-s", "1", "--health-port", str(port), "--health-host",
-                     "127.0.0.1", wait=False)
+        await anyio.to_thread.run_sync(
+            lambda: redis.Redis.from_url(server.url).config_set("requirepass", "not-in-argv")
+        )
+        start_worker(
+            url,
+            "ready",
+            "--processes",
+            "2",
+            "--lease-ms",
+            "1000",
+            "--drain-timeout-s",
+            "1",
+            "--health-port",
+            str(port),
+            "--health-host",
+            "127.0.0.1",
+            wait=False,
+        )
         await wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout_s=20)
         status, body = http_get(port, "/healthz")
         health = json.loads(body)
@@ -109,8 +139,9 @@ async def test_supervisor_readiness_follows_the_children_and_argv_holds_no_url(
         assert "redis unreachable" in json.loads(body)["status"]
         assert http_get(port, "/livez")[0] == 200
         server.start()
-        await anyio.to_thread.run_sync(lambda: redis.Redis.from_url(server.url).config_set(
-            "requirepass", "not-in-argv"))
+        await anyio.to_thread.run_sync(
+            lambda: redis.Redis.from_url(server.url).config_set("requirepass", "not-in-argv")
+        )
         await wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout_s=20)
 
 
@@ -118,7 +149,19 @@ def test_zero_processes_is_refused() -> None:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "asyncgraph", "worker", "--processes", "0",
-                           "--import", "asyncgraph.text"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asyncgraph",
+            "worker",
+            "--processes",
+            "0",
+            "--import",
+            "asyncgraph.text",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--processes must be >= 1, got 0" in done.stderr

@@ -173,4 +173,6 @@ def run_cli(
 
 def describe(proc: subprocess.CompletedProcess[str]) -> str:
     """What a failed subprocess said, for assertion messages."""
-    return f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    return (
+        f"exit code {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    )

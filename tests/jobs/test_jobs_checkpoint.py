@@ -69,23 +69,44 @@ _DROP = object()
 
 # (case id, what the file holds, words the error must contain)
 DAMAGED: list[tuple[str, Callable[[dict[str, Any]], Any], list[str]]] = [
-    ("garbage-bytes", lambda ck: b"\x00\xffPK\x03\x04 not json at all", ["is corrupt", "not valid JSON", "delete it"]),
-    ("truncated-json", lambda ck: json.dumps(ck).encode()[: len(json.dumps(ck)) // 2], ["is corrupt", "not valid JSON"]),
+    (
+        "garbage-bytes",
+        lambda ck: b"\x00\xffPK\x03\x04 not json at all",
+        ["is corrupt", "not valid JSON", "delete it"],
+    ),
+    (
+        "truncated-json",
+        lambda ck: json.dumps(ck).encode()[: len(json.dumps(ck)) // 2],
+        ["is corrupt", "not valid JSON"],
+    ),
     ("empty-file", lambda ck: b"", ["is corrupt", "not valid JSON"]),
-    ("history-json", lambda ck: {"history": ck["history"]}, ["is not an asyncgraph checkpoint", "--out"]),
+    (
+        "history-json",
+        lambda ck: {"history": ck["history"]},
+        ["is not an asyncgraph checkpoint", "--out"],
+    ),
     ("json-list", lambda ck: [1, 2, 3], ["is not an asyncgraph checkpoint"]),
     ("future-version", _edit(version=99), ["has version 99", "reads version 1"]),
     ("missing-field", _edit(optimizer=_DROP), ["is corrupt", "field 'optimizer' is missing"]),
     ("job-not-a-map", _edit(job="line-fit"), ["is corrupt", "field 'job' is not a map"]),
-    ("nested-beyond-the-parser", lambda ck: b"[" * 200_000 + b"]" * 200_000,
-     ["is corrupt", "nested too deeply"]),
-    ("nested-in-a-field", lambda ck: (
-        json.dumps({**ck, "history": "HERE"}).replace('"HERE"', "[" * 100_000 + "]" * 100_000)
-    ).encode(), ["is corrupt", "nested too deeply"]),
+    (
+        "nested-beyond-the-parser",
+        lambda ck: b"[" * 200_000 + b"]" * 200_000,
+        ["is corrupt", "nested too deeply"],
+    ),
+    (
+        "nested-in-a-field",
+        lambda ck: (
+            json.dumps({**ck, "history": "HERE"}).replace('"HERE"', "[" * 100_000 + "]" * 100_000)
+        ).encode(),
+        ["is corrupt", "nested too deeply"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("content", "words"), [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED])
+@pytest.mark.parametrize(
+    ("content", "words"), [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED]
+)
 def test_a_damaged_checkpoint_raises_a_clear_error(
     tmp_path: Path,
     good_checkpoint: dict[str, Any],
@@ -137,30 +158,64 @@ UNRESTORABLE: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] 
     ("history-too-short", lambda ck: {**ck, "history": ck["history"][:2]}, "one row per step"),
     ("no-parameters", _edit(parameters=[]), "'parameters' is not a list of 1"),
     ("optimizer-garbage", _edit(optimizer="sgd"), "optimizer state does not load"),
-    ("optimizer-other-groups", _edit(optimizer={"state": {}, "param_groups": []}), "optimizer state does not load"),
-    ("optimizer-bad-option", lambda ck: _deep_set(ck, ["optimizer", "param_groups", 0, "lr"], "fast"),
-     "optimizer state does not load into this job's SGD (TypeError: SGD: lr must be a number"),
+    (
+        "optimizer-other-groups",
+        _edit(optimizer={"state": {}, "param_groups": []}),
+        "optimizer state does not load",
+    ),
+    (
+        "optimizer-bad-option",
+        lambda ck: _deep_set(ck, ["optimizer", "param_groups", 0, "lr"], "fast"),
+        "optimizer state does not load into this job's SGD (TypeError: SGD: lr must be a number",
+    ),
     # Parses (under json's nesting limit) but too deep for load_state_dict's deepcopy.
-    ("optimizer-nested-deep", lambda ck: _deep_set(ck, ["optimizer", "param_groups", 0, "extra"],
-                                                   _nested(800)), "(RecursionError: "),
-    ("history-row-missing-field", lambda ck: _deep_del(ck, ["history", 2, "tokens"]),
-     "history row 2 has no field 'tokens'"),
-    ("history-row-wrong-type", lambda ck: _deep_set(ck, ["history", 1, "train_score"], "0.5"),
-     "history row 1 field 'train_score' is '0.5', not a number"),
-    ("history-val-score-text", lambda ck: _deep_set(ck, ["history", 1, "val_score"], "good"),
-     "history row 1 field 'val_score' is 'good', not a number or null"),
-    ("history-tokens-negative", lambda ck: _deep_set(ck, ["history", 0, "tokens"], -3),
-     "history row 0 field 'tokens' is -3, not a token count"),
-    ("history-row-not-a-map", lambda ck: _deep_set(ck, ["history", 4], [1, 2]),
-     "history row 4 is [1, 2], not a map"),
-    ("history-rows-out-of-order", lambda ck: _deep_set(ck, ["history", 0, "step"], 2),
-     "history row 0 is for step 2 of epoch 0, expected step 1 of epoch 0"),
+    (
+        "optimizer-nested-deep",
+        lambda ck: _deep_set(ck, ["optimizer", "param_groups", 0, "extra"], _nested(800)),
+        "(RecursionError: ",
+    ),
+    (
+        "history-row-missing-field",
+        lambda ck: _deep_del(ck, ["history", 2, "tokens"]),
+        "history row 2 has no field 'tokens'",
+    ),
+    (
+        "history-row-wrong-type",
+        lambda ck: _deep_set(ck, ["history", 1, "train_score"], "0.5"),
+        "history row 1 field 'train_score' is '0.5', not a number",
+    ),
+    (
+        "history-val-score-text",
+        lambda ck: _deep_set(ck, ["history", 1, "val_score"], "good"),
+        "history row 1 field 'val_score' is 'good', not a number or null",
+    ),
+    (
+        "history-tokens-negative",
+        lambda ck: _deep_set(ck, ["history", 0, "tokens"], -3),
+        "history row 0 field 'tokens' is -3, not a token count",
+    ),
+    (
+        "history-row-not-a-map",
+        lambda ck: _deep_set(ck, ["history", 4], [1, 2]),
+        "history row 4 is [1, 2], not a map",
+    ),
+    (
+        "history-rows-out-of-order",
+        lambda ck: _deep_set(ck, ["history", 0, "step"], 2),
+        "history row 0 is for step 2 of epoch 0, expected step 1 of epoch 0",
+    ),
     ("epoch-position-mismatch", _edit(position=3), "position 3 do not match step 9"),
     ("initial-val-score-text", _edit(initial_val_score="0"), "initial_val_score is '0'"),
-    ("parameter-text-for-a-number", lambda ck: _deep_set(ck, ["parameters", 0, "data"], "2.5"),
-     "the value of parameter 0 ('slope') is a str, but the parameter holds a number"),
-    ("parameter-other-role", lambda ck: _deep_set(ck, ["parameters", 0, "role"], "bias"),
-     "parameter 0 has role 'bias', not 'slope'"),
+    (
+        "parameter-text-for-a-number",
+        lambda ck: _deep_set(ck, ["parameters", 0, "data"], "2.5"),
+        "the value of parameter 0 ('slope') is a str, but the parameter holds a number",
+    ),
+    (
+        "parameter-other-role",
+        lambda ck: _deep_set(ck, ["parameters", 0, "role"], "bias"),
+        "parameter 0 has role 'bias', not 'slope'",
+    ),
 ]
 
 
@@ -190,7 +245,9 @@ def _deep_del(ckpt: dict[str, Any], where: list[Any]) -> dict[str, Any]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("edit", "words"), [c[1:] for c in UNRESTORABLE], ids=[c[0] for c in UNRESTORABLE])
+@pytest.mark.parametrize(
+    ("edit", "words"), [c[1:] for c in UNRESTORABLE], ids=[c[0] for c in UNRESTORABLE]
+)
 async def test_resume_from_an_unrestorable_checkpoint_raises_checkpoint_error(
     tmp_path: Path,
     good_checkpoint: dict[str, Any],
@@ -256,17 +313,25 @@ def _text_job(fail_load: bool = False) -> tuple[Job, Parameter, Holder]:
     async def forward(example: Mapping[str, Any]) -> Evaluation:
         return Evaluation(loss=concat(prompt, Variable(f" q{example['q']}")), score=0.0)
 
-    job = Job(name="text", parameters=[prompt], optimizer=optimizer, forward=forward,
-              train_set=[{"q": i} for i in range(4)], batch_size=2)
+    job = Job(
+        name="text",
+        parameters=[prompt],
+        optimizer=optimizer,
+        forward=forward,
+        train_set=[{"q": i} for i in range(4)],
+        batch_size=2,
+    )
     return job, prompt, optimizer
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("value", "words"),
-    [(42, "is a number, but the parameter holds a str"),
-     (["Be brief."], "is a list, but the parameter holds a str"),
-     (None, "is a null, but the parameter holds a str")],
+    [
+        (42, "is a number, but the parameter holds a str"),
+        (["Be brief."], "is a list, but the parameter holds a str"),
+        (None, "is a null, but the parameter holds a str"),
+    ],
     ids=["number", "list", "null"],
 )
 async def test_a_text_parameter_resumed_from_a_non_text_value_raises(
@@ -301,7 +366,9 @@ async def test_an_output_directory_that_cannot_be_written_is_a_checkpoint_error(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "a-file").write_text("")
-    with pytest.raises(CheckpointError, match=r"cannot write the checkpoint .*a-file/out/checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=r"cannot write the checkpoint .*a-file/out/checkpoint"
+    ):
         await run_job(LineFit().job, tmp_path / "a-file" / "out", progress=False)
     assert listing(tmp_path) == ["a-file"]
 
@@ -332,8 +399,14 @@ async def test_a_numpy_parameter_is_checkpointed_as_a_list_and_resumed_as_an_arr
         async def forward(example: Mapping[str, Any]) -> Evaluation:
             return Evaluation(loss=SumError.apply(w, example["x"], example["y"]), score=0.0)
 
-        job = Job(name="array", parameters=[w], optimizer=SGD([w], lr=0.01, momentum=0.5),
-                  forward=forward, train_set=[{"x": 1.0, "y": 2.0}] * 4, batch_size=2)
+        job = Job(
+            name="array",
+            parameters=[w],
+            optimizer=SGD([w], lr=0.01, momentum=0.5),
+            forward=forward,
+            train_set=[{"x": 1.0, "y": 2.0}] * 4,
+            batch_size=2,
+        )
         return job, w
 
     job, w = make()

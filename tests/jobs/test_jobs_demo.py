@@ -70,7 +70,9 @@ def _assert_same_run(
     """Same outcome; the job's ``config`` may differ only in the settings named in ``config``."""
     for key in ("step", "epoch", "position", "initial_val_score", "parameters", "optimizer"):
         assert ckpt[key] == local[key], key
-    assert without([ckpt["job"]], frozenset({"config"})) == without([local["job"]], frozenset({"config"}))
+    assert without([ckpt["job"]], frozenset({"config"})) == without(
+        [local["job"]], frozenset({"config"})
+    )
     assert without([ckpt["job"]["config"]], config) == without([local["job"]["config"]], config)
     assert without(ckpt["history"], NOT_COMPARABLE) == without(local["history"], NOT_COMPARABLE)
 
@@ -111,9 +113,13 @@ def test_demo_without_arguments(tmp_path: Path) -> None:
     proc = run_cli("demo", timeout_s=120)
     assert proc.returncode == 0, describe(proc)
     out = proc.stdout
-    assert "Model: SIMULATED (offline, scripted replies, not a language model; 100 ms per call)" in out
+    assert (
+        "Model: SIMULATED (offline, scripted replies, not a language model; 100 ms per call)" in out
+    )
     assert "executor: in-process" in out
-    progress = [line for line in out.splitlines() if line.startswith("demo-prompt-optimization: step ")]
+    progress = [
+        line for line in out.splitlines() if line.startswith("demo-prompt-optimization: step ")
+    ]
     assert len(progress) == 6 and "tokens" in progress[-1] and "acc 1.00" in progress[-1]
     _check_table(out)
     assert (
@@ -212,7 +218,9 @@ def test_demo_against_an_openai_compatible_endpoint(
 
 def test_demo_resume_with_other_settings_exits_2(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    first = run_cli("demo", "--no-progress", "--latency-ms", "1", "--epochs", "1", "--out", str(out))
+    first = run_cli(
+        "demo", "--no-progress", "--latency-ms", "1", "--epochs", "1", "--out", str(out)
+    )
     assert first.returncode == 0, describe(first)
     again = run_cli(
         "demo", "--no-progress", "--latency-ms", "1", "--epochs", "2", "--out", str(out), "--resume"
@@ -230,7 +238,9 @@ def test_demo_resume_with_other_settings_exits_2(tmp_path: Path) -> None:
 # --- Ctrl-C, kill -9, and errors -----------------------------------------------------------
 
 
-def _wait_for_step(out: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 90) -> None:
+def _wait_for_step(
+    out: Path, step: int, proc: subprocess.Popen[str], timeout_s: float = 90
+) -> None:
     """Until ``out/checkpoint.json`` records ``step`` completed steps (or more)."""
     deadline = time.monotonic() + timeout_s
     path = out / "checkpoint.json"
@@ -274,8 +284,10 @@ def test_ctrl_c_of_the_demo_keeps_its_checkpoint_and_resume_finishes_it(
     stdout, stderr = (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
     assert code == 130, f"{code}\n{stdout}\n{stderr}"
     assert "Traceback" not in stderr, stderr
-    assert "interrupted: the last completed step is checkpointed; resume with the same command " \
-           "plus --resume" in stdout
+    assert (
+        "interrupted: the last completed step is checkpointed; resume with the same command "
+        "plus --resume" in stdout
+    )
     ckpt = read_json(out / "checkpoint.json")
     done = ckpt["step"]
     assert 1 <= done < 6 and f"steps: {done} " in stdout
@@ -309,7 +321,9 @@ def _descendants(pid: int) -> dict[int, str]:
     while todo:
         for child in children.get(todo.pop(), []):
             try:
-                found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found[child] = (
+                    Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
             except OSError:
                 continue
             todo.append(child)
@@ -334,7 +348,9 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path) -> None:
     for pid, session in direct.items():  # own sessions: a terminal's Ctrl-C does not reach them
         assert session == pid != own_session, (pid, fleet[pid])
     deadline = time.monotonic() + 30
-    while (left := [pid for pid in fleet if _process(pid) is not None]) and time.monotonic() < deadline:
+    while (
+        left := [pid for pid in fleet if _process(pid) is not None]
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, {pid: fleet[pid] for pid in left}
 
@@ -342,7 +358,9 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path) -> None:
 def test_ctrl_c_while_the_fleet_starts_stops_it_cleanly(tmp_path: Path) -> None:
     queue = f"ag-demo-start-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
-    with _demo_process("--workers", "2", "--queue", queue, "--out", str(out), logs=tmp_path) as proc:
+    with _demo_process(
+        "--workers", "2", "--queue", queue, "--out", str(out), logs=tmp_path
+    ) as proc:
         deadline = time.monotonic() + 60
         while not (fleet := _descendants(proc.pid)) or not any(queue in c for c in fleet.values()):
             assert proc.poll() is None and time.monotonic() < deadline, "the fleet did not start"
@@ -354,7 +372,9 @@ def test_ctrl_c_while_the_fleet_starts_stops_it_cleanly(tmp_path: Path) -> None:
     assert code == 130, f"{code}\n{(tmp_path / 'stdout').read_text()}\n{stderr}"
     assert "Traceback" not in stderr, stderr
     deadline = time.monotonic() + 30
-    while (left := [pid for pid in fleet if _process(pid) is not None]) and time.monotonic() < deadline:
+    while (
+        left := [pid for pid in fleet if _process(pid) is not None]
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, {pid: fleet[pid] for pid in left}
 
@@ -375,16 +395,26 @@ def _demo_main(*args: str) -> int:
         (["--latency-ms", "-5"], "argument --latency-ms: must be a finite number >= 0"),
         (["--workers", "-1"], "argument --workers: must be >= 0, got -1"),
         (["--resume"], "error: --resume needs --out DIR"),
-        (["--workers", "2", "--redis", "redis://127.0.0.1:6379/0"],
-         "argument --redis: not allowed with argument --workers"),
+        (
+            ["--workers", "2", "--redis", "redis://127.0.0.1:6379/0"],
+            "argument --redis: not allowed with argument --workers",
+        ),
         (["--base-url", "http://127.0.0.1:9/v1"], "error: --base-url is for a real model"),
         (["--model", "gpt-4o"], "error: --model must be 'demo' or openai:MODEL"),
         (["--out", "x", "--resume", "--overwrite"], "not allowed with argument"),
         (["--redis", "redis://127.0.0.1:6379/0", "--queue", "a/b"], "error: queue name must be"),
     ],
-    ids=["epochs-0", "negative-latency", "negative-workers", "resume-without-out",
-         "workers-and-redis", "base-url-with-simulated-model", "unknown-model",
-         "resume-and-overwrite", "bad-queue"],
+    ids=[
+        "epochs-0",
+        "negative-latency",
+        "negative-workers",
+        "resume-without-out",
+        "workers-and-redis",
+        "base-url-with-simulated-model",
+        "unknown-model",
+        "resume-and-overwrite",
+        "bad-queue",
+    ],
 )
 def test_demo_usage_errors_exit_2(
     capsys: pytest.CaptureFixture[str], args: list[str], words: str
@@ -404,8 +434,12 @@ def test_demo_refuses_to_overwrite_a_checkpoint_unless_asked(
     assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)) == 2
     assert "already holds a checkpoint" in capsys.readouterr().err
     assert (out / "checkpoint.json").read_text() == "{}"
-    assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out),
-                      "--overwrite") == 0
+    assert (
+        _demo_main(
+            "--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out), "--overwrite"
+        )
+        == 0
+    )
     assert read_json(out / "checkpoint.json")["step"] == 3
 
 

@@ -38,8 +38,9 @@ def test_a_fleet_on_an_existing_redis_leaves_other_workers_entries(redis_url: st
         now_s, _ = client.time()
         # Another machine's worker (alive for a minute) and one that died 10 s ago (workers
         # sweep entries a minute past their expiry; this one stays, and is not alive).
-        client.hset(workers, mapping={"elsewhere-1": (now_s + 60) * 1000,
-                                      "gone-2": (now_s - 10) * 1000})
+        client.hset(
+            workers, mapping={"elsewhere-1": (now_s + 60) * 1000, "gone-2": (now_s - 10) * 1000}
+        )
         assert anyio.run(live_workers, redis_url, queue) == 1
         with local_fleet(1, ["asyncgraph.text"], redis_url=redis_url, queue=queue):
             # Started means: its own worker announced itself (the live entry did not count).

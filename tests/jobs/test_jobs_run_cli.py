@@ -56,7 +56,13 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
     (prompt,) = ckpt["parameters"]
     assert prompt["role"] == "system prompt of the ticket router"
     assert prompt["data"].startswith("You route customer support tickets to the right team.")
-    for rule in ("one lowercase label only", "are billing", "are bug", "are account", "are feature"):
+    for rule in (
+        "one lowercase label only",
+        "are billing",
+        "are bug",
+        "are account",
+        "are feature",
+    ):
         assert rule in prompt["data"]
     assert ckpt["optimizer"]["param_groups"][0]["momentum"] == 2
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
@@ -82,8 +88,14 @@ def _run_on_a_terminal(
     env = {**FAST, "COLUMNS": str(columns), "TERM": "xterm-256color"}
     with contextlib.ExitStack() as files:
         out: Any = files.enter_context(stdout.open("w")) if stdout is not None else slave
-        proc = subprocess.Popen([sys.executable, "-m", "asyncgraph", *args], cwd=REPO, env=env,
-                                stdin=slave, stdout=out, stderr=slave)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncgraph", *args],
+            cwd=REPO,
+            env=env,
+            stdin=slave,
+            stdout=out,
+            stderr=slave,
+        )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout_s
@@ -110,7 +122,9 @@ def _run_on_a_terminal(
 
 
 @pytest.mark.parametrize(
-    ("columns", "stdout_to_a_file"), [(80, False), (160, True)], ids=["80-columns", "stdout-to-a-file"]
+    ("columns", "stdout_to_a_file"),
+    [(80, False), (160, True)],
+    ids=["80-columns", "stdout-to-a-file"],
 )
 def test_run_shows_a_rich_progress_bar_on_a_terminal(
     tmp_path: Path, columns: int, stdout_to_a_file: bool
@@ -222,7 +236,9 @@ def test_rerunning_into_a_checkpoint_needs_resume_or_overwrite(
 
 
 def test_without_matplotlib_the_summary_does_not_claim_a_plot(
-    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    fast_example: str,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
@@ -251,7 +267,9 @@ def test_resume_from_a_checkpoint_with_a_damaged_history_row_exits_2(
 
 
 def test_an_asyncgraph_error_in_the_job_is_one_line(
-    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    fast_example: str,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # build_job() fails with UnknownModelError (resolve_model of an unknown spec).
@@ -346,8 +364,18 @@ def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
     os.environ["ASYNCGRAPH_DEMO_LATENCY_MS"] = "5"  # the workers' "demo" model
     try:
         with local_fleet(2, WORKER_IMPORTS, redis_url=redis_url, queue=queue):
-            remote = run_cli("run", job_file, "--redis", redis_url, "--queue", queue,
-                             "--out", str(tmp_path / "remote"), "--no-progress", env=env)
+            remote = run_cli(
+                "run",
+                job_file,
+                "--redis",
+                redis_url,
+                "--queue",
+                queue,
+                "--out",
+                str(tmp_path / "remote"),
+                "--no-progress",
+                env=env,
+            )
     finally:
         if saved is None:
             os.environ.pop("ASYNCGRAPH_DEMO_LATENCY_MS", None)
@@ -355,8 +383,9 @@ def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
             os.environ["ASYNCGRAPH_DEMO_LATENCY_MS"] = saved
     assert remote.returncode == 0, describe(remote)
     assert "finished after 3 step(s)" in remote.stdout
-    want, got = read_json(tmp_path / "local" / "checkpoint.json"), read_json(
-        tmp_path / "remote" / "checkpoint.json"
+    want, got = (
+        read_json(tmp_path / "local" / "checkpoint.json"),
+        read_json(tmp_path / "remote" / "checkpoint.json"),
     )
     for key in ("step", "job", "initial_val_score", "parameters", "optimizer"):
         assert got[key] == want[key], key

@@ -218,7 +218,9 @@ async def test_a_forward_that_returns_no_evaluation_is_named(tmp_path: Path) -> 
     async def forward(example: Mapping[str, Any]) -> Any:
         return 0.5
 
-    job = Job(name="bad", parameters=[], optimizer=LineFit().optimizer, forward=forward, train_set=TRAIN)
+    job = Job(
+        name="bad", parameters=[], optimizer=LineFit().optimizer, forward=forward, train_set=TRAIN
+    )
     with pytest.raises((TypeError, ExceptionGroup)) as info:
         await run_job(job, tmp_path, progress=False)
     errors = [info.value]
@@ -275,8 +277,16 @@ async def test_a_batch_gradient_is_summed_in_batch_order_whatever_runs_first(
         answer = Answer.apply(prompt, example["name"])
         return Evaluation(loss=answer, score=0.0)
 
-    job = Job(name="order", parameters=[prompt], optimizer=optimizer, forward=forward,
-              train_set=examples, batch_size=6, epochs=2, max_concurrency=4)
+    job = Job(
+        name="order",
+        parameters=[prompt],
+        optimizer=optimizer,
+        forward=forward,
+        train_set=examples,
+        batch_size=6,
+        epochs=2,
+        max_concurrency=4,
+    )
     await run_job(job, tmp_path, progress=False)
     assert optimizer.seen == [
         [f"feedback from example {ex['name']}" for ex in job.batch(step)]
@@ -301,8 +311,14 @@ def test_job_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="job 'empty' has an empty train_set"):
         Job(name="empty", parameters=[], optimizer=fit.optimizer, forward=fit.forward, train_set=[])
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
-        Job(name="j", parameters=[], optimizer=fit.optimizer, forward=fit.forward, train_set=TRAIN,
-            batch_size=0)
+        Job(
+            name="j",
+            parameters=[],
+            optimizer=fit.optimizer,
+            forward=fit.forward,
+            train_set=TRAIN,
+            batch_size=0,
+        )
 
 
 def test_batches_cover_every_example_once_per_epoch_in_a_seeded_order() -> None:
@@ -340,12 +356,20 @@ def test_config_is_part_of_the_identity_as_it_reads_back_from_json() -> None:
     assert identity["config"] == {"model": "m", "sizes": [1, 2], "nested": {"b": None}}
     assert json.loads(json.dumps(identity)) == identity  # compares equal after a checkpoint
     bad_configs: list[Any] = [
-        {"f": object()}, {"x": float("nan")}, {"x": [1, {2: 3}], 4: "mixed keys"},
+        {"f": object()},
+        {"x": float("nan")},
+        {"x": [1, {2: 3}], 4: "mixed keys"},
     ]
     for bad in bad_configs:
         with pytest.raises(ValueError, match="config must be JSON"):
-            Job(name="j", parameters=[], optimizer=fit.optimizer, forward=fit.forward,
-                train_set=TRAIN, config=bad)
+            Job(
+                name="j",
+                parameters=[],
+                optimizer=fit.optimizer,
+                forward=fit.forward,
+                train_set=TRAIN,
+                config=bad,
+            )
 
 
 async def test_resume_with_another_config_or_optimizer_is_refused(tmp_path: Path) -> None:
@@ -366,8 +390,10 @@ async def test_resume_with_another_config_or_optimizer_is_refused(tmp_path: Path
 def test_train_loss_is_the_mean_of_numeric_losses_else_one_minus_the_score() -> None:
     numbers = [Evaluation(loss=Variable(v), score=1.0) for v in (0.5, 1.5, 4)]
     assert train_loss(numbers, 1.0) == 2.0
-    texts = [Evaluation(loss=Variable("wrong: say X"), score=0.0),
-             Evaluation(loss=Variable(0.5), score=1.0)]
+    texts = [
+        Evaluation(loss=Variable("wrong: say X"), score=0.0),
+        Evaluation(loss=Variable(0.5), score=1.0),
+    ]
     assert train_loss(texts, 0.5) == 0.5  # not all numbers: 1 - score
     flags = [Evaluation(loss=Variable(True), score=1.0)]
     assert train_loss(flags, 1.0) == 0.0  # bool is not a loss value

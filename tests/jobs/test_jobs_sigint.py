@@ -99,10 +99,20 @@ def _interrupt_mid_step(
 
 @pytest.mark.parametrize(
     ("phase", "step", "sigints"),
-    [("forward", 2, 1), ("backward", 7, 1), ("optimizer", 3, 1), ("validation", 0, 1),
-     ("backward", 4, 2)],
-    ids=["during-forward", "during-backward", "during-optimizer-step",
-         "during-the-initial-validation", "twice-during-backward"],
+    [
+        ("forward", 2, 1),
+        ("backward", 7, 1),
+        ("optimizer", 3, 1),
+        ("validation", 0, 1),
+        ("backward", 4, 2),
+    ],
+    ids=[
+        "during-forward",
+        "during-backward",
+        "during-optimizer-step",
+        "during-the-initial-validation",
+        "twice-during-backward",
+    ],
 )
 def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
     tmp_path: Path, reference: dict[str, Any], phase: str, step: int, sigints: int

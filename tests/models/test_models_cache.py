@@ -199,10 +199,16 @@ async def test_default_params_are_part_of_the_cache_key(server: OpenAITestServer
 
 async def test_per_call_params_override_defaults_in_the_key(server: OpenAITestServer) -> None:
     cache = MemoryCache()
-    async with OpenAIChat(
-        "test-model", base_url=server.url, api_key="k", cache=cache,
-        default_params={"temperature": 1.0},
-    ) as a, OpenAIChat("test-model", base_url=server.url, api_key="k", cache=cache) as b:
+    async with (
+        OpenAIChat(
+            "test-model",
+            base_url=server.url,
+            api_key="k",
+            cache=cache,
+            default_params={"temperature": 1.0},
+        ) as a,
+        OpenAIChat("test-model", base_url=server.url, api_key="k", cache=cache) as b,
+    ):
         await a.complete(HELLO, temperature=0.0)
         # Both send {"temperature": 0.0}: the same request, one answer.
         assert (await b.complete(HELLO, temperature=0.0)).cached

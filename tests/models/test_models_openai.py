@@ -229,9 +229,7 @@ async def test_408_is_retried_and_409_is_not(server: OpenAITestServer, fast_retr
 
 
 async def test_retry_after_as_an_http_date_is_honoured(server: OpenAITestServer) -> None:
-    in_an_hour = email.utils.format_datetime(
-        datetime.now(UTC) + timedelta(hours=1), usegmt=True
-    )
+    in_an_hour = email.utils.format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
     server.script(Reply(status=429, headers={"Retry-After": in_an_hour}))
     # The backoff alone would wait ~1 ms; the date asks for an hour, capped at 0.2 s.
     retry = Retry(backoff_base_s=0.001, retry_after_max_s=0.2, retry_after_jitter=0)

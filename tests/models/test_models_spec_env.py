@@ -61,7 +61,11 @@ def test_explicit_options_win_over_the_environment(clean_env: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     ("setting", "kind"),
-    [("memory", MemoryCache), ("disk:{tmp}/cache", DiskCache), ("redis://127.0.0.1:1/0", RedisCache)],
+    [
+        ("memory", MemoryCache),
+        ("disk:{tmp}/cache", DiskCache),
+        ("redis://127.0.0.1:1/0", RedisCache),
+    ],
 )
 def test_cache_forms(
     clean_env: pytest.MonkeyPatch, tmp_path: Path, setting: str, kind: type

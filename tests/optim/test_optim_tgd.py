@@ -101,7 +101,13 @@ async def test_all_parameters_are_updated_concurrently() -> None:
 
 
 async def test_reply_without_tags_is_retried_with_a_correction() -> None:
-    replies = iter(["I think it is fine.", "<IMPROVED_VARIABLE></IMPROVED_VARIABLE>", "<IMPROVED_VARIABLE>new</IMPROVED_VARIABLE>"])
+    replies = iter(
+        [
+            "I think it is fine.",
+            "<IMPROVED_VARIABLE></IMPROVED_VARIABLE>",
+            "<IMPROVED_VARIABLE>new</IMPROVED_VARIABLE>",
+        ]
+    )
     script = Script(lambda messages: next(replies))
     p = _param("old", "system prompt", "fb")
     await TGD([p], model=script.model, max_retries=2).step()
@@ -317,7 +323,9 @@ async def test_memory_in_the_update_prompt_is_cut_to_the_budget() -> None:
     tgd = TGD([p], model=script.model, momentum=1, max_feedback_tokens=100)
     long_past = {"value": "v" * 2000, "feedback": "f" * 2000}  # e.g. from an older checkpoint
     group = {"constraints": [], "momentum": 1, "max_feedback_tokens": 100, "params": [0]}
-    tgd.load_state_dict({"state": {"0": {"step": 1, "history": [long_past]}}, "param_groups": [group]})
+    tgd.load_state_dict(
+        {"state": {"0": {"step": 1, "history": [long_past]}}, "param_groups": [group]}
+    )
     await tgd.step()
     prompt = script.contents()[-1]
     past_value = re.search(r"<PAST_VALUE>(.*?)</PAST_VALUE>", prompt, re.DOTALL)
@@ -352,7 +360,11 @@ async def test_state_dict_is_json_and_restores_memory() -> None:
     script = Script()
     a = _param("a", "first", "fa")
     b = _param("b", "second", "fb")
-    tgd = TGD([{"params": [a], "constraints": ["Short."]}, {"params": [b]}], model=script.model, momentum=1)
+    tgd = TGD(
+        [{"params": [a], "constraints": ["Short."]}, {"params": [b]}],
+        model=script.model,
+        momentum=1,
+    )
     await tgd.step()
     saved = tgd.state_dict()
     assert json.loads(json.dumps(saved)) == saved  # exact JSON round trip, for checkpoints

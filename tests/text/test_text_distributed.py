@@ -42,9 +42,7 @@ async def test_remote_backward_equals_local_backward(redis_url: str) -> None:
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             await tg.start(worker.serve)
-            async with open_redis_executor(
-                redis_url, queue="text-tests", timeout_s=20
-            ) as executor:
+            async with open_redis_executor(redis_url, queue="text-tests", timeout_s=20) as executor:
                 await total.backward(executor=executor)
                 assert executor.stats.submitted == 6  # 3 judges + 3 answers; concat stays local
             worker.drain()

@@ -15,9 +15,7 @@ def test_single_entry_renders_as_is() -> None:
 
 def test_several_entries_are_numbered_in_order_and_separated() -> None:
     text = render_feedback(Variable(["first point", "second point"]))
-    assert text == (
-        "--- feedback 1 of 2 ---\nfirst point\n\n--- feedback 2 of 2 ---\nsecond point"
-    )
+    assert text == ("--- feedback 1 of 2 ---\nfirst point\n\n--- feedback 2 of 2 ---\nsecond point")
 
 
 def test_empty_feedback_renders_as_empty_text() -> None:

@@ -46,7 +46,9 @@ async def test_llm_call_sends_system_prompt_and_inputs(recorder: Recorder) -> No
 
 
 async def test_llm_call_without_system_prompt_and_with_params(recorder: Recorder) -> None:
-    answer = await LLMCall.apply(None, "hi", model=recorder.model, params={"temperature": 0}, role="greeting")
+    answer = await LLMCall.apply(
+        None, "hi", model=recorder.model, params={"temperature": 0}, role="greeting"
+    )
     assert recorder.requests[0] == [{"role": "user", "content": "hi"}]
     assert answer.role == "greeting"
     assert not answer.requires_grad  # no input requires grad: nothing recorded
@@ -122,17 +124,23 @@ async def test_formatted_call_fills_template_and_gives_fields_feedback(recorder:
     )
     assert recorder.requests[0][1]["content"] == "Q: 2 + 2?\nNotes: Use base 10."
     await out.backward("wrong base")
-    assert instructions.grad is not None and instructions.grad.data == "fix the instructions for the answer"
+    assert (
+        instructions.grad is not None
+        and instructions.grad.data == "fix the instructions for the answer"
+    )
     # A field without a role is named by its field name.
-    assert notes.grad is not None and notes.grad.data == "fix the 'notes' field of the prompt for the answer"
+    assert (
+        notes.grad is not None
+        and notes.grad.data == "fix the 'notes' field of the prompt for the answer"
+    )
 
 
-async def test_formatted_call_with_system_prompt_by_keyword_maps_gradients(recorder: Recorder) -> None:
+async def test_formatted_call_with_system_prompt_by_keyword_maps_gradients(
+    recorder: Recorder,
+) -> None:
     system = Parameter("sys", role="system prompt")
     field = Parameter("v", role="value")
-    out = await FormattedLLMCall.apply(
-        "{x}", model=recorder.model, x=field, system_prompt=system
-    )
+    out = await FormattedLLMCall.apply("{x}", model=recorder.model, x=field, system_prompt=system)
     await out.backward("fb")
     assert system.grad is not None and system.grad.data.startswith("fix the system prompt")
     assert field.grad is not None and field.grad.data.startswith("fix the value")
@@ -195,7 +203,9 @@ async def test_concat_hands_feedback_on_unchanged_once_per_variable() -> None:
 
 async def test_concat_backward_makes_no_model_call(recorder: Recorder) -> None:
     prompt = Parameter("p", role="system prompt")
-    losses = [await llm_call(prompt, f"q{i}", model=recorder.model, role=f"loss {i}") for i in range(3)]
+    losses = [
+        await llm_call(prompt, f"q{i}", model=recorder.model, role=f"loss {i}") for i in range(3)
+    ]
     before = len(recorder.requests)
     total = concat(*losses)
     await total.backward()
@@ -216,7 +226,9 @@ def test_exact_match_is_a_non_differentiable_metric() -> None:
 
 async def test_metric_runs_sync_and_async_user_functions() -> None:
     answer = Parameter("the answer is 42", role="answer")
-    score = await Metric.apply(lambda text, target: float(target in text), answer, "42", role="contains")
+    score = await Metric.apply(
+        lambda text, target: float(target in text), answer, "42", role="contains"
+    )
     assert score.data == 1.0 and score.role == "contains" and not score.requires_grad
 
     async def length(text: str) -> int:
@@ -255,7 +267,9 @@ def test_subclasses_get_their_own_remote_name() -> None:
 
     assert LLMCall.remote_name == "asyncgraph.text.LLMCall"
     assert LocalLLMCall.remote_name is not None
-    assert LocalLLMCall.remote_name.endswith(":test_subclasses_get_their_own_remote_name.<locals>.LocalLLMCall")
+    assert LocalLLMCall.remote_name.endswith(
+        ":test_subclasses_get_their_own_remote_name.<locals>.LocalLLMCall"
+    )
     assert LocalLLMCall.dispatch == "local"
 
 

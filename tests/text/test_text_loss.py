@@ -101,9 +101,14 @@ async def test_pipeline_and_judge_against_the_openai_protocol_server() -> None:
                 bodies = [r.body for r in server.requests]
                 assert [r.status for r in server.requests] == [200] * 4
                 assert all(b["model"] == "test-model" for b in bodies)
-                feedback_bodies = [b for b in bodies if "<VARIABLE>" in b["messages"][-1]["content"]]
+                feedback_bodies = [
+                    b for b in bodies if "<VARIABLE>" in b["messages"][-1]["content"]
+                ]
                 assert "<ROLE>the answer</ROLE>" in feedback_bodies[0]["messages"][-1]["content"]
-                assert "<ROLE>the system prompt</ROLE>" in feedback_bodies[1]["messages"][-1]["content"]
+                assert (
+                    "<ROLE>the system prompt</ROLE>"
+                    in feedback_bodies[1]["messages"][-1]["content"]
+                )
                 assert (
                     "Incorrect: the answer does not state 4."
                     in feedback_bodies[0]["messages"][-1]["content"]

@@ -43,7 +43,9 @@ async def test_shared_parameter_gets_each_paths_feedback_once_in_graph_order() -
 
     # Each stage's output feedback is the next stage's feedback on its input.
     requests = recorder.feedback_requests()
-    assert len(requests) == 6  # loss->final, final->{prompt, refined}, refined->{prompt, draft}, draft->prompt
+    assert (
+        len(requests) == 6
+    )  # loss->final, final->{prompt, refined}, refined->{prompt, draft}, draft->prompt
     draft_request = next(r for r in requests if "The output of this call is the draft answer." in r)
     assert (
         "<OUTPUT_FEEDBACK>\nfix the draft answer for the refined answer\n</OUTPUT_FEEDBACK>"

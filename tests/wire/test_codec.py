@@ -11,18 +11,34 @@ from asyncgraph.wire._codec import EXT_NDARRAY, Limits, check_packable, pack, un
 
 
 def test_round_trip_keeps_types_exactly() -> None:
-    value = {"s": "é", "i": -(2**63), "u": 2**64 - 1, "f": 0.1, "b": True, "n": None,
-             "bytes": b"\x00\xff", "l": [1, [2.5]], "t": (1, ("x", [2])), "d": {"k": (3,)}}
+    value = {
+        "s": "é",
+        "i": -(2**63),
+        "u": 2**64 - 1,
+        "f": 0.1,
+        "b": True,
+        "n": None,
+        "bytes": b"\x00\xff",
+        "l": [1, [2.5]],
+        "t": (1, ("x", [2])),
+        "d": {"k": (3,)},
+    }
     assert unpack(pack(value)) == value
     assert type(unpack(pack((1, 2)))) is tuple
 
 
 @pytest.mark.parametrize(
     "arr",
-    [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([True, False]),
-     np.arange(4, dtype=">i8"), np.zeros((0, 3), dtype=np.complex128), np.array(2.5),
-     np.array(7, dtype=">u2"), np.arange(12, dtype=">f8").reshape(3, 4).T,
-     np.arange(3, dtype="<c8")],
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array([True, False]),
+        np.arange(4, dtype=">i8"),
+        np.zeros((0, 3), dtype=np.complex128),
+        np.array(2.5),
+        np.array(7, dtype=">u2"),
+        np.arange(12, dtype=">f8").reshape(3, 4).T,
+        np.arange(3, dtype="<c8"),
+    ],
     ids=["2d", "bool", "big-endian", "empty", "0-d", "0-d big-endian", "transposed", "complex"],
 )
 def test_numpy_arrays_keep_shape_dtype_and_bytes(arr: np.ndarray) -> None:
@@ -106,10 +122,15 @@ def test_depth_and_keys_are_checked_through_maps_tuples_and_lists() -> None:
         unpack(at_limit, Limits(max_depth=3))
     # A bad key below a tuple (extension) and below map values, not only at the top.
     for bad in ([({1.5: 0},)], {"x": {"y": [{b"k": 1}]}}):
-        data = msgpack.packb(bad, use_bin_type=True, strict_types=True, default=lambda t: msgpack.ExtType(
-            1, msgpack.packb(list(t), use_bin_type=True)))
+        data = msgpack.packb(
+            bad,
+            use_bin_type=True,
+            strict_types=True,
+            default=lambda t: msgpack.ExtType(1, msgpack.packb(list(t), use_bin_type=True)),
+        )
         with pytest.raises(WireError, match="keys must be str or int"):
             unpack(data)
     # Lists of plain values at the deepest allowed level cost no walk of their items.
     assert unpack(pack({"p": [list(range(1000))]}), Limits(max_depth=3)) == {
-        "p": [list(range(1000))]}
+        "p": [list(range(1000))]
+    }

@@ -59,7 +59,9 @@ def test_ctx_state_round_trip() -> None:
     assert back.needs_input_grad == (True, False)
 
 
-@pytest.mark.parametrize("name", ["_saved", "save_for_backward", "needs_input_grad", "1x", "__class__"])
+@pytest.mark.parametrize(
+    "name", ["_saved", "save_for_backward", "needs_input_grad", "1x", "__class__"]
+)
 def test_reserved_ctx_attribute_names_are_refused(name: str) -> None:
     state = {"saved": [], "needs": [], "attrs": {name: 1}}
     with pytest.raises(WireError, match="not allowed"):

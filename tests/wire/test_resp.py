@@ -23,8 +23,15 @@ async def test_commands_pipelines_and_errors(redis_url: str) -> None:
         big = b"\x00\r\n" * 200_000
         assert await pool.execute("SET", "k", big) == b"OK"
         assert await pool.execute("GET", "k") == big
-        replies = await pool.pipeline([["INCR", "n"], ["INCRBYFLOAT", "f", 0.5], ["NOPE"],
-                                       ["GET", "missing"], ["XRANGE", "s", "-", "+"]])
+        replies = await pool.pipeline(
+            [
+                ["INCR", "n"],
+                ["INCRBYFLOAT", "f", 0.5],
+                ["NOPE"],
+                ["GET", "missing"],
+                ["XRANGE", "s", "-", "+"],
+            ]
+        )
         assert replies[:2] == [1, b"0.5"]
         assert isinstance(replies[2], ReplyError) and replies[2].code == "ERR"
         assert replies[3:] == [None, []]
@@ -55,14 +62,17 @@ async def test_bulk_over_the_cap_is_skipped_unread_and_the_connection_stays_usab
     conn._stream.receive = watched  # type: ignore[method-assign]
     try:
         (entries,) = await conn.pipeline([["XRANGE", "cap:s", "-", "+"]], max_bulk=10_000)
-        assert [e[1] for e in entries] == [[b"m", b"small", b"s", b""],
-                                            [b"m", Oversize(3_000_000), b"s", b"sig"],
-                                            [b"m", b"after", b"s", b""]]
+        assert [e[1] for e in entries] == [
+            [b"m", b"small", b"s", b""],
+            [b"m", Oversize(3_000_000), b"s", b"sig"],
+            [b"m", b"after", b"s", b""],
+        ]
         assert peak < 1_000_000  # never buffered the 3 MB value
         # The skipped bytes were consumed: the next replies on this connection are intact,
         # also when the oversize bulk ends a reply.
-        (value,) = await conn.pipeline([["XRANGE", "cap:s", entries[1][0], entries[1][0]]],
-                                       max_bulk=10_000)
+        (value,) = await conn.pipeline(
+            [["XRANGE", "cap:s", entries[1][0], entries[1][0]]], max_bulk=10_000
+        )
         assert value[0][1][1] == Oversize(3_000_000)
         assert await conn.execute("PING") == b"PONG"
         assert await conn.execute("XLEN", "cap:s") == 3
@@ -109,8 +119,9 @@ async def test_acl_user_and_password_from_the_url(redis_url: str) -> None:
         pool = Pool(parse_redis_url(url), timeout_s=2)
         assert await pool.execute("ACL", "WHOAMI") == b"agtest"
         await pool.aclose()
-        wrong = Pool(parse_redis_url(redis_url.replace("redis://", "redis://agtest:nope@")),
-                     timeout_s=2)
+        wrong = Pool(
+            parse_redis_url(redis_url.replace("redis://", "redis://agtest:nope@")), timeout_s=2
+        )
         with pytest.raises(ReplyError, match="WRONGPASS"):
             await wrong.execute("PING")
     finally:
@@ -120,7 +131,12 @@ async def test_acl_user_and_password_from_the_url(redis_url: str) -> None:
 
 def test_urls() -> None:
     address = parse_redis_url("rediss://u:secret@example.com:6380/3?ssl_cert_reqs=none")
-    assert (address.host, address.port, address.db, address.username) == ("example.com", 6380, 3, "u")
+    assert (address.host, address.port, address.db, address.username) == (
+        "example.com",
+        6380,
+        3,
+        "u",
+    )
     assert address.ssl_context is not None and "secret" not in address.display
     assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
     with pytest.raises(ValueError):

@@ -26,9 +26,12 @@ TASK = TaskMessage("q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [No
 
 @pytest.mark.parametrize(
     "message",
-    [TASK, ReplyMessage("q", CLIENT, "1f", "w1", [[1.0, "r"]]),
-     ReplyMessage("q", CLIENT, "1f", "w1", error=ErrorInfo("error", "ValueError", "x", "tb")),
-     CancelMessage("q", CLIENT, ("1", "2"))],
+    [
+        TASK,
+        ReplyMessage("q", CLIENT, "1f", "w1", [[1.0, "r"]]),
+        ReplyMessage("q", CLIENT, "1f", "w1", error=ErrorInfo("error", "ValueError", "x", "tb")),
+        CancelMessage("q", CLIENT, ("1", "2")),
+    ],
 )
 def test_messages_round_trip_signed(message: Any) -> None:
     signer = Signer("s" * 16)
