@@ -12,6 +12,7 @@ from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._exceptions import UpdateParseError
 from asyncgraph.optim._optimizer import Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, summary_messages, update_messages
+from asyncgraph.text import current_models, feedback_defaults
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._prompts import describe
@@ -130,8 +131,10 @@ class TGD(Optimizer):
       guard.
 
     ``model``: a ChatModel, a spec or a registered name (see
-    ``asyncgraph.text.resolve_model``; ``base_url`` with a spec).
-    ``model_params``: model parameters for every request (``{"temperature": 0}``).
+    ``asyncgraph.text.resolve_model``; ``base_url`` with a spec); not given: the
+    default feedback model where ``step()`` runs (``asyncgraph.text.use_models``).
+    ``model_params``: model parameters for every request (``{"temperature": 0}``);
+    not given: the default feedback params.
     ``max_retries``: when a reply has no tagged value (or an empty one), the
     reply and a correction are sent back, up to this many extra times; then
     ``UpdateParseError`` names the parameter's role and shows the reply. A
@@ -151,7 +154,7 @@ class TGD(Optimizer):
     def __init__(
         self,
         params: Params,
-        model: ModelLike,
+        model: ModelLike | None = None,
         *,
         base_url: str | None = None,
         constraints: Iterable[str] = (),
@@ -170,7 +173,7 @@ class TGD(Optimizer):
             or not all(isinstance(t, str) and t for t in tags)
         ):
             raise ValueError(f"TGD: tags must be two non-empty strings (open, close), got {tags!r}")
-        if not isinstance(model, str) and not isinstance(model, ChatModel):
+        if model is not None and not isinstance(model, (str, ChatModel)):
             raise TypeError(f"TGD: model must be a ChatModel or a model spec, got {model!r:.80}")
         if isinstance(constraints, str):
             raise TypeError(
@@ -181,7 +184,7 @@ class TGD(Optimizer):
         self.base_url = base_url
         self.max_retries = max_retries
         self.tags = (tags[0], tags[1])
-        self.model_params = dict(model_params or {})
+        self.model_params = None if model_params is None else dict(model_params)
         self.system_prompt = system_prompt
         super().__init__(
             params,
@@ -209,20 +212,24 @@ class TGD(Optimizer):
             )
 
     def _model(self) -> ChatModel:
-        if isinstance(self.model, str):
-            return resolve_model(self.model, self.base_url)
-        return self.model
+        model, base_url = self.model, self.base_url
+        if model is None:  # the default feedback model (see use_models), read at step time
+            model, base_url, _ = feedback_defaults("TGD", None, None)
+        if isinstance(model, str):
+            return resolve_model(model, base_url)
+        return model
 
     async def _ask(
         self, model: ChatModel, messages: list[dict[str, Any]], usable: Callable[[str], bool]
     ) -> str:
         """One request; a reply that is not ``usable`` is kept out of the response cache."""
+        params = self.model_params
+        if params is None:  # the default feedback params (see use_models)
+            params = current_models().for_feedback()[2]
         if isinstance(model, BaseChatModel):
-            completion = await model.complete(
-                messages, cache_if=lambda c: usable(c.text), **self.model_params
-            )
+            completion = await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
         else:
-            completion = await model.complete(messages, **self.model_params)
+            completion = await model.complete(messages, **params)
         return completion.text
 
     async def step(self) -> None:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from asyncgraph.models import SimulatedModel
+from asyncgraph.models import Completion, SimulatedModel
 
 ROLE = re.compile(r"<ROLE>(.*?)</ROLE>", re.DOTALL)
 OUTPUT_ROLE = re.compile(r"The output of this call is (.*?)\.\n")
@@ -48,3 +48,23 @@ class Recorder:
 
     def feedback_requests(self) -> list[str]:
         return [m[-1]["content"] for m in self.requests if is_feedback_request(m)]
+
+
+class NamedModel:
+    """A ChatModel (the protocol, not BaseChatModel) that logs ``(name, params, messages)``.
+
+    Replies like ``path_responder``, prefixed with the model's name, so a test can tell
+    which model answered each request and with which params; to an optimizer's update
+    request, ``<IMPROVED_VARIABLE>edited by NAME</IMPROVED_VARIABLE>``.
+    """
+
+    def __init__(self, name: str, log: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]):
+        self.name = name
+        self.log = log
+
+    async def complete(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
+        self.log.append((self.name, dict(params), messages))
+        if "IMPROVED_VARIABLE" in messages[-1]["content"]:
+            text = f"<IMPROVED_VARIABLE>edited by {self.name}</IMPROVED_VARIABLE>"
+            return Completion(text, model=self.name)
+        return Completion(f"{self.name}: {path_responder(messages)}", model=self.name)
