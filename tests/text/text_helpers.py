@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
+
+from asyncgraph._arith import Add
+from asyncgraph.executors import RedisExecutor, open_redis_executor
 from asyncgraph.models import Completion, SimulatedModel
+from asyncgraph.text import DeterministicEvaluator
+from asyncgraph.worker import Worker, WorkerConfig, build_registry
 
 ROLE = re.compile(r"<ROLE>(.*?)</ROLE>", re.DOTALL)
 OUTPUT_ROLE = re.compile(r"The output of this call is (.*?)\.\n")
@@ -68,3 +75,30 @@ class NamedModel:
             text = f"<IMPROVED_VARIABLE>edited by {self.name}</IMPROVED_VARIABLE>"
             return Completion(text, model=self.name)
         return Completion(f"{self.name}: {path_responder(messages)}", model=self.name)
+
+
+# --- Remote variants of Functions that default to dispatch = "local" --------------------
+# A worker serving ``--import text_helpers`` (``build_registry(["text_helpers"])``) runs
+# their backward, which shows that their ctx is plain data that crosses the wire.
+
+
+class RemoteEvaluator(DeterministicEvaluator):
+    dispatch = "remote"
+
+
+class RemoteAdd(Add):
+    dispatch = "remote"
+
+
+@asynccontextmanager
+async def remote_executor(
+    redis_url: str, queue: str, modules: list[str]
+) -> AsyncIterator[RedisExecutor]:
+    """A worker serving ``modules`` in this process, and an executor sending to it."""
+    worker = Worker(WorkerConfig(redis_url, queue=queue, lease_ms=1000), build_registry(modules))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.serve)
+            async with open_redis_executor(redis_url, queue=queue, timeout_s=20) as executor:
+                yield executor
+            worker.drain()
