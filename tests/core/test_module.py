@@ -259,3 +259,11 @@ async def test_await_module_runs_forward() -> None:
     assert await Sync()(1) == 2
     with pytest.raises(NotImplementedError, match="Module must define forward"):
         await Module()()
+
+
+@pytest.mark.parametrize("name", ["IncompatibleKeys", "Module"])
+def test_module_names_are_exported_and_documented(name: str) -> None:
+    import asyncgraph
+
+    assert name in asyncgraph.__all__
+    assert getattr(getattr(asyncgraph, name), "__doc__", None)
