@@ -170,6 +170,19 @@ class Variable:
             listeners=listeners,
         )
 
+    def __add__(self, other: Any) -> Variable:
+        """``a + b``: numbers add, texts concatenate, differentiably (see ``asyncgraph._arith``)."""
+        from ._arith import Add
+
+        out: Variable = Add.apply(self, other)
+        return out
+
+    def __radd__(self, other: Any) -> Variable:
+        from ._arith import Add
+
+        out: Variable = Add.apply(other, self)
+        return out
+
     def __repr__(self) -> str:
         parts = [repr(self.data) if len(repr(self.data)) <= 60 else repr(self.data)[:57] + "..."]
         if self.role:

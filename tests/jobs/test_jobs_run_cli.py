@@ -53,9 +53,10 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
     assert ckpt["initial_val_score"] == 0.0 and history[-1]["val_score"] == 1.0
     assert all(h["tokens"] > 0 for h in history)  # the job reports its model's usage
     assert [h["tokens"] for h in history] == sorted(h["tokens"] for h in history)
-    (prompt,) = ckpt["parameters"]
-    assert prompt["role"] == "system prompt of the ticket router"
-    assert prompt["data"].startswith("You route customer support tickets to the right team.")
+    # The job's TicketRouter Module: its parameters' names and roles, and its state_dict.
+    assert ckpt["parameters"] == [{"name": "prompt", "role": "system prompt of the ticket router"}]
+    prompt = ckpt["module"]["prompt"]
+    assert prompt.startswith("You route customer support tickets to the right team.")
     for rule in (
         "one lowercase label only",
         "are billing",
@@ -63,7 +64,7 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
         "are account",
         "are feature",
     ):
-        assert rule in prompt["data"]
+        assert rule in prompt
     assert ckpt["optimizer"]["param_groups"][0]["momentum"] == 2
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -387,7 +388,7 @@ def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
         read_json(tmp_path / "local" / "checkpoint.json"),
         read_json(tmp_path / "remote" / "checkpoint.json"),
     )
-    for key in ("step", "job", "initial_val_score", "parameters", "optimizer"):
+    for key in ("step", "job", "initial_val_score", "parameters", "module", "optimizer"):
         assert got[key] == want[key], key
     # Tokens and cost included: the workers report the usage of the calls they made.
     assert without(got["history"], TIMING_FIELDS) == without(want["history"], TIMING_FIELDS)

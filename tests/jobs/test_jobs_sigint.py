@@ -146,7 +146,9 @@ def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
     assert f"finished after {TOTAL_STEPS} step(s)" in resumed.stdout
 
     final = read_json(out / "checkpoint.json")
-    for key in ("step", "epoch", "position", "job", "initial_val_score", "parameters", "optimizer"):
+    for key in (
+        "step", "epoch", "position", "job", "initial_val_score", "parameters", "module", "optimizer",
+    ):  # fmt: skip
         assert final[key] == reference[key], key
     assert without(final["history"], TIMING_FIELDS) == without(reference["history"], TIMING_FIELDS)
     assert read_json(out / "history.json") == {"history": final["history"]}
