@@ -184,14 +184,23 @@ class Variable:
         return out
 
     def __repr__(self) -> str:
-        parts = [repr(self.data) if len(repr(self.data)) <= 60 else repr(self.data)[:57] + "..."]
+        parts = [_shorten(repr(self.data), _REPR_VALUE_CHARS)]
         if self.role:
-            parts.append(f"role={self.role!r}")
+            parts.append(f"role={_shorten(self.role, _REPR_ROLE_CHARS)!r}")
         if self.grad_fn is not None:
             parts.append(f"grad_fn={self.grad_fn.name}")
         elif self._requires_grad:
             parts.append("requires_grad=True")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+_REPR_VALUE_CHARS = 60
+_REPR_ROLE_CHARS = 40
+
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut shown with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Parameter(Variable):
