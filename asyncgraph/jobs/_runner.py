@@ -184,7 +184,8 @@ class JobResult:
     """How a job ended: its metrics history and final parameter values.
 
     ``plot_path`` is where ``metrics.png`` was written, None when it was not
-    (matplotlib is not installed, or drawing failed).
+    (matplotlib is not installed, or drawing failed). ``already_finished`` is True
+    when a resume found every step done: nothing ran and nothing was rewritten.
     """
 
     history: list[dict[str, Any]]
@@ -197,6 +198,7 @@ class JobResult:
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     plot_path: Path | None = None
+    already_finished: bool = False
 
 
 async def _map_bounded(
@@ -462,6 +464,8 @@ async def run_job(
         step = state["step"]
         history = list(state["history"])
         initial_val = state.get("initial_val_score")
+        if step >= job.total_steps:
+            return _result(job, history, initial_val, step, False, out, started, None, True)
     else:
         if ckpt_path.exists() and not overwrite:
             raise CheckpointError(
@@ -610,6 +614,20 @@ async def run_job(
     if failure is not None:
         raise failure
 
+    return _result(job, history, initial_val, step, interrupted, out, started, plot_path, False)
+
+
+def _result(
+    job: Job,
+    history: list[dict[str, Any]],
+    initial_val: float | None,
+    step: int,
+    interrupted: bool,
+    out: Path,
+    started: float,
+    plot_path: Path | None,
+    already_finished: bool,
+) -> JobResult:
     final_val = next(
         (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
     )
@@ -623,4 +641,5 @@ async def run_job(
         out_dir=out,
         wall_s=time.perf_counter() - started,
         plot_path=plot_path,
+        already_finished=already_finished,
     )
