@@ -60,24 +60,31 @@ def implicit_grad(var: Variable, index: int, what: str) -> Variable:
     )
 
 
-def _grad_list(grads: Any, n: int) -> list[Any]:
-    """One gradient per output. A tuple is always a sequence of gradients; a list is
-    one too unless it is the text data of a single output's gradient."""
+def _grad_list(grads: Any, n: int, sequence: bool) -> list[Any]:
+    """One gradient per output.
+
+    ``sequence``: the outputs were given as a list or tuple; then the gradients are one
+    per output too (a list or tuple; a single non-sequence value counts as one), as in
+    PyTorch: ``grad([y], [x], grad_outputs=[np.ones(3)])``. For a single output given
+    bare, a tuple is a sequence of gradients and a list is one too when it holds only
+    Variables or None; otherwise it is that output's gradient data (text feedback such as
+    ``y.backward(["a", "b"])``).
+    """
     if grads is None:
         return [None] * n
     if isinstance(grads, tuple):
         return list(grads)
     if isinstance(grads, list) and (
-        n > 1 or all(g is None or isinstance(g, Variable) for g in grads)
+        sequence or all(g is None or isinstance(g, Variable) for g in grads)
     ):
         return list(grads)
     return [grads]
 
 
 def _roots(
-    outputs: list[Variable], grads: Any, what: str, grads_name: str
+    outputs: list[Variable], grads: Any, what: str, grads_name: str, sequence: bool = False
 ) -> list[tuple[Edge, Variable | None]]:
-    grad_list = _grad_list(grads, len(outputs))
+    grad_list = _grad_list(grads, len(outputs), sequence)
     if len(grad_list) != len(outputs):
         raise ValueError(
             f"{grads_name} has {len(grad_list)} entries but {what} has {len(outputs)}; "
@@ -127,7 +134,13 @@ async def backward(
     outputs = _as_variables(variables, "variables")
     if not outputs:
         raise GraphError("backward() got no variables to differentiate")
-    roots = _roots(outputs, grad_variables, "variables", "grad_variables")
+    roots = _roots(
+        outputs,
+        grad_variables,
+        "variables",
+        "grad_variables",
+        sequence=isinstance(variables, (list, tuple)),
+    )
     capture: list[Variable] | None = None
     if inputs is not None:
         capture = _as_variables(inputs, "inputs")
@@ -174,7 +187,9 @@ async def grad(
     ins = _as_variables(inputs, "inputs")
     if not ins:
         raise GraphError("grad() needs at least one input")
-    roots = _roots(outs, grad_outputs, "outputs", "grad_outputs")
+    roots = _roots(
+        outs, grad_outputs, "outputs", "grad_outputs", sequence=isinstance(outputs, (list, tuple))
+    )
     leaves: list[Variable] = []
     node_outputs: list[tuple[Node, int]] = []
     for i, var in enumerate(ins):

@@ -105,25 +105,33 @@ def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:
                 f"so the engine awaits it"
             )
         result = (result,)
+    if len(result) > n and all(g is None for g in result[n:]):
+        result = result[:n]  # trailing Nones past the inputs are accepted, as in PyTorch
     if len(result) != n:
         hint = " (a list is one gradient's data; return a tuple for several)" if n > 1 else ""
         raise GraphError(
-            f"{node.name}.backward returned {len(result)} gradient(s) but forward had "
-            f"{n} input(s) (roles: {list(node.input_roles)!r}); return one gradient "
-            f"or None per forward input, positional arguments first, then keyword "
-            f"arguments in forward's signature order{hint}"
+            f"function {node.name}.backward returned an incorrect number of gradients "
+            f"(expected {n}, got {len(result)}): forward had {n} input(s) (roles: "
+            f"{list(node.input_roles)!r}); return one gradient or None per forward input, "
+            f"positional arguments first, then keyword arguments in forward's signature "
+            f"order{hint}"
         )
     out: list[Variable | None] = []
     for i, g in enumerate(result):
         if g is None:
             out.append(None)
             continue
-        if not node.requires_input_grad[i]:
+        if not node.input_variables[i]:
             raise GraphError(
-                f"{node.name}.backward returned a gradient for input {i} "
-                f"(role {node.input_roles[i]!r}), which does not require grad; return None "
-                f"for it (ctx.needs_input_grad[{i}] is False)"
+                f"function {node.name}.backward returned a gradient different than None at "
+                f"position {i + 1}, but the corresponding forward input was not a Variable; "
+                f"return None for it"
             )
+        if not node.requires_input_grad[i]:
+            # A Variable that needs no gradient: dropped, as PyTorch does (many backwards
+            # compute every input's gradient without reading ctx.needs_input_grad).
+            out.append(None)
+            continue
         out.append(g if isinstance(g, Variable) else Variable(g))
     return tuple(out)
 

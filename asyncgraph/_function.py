@@ -49,6 +49,11 @@ class FunctionCtx:
             )
         return self._saved
 
+    @property
+    def saved_tensors(self) -> tuple[Any, ...]:
+        """Alias of ``saved_variables``, so Functions ported from PyTorch run unchanged."""
+        return self.saved_variables
+
     def mark_non_differentiable(self, *outputs: Variable) -> None:
         """Declare outputs that get no gradient (backward receives None for them)."""
         for out in outputs:
@@ -122,20 +127,47 @@ class Function:
         cls._setup_is_async = inspect.iscoroutinefunction(cls.setup_context)
         cls._backward_is_async = inspect.iscoroutinefunction(cls.backward)
         try:
-            params = list(inspect.signature(cls.forward).parameters)
+            signature: inspect.Signature | None = inspect.signature(cls.forward)
         except (TypeError, ValueError):  # builtins without a signature
-            params = []
+            signature = None
+        cls._forward_signature = signature
+        params = list(signature.parameters) if signature is not None else []
         cls._kwarg_order = {name: i for i, name in enumerate(params)}
 
     _kwarg_order: ClassVar[dict[str, int]] = {}
+    _forward_signature: ClassVar[inspect.Signature | None] = None
+
+    @staticmethod
+    def _bound_inputs(bound: inspect.BoundArguments) -> tuple[Any, ...]:
+        """Bound arguments flattened in signature order (``*args`` and ``**kwargs`` spread)."""
+        inputs: list[Any] = []
+        for name, value in bound.arguments.items():
+            kind = bound.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                inputs.extend(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                inputs.extend(value.values())
+            else:
+                inputs.append(value)
+        return tuple(inputs)
 
     @classmethod
     def _inputs(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Positional arguments, then keyword arguments in forward's signature order.
 
         Keywords that forward takes through ``**kwargs`` follow, in call order
-        (the order forward itself sees them in).
+        (the order forward itself sees them in). With ``setup_context``, forward's
+        signature is bound first with its defaults applied (as PyTorch does), so
+        ``forward(x, scale=2.0)`` applied as ``F.apply(x)`` has inputs ``(x, 2.0)``.
         """
+        if cls._uses_setup_context and cls._forward_signature is not None:
+            try:
+                bound = cls._forward_signature.bind(*args, **kwargs)
+            except TypeError:
+                pass  # forward itself raises the clear error when it is called
+            else:
+                bound.apply_defaults()
+                return cls._bound_inputs(bound)
         if not kwargs:
             return args
         order = cls._kwarg_order
@@ -228,6 +260,7 @@ class Function:
             tuple(v.role if isinstance(v, Variable) else "" for v in inputs),
             len(outputs),
             ctx._seq,
+            tuple(isinstance(v, Variable) for v in inputs),
         )
         result: list[Variable] = []
         for i, out in enumerate(outputs):

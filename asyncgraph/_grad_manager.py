@@ -137,7 +137,7 @@ class GradManager:
             live = [(v, cbs) for v, cbs in attached if v is not None]
             if not live:
                 return
-            roots = _roots(outputs, dy, "y", "dy")
+            roots = _roots(outputs, dy, "y", "dy", sequence=isinstance(y, (list, tuple)))
             leaves = [v for v, _ in live if v.grad_fn is None]
             node_outputs: list[tuple[Node, int]] = [
                 (v.grad_fn, v.output_nr) for v, _ in live if v.grad_fn is not None

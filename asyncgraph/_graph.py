@@ -114,6 +114,7 @@ class Node:
         "freed",
         "function",
         "input_roles",
+        "input_variables",
         "next_edges",
         "num_outputs",
         "output_hooks",
@@ -132,12 +133,18 @@ class Node:
         input_roles: tuple[str, ...],
         num_outputs: int,
         seq: Seq,
+        input_variables: tuple[bool, ...] | None = None,
     ) -> None:
         self.function = function
         self.ctx = ctx
         self.next_edges = next_edges
         self.requires_input_grad = requires_input_grad
         self.input_roles = input_roles
+        # Which inputs were Variables: a gradient for one that needs none is dropped,
+        # a gradient for a plain value (str, number, option) is an error.
+        self.input_variables = (
+            input_variables if input_variables is not None else (True,) * len(next_edges)
+        )
         self.output_roles: tuple[str, ...] = ()
         self.num_outputs = num_outputs
         self.seq = seq

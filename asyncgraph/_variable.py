@@ -58,11 +58,11 @@ class Variable:
 
     __slots__ = (
         "__weakref__",
+        "_grad",
         "_hooks",
         "_output_nr",
         "_requires_grad",
         "data",
-        "grad",
         "grad_fn",
         "role",
     )
@@ -79,7 +79,7 @@ class Variable:
         self.data = data
         self.role = role
         self._requires_grad = bool(requires_grad)
-        self.grad: Variable | None = None
+        self._grad: Variable | None = None
         self.grad_fn: Node | None = None
         self._output_nr = 0
         self._hooks: dict[int, Hook] | None = None
@@ -92,11 +92,39 @@ class Variable:
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
         if self.grad_fn is not None:
+            if value:
+                return  # a non-leaf with a grad_fn requires grad already (PyTorch: a no-op)
             raise RuntimeError(
-                f"requires_grad can only be changed on leaf variables; {self!r} was "
-                f"computed by {self.grad_fn.name}. Use .detach() to get a leaf."
+                f"you can only change requires_grad flags of leaf variables; {self!r} was "
+                f"computed by {self.grad_fn.name}. If you want to use a computed variable "
+                f"in a subgraph that doesn't require differentiation use "
+                f"var_no_grad = var.detach()."
             )
         self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Variable:
+        """Set ``requires_grad`` in place and return this variable (PyTorch's rules: on a
+        non-leaf, True is a no-op and False raises ``RuntimeError``)."""
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def grad(self) -> Variable | None:
+        """The gradient accumulated by backward (a Variable), or None."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Variable | None) -> None:
+        if value is not None and not isinstance(value, Variable):
+            raise TypeError(
+                f"assigned grad must be a Variable or None, got {type(value).__name__} "
+                f"({value!r:.60}); wrap the data: x.grad = Variable(...)"
+            )
+        self._grad = value
+
+    @grad.deleter
+    def grad(self) -> None:
+        self._grad = None
 
     @property
     def is_leaf(self) -> bool:

@@ -368,3 +368,81 @@ async def test_grad_error_types_are_asyncgraph_errors() -> None:
         await y.backward()
     assert issubclass(GraphError, asyncgraph.AsyncGraphError)
     assert issubclass(GraphError, RuntimeError)
+
+
+# --- grad_outputs / grad_variables: one per output when the outputs are a sequence ------
+
+
+@pytest.mark.anyio
+async def test_grad_outputs_for_a_list_of_outputs_is_one_gradient_per_output() -> None:
+    x = Variable(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    y = Mul.apply(x, Variable(np.array([2.0, 2.0, 2.0])))
+    (gx,) = await asyncgraph.grad([y], [x], grad_outputs=[np.ones(3)], retain_graph=True)
+    assert gx is not None and list(gx.data) == [2.0, 2.0, 2.0]
+    s = Mul.apply(Variable(3.0, requires_grad=True), Variable(2.0))
+    leaf = s.grad_fn.next_edges[0][0]  # type: ignore[union-attr, index]
+    (gs,) = await asyncgraph.grad([s], [leaf], grad_outputs=[3.0])
+    assert gs is not None and gs.data == 6.0
+    (gt,) = await asyncgraph.grad(
+        (y,), [x], grad_outputs=(np.array([1.0, 0.0, 2.0]),), retain_graph=True
+    )
+    assert gt is not None and list(gt.data) == [2.0, 0.0, 4.0]
+
+
+@pytest.mark.anyio
+async def test_backward_of_a_list_of_outputs_takes_one_gradient_per_output() -> None:
+    a = Variable(2.0, requires_grad=True)
+    b = Variable(5.0, requires_grad=True)
+    await asyncgraph.backward([Mul.apply(a, b), Mul.apply(a, a)], grad_variables=[1.0, 10.0])
+    assert a.grad is not None and a.grad.data == 5.0 + 40.0
+    assert b.grad is not None and b.grad.data == 2.0
+
+
+@pytest.mark.anyio
+async def test_a_length_mismatch_of_grad_outputs_names_both_lengths() -> None:
+    a = Variable(2.0, requires_grad=True)
+    y = Mul.apply(a, a)
+    with pytest.raises(ValueError, match="grad_outputs has 2 entries but outputs has 1"):
+        await asyncgraph.grad([y], [a], grad_outputs=[1.0, 2.0])
+    with pytest.raises(ValueError, match="grad_variables has 1 entries but variables has 2"):
+        await asyncgraph.backward([y, y], grad_variables=[1.0])
+
+
+@pytest.mark.anyio
+async def test_a_single_bare_output_still_takes_a_list_as_its_text_feedback() -> None:
+    from asyncgraph.text import concat
+
+    a = Variable("a", role="a", requires_grad=True)
+    y = concat(a, "b")
+    await y.backward(["too short", "too vague"])
+    assert a.grad is not None and a.grad.data == ["too short", "too vague"]
+
+
+# --- .grad assignment and requires_grad_ ------------------------------------------------
+
+
+def test_grad_accepts_a_variable_or_none_only_and_del_resets_it() -> None:
+    x = Variable(1.0, requires_grad=True)
+    x.grad = Variable(2.0)
+    assert x.grad.data == 2.0
+    with pytest.raises(TypeError, match="assigned grad must be a Variable or None, got float"):
+        x.grad = 3.0  # type: ignore[assignment]
+    assert x.grad.data == 2.0  # unchanged
+    del x.grad
+    assert x.grad is None
+    x.grad = None
+    assert x.grad is None
+
+
+@pytest.mark.anyio
+async def test_requires_grad_underscore_follows_pytorch() -> None:
+    x = Variable(2.0)
+    assert x.requires_grad_() is x and x.requires_grad
+    assert x.requires_grad_(False) is x and not x.requires_grad
+    x.requires_grad_(True)
+    y = Mul.apply(x, x)
+    assert y.requires_grad_(True) is y  # a non-leaf that requires grad: a no-op
+    with pytest.raises(RuntimeError, match="only change requires_grad flags of leaf variables"):
+        y.requires_grad_(False)
+    await y.backward()
+    assert x.grad is not None and x.grad.data == 4.0

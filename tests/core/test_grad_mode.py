@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
 import anyio
@@ -229,3 +230,169 @@ async def test_async_apply_uses_the_grad_mode_of_the_call_not_of_the_await() -> 
     with no_grad():
         y = await recorded
     assert y.grad_fn is not None
+
+
+# --- Decorators in every form PyTorch allows, generators included ------------------------
+
+
+def test_bare_and_parenthesised_decorators_on_sync_functions() -> None:
+    @no_grad
+    def bare() -> bool:
+        return is_grad_enabled()
+
+    @no_grad()
+    def called() -> bool:
+        return is_grad_enabled()
+
+    def plain() -> bool:
+        return is_grad_enabled()
+
+    assert bare() is False and called() is False and no_grad(plain)() is False
+    assert bare.__name__ == "bare"
+    with no_grad():
+
+        @enable_grad
+        def on() -> bool:
+            return is_grad_enabled()
+
+        assert on() is True and enable_grad(plain)() is True
+        assert set_grad_enabled(True)(plain)() is True
+        assert is_grad_enabled() is False
+    assert is_grad_enabled() is True
+    with pytest.raises(TypeError, match="takes no mode"):
+        no_grad(False)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_bare_decorator_on_a_coroutine_function() -> None:
+    @no_grad
+    async def inside() -> bool:
+        await anyio.lowlevel.checkpoint()
+        return is_grad_enabled()
+
+    assert await inside() is False
+    assert is_grad_enabled() is True
+
+
+@pytest.mark.parametrize("form", ["bare", "called", "set_grad_enabled"])
+def test_a_decorated_generator_runs_in_its_mode_at_every_step(form: str) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    def stream() -> Generator[int, str, str]:
+        for i in range(3):
+            seen.append(("body", is_grad_enabled()))
+            sent = yield i
+            seen.append((f"got {sent}", is_grad_enabled()))
+        return "done"
+
+    decorated = {
+        "bare": no_grad(stream),
+        "called": no_grad()(stream),
+        "set_grad_enabled": set_grad_enabled(False)(stream),
+    }[form]
+    assert is_grad_enabled() is True
+    gen = decorated()
+    assert next(gen) == 0
+    assert is_grad_enabled() is True  # the caller's mode between steps
+    assert gen.send("a") == 1
+    assert is_grad_enabled() is True
+    with enable_grad():
+        assert gen.send("b") == 2
+    with pytest.raises(StopIteration) as stop:
+        gen.send("c")
+    assert stop.value.value == "done"
+    assert all(mode is False for _, mode in seen), seen
+    assert [what for what, _ in seen][:3] == ["body", "got a", "body"]
+
+
+def test_a_decorated_generator_records_no_graph_and_handles_throw_and_close() -> None:
+    x = Variable(2.0, requires_grad=True)
+    closed: list[bool] = []
+
+    @no_grad()
+    def doubles() -> Generator[Variable, None, None]:
+        try:
+            while True:
+                try:
+                    yield Mul.apply(x, Variable(2.0))
+                except ValueError:
+                    yield Variable(is_grad_enabled())
+        finally:
+            closed.append(is_grad_enabled())
+
+    gen = doubles()
+    y = next(gen)
+    assert y.grad_fn is None and y.data == 4.0
+    assert gen.throw(ValueError("again")).data is False  # throw runs in the mode too
+    gen.close()
+    assert closed == [False]  # close (GeneratorExit) too
+    assert is_grad_enabled() is True
+    assert Mul.apply(x, x).grad_fn is not None  # the caller records
+
+
+@pytest.mark.anyio
+async def test_a_decorated_async_generator_runs_in_its_mode_at_every_step() -> None:
+    x = Variable(3.0, requires_grad=True)
+    modes: list[bool] = []
+
+    @no_grad
+    async def stream() -> AsyncGenerator[Variable, str | None]:
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+            modes.append(is_grad_enabled())
+            sent = yield Mul.apply(x, x)
+            modes.append(sent is not None and not is_grad_enabled())
+
+    outputs = []
+    gen = stream()
+    outputs.append(await gen.asend(None))
+    assert is_grad_enabled() is True
+    outputs.append(await gen.asend("next"))
+    outputs.append(await gen.asend("next"))
+    with pytest.raises(StopAsyncIteration):
+        await gen.asend("last")
+    assert all(o.grad_fn is None for o in outputs)  # a streaming wrapper records nothing
+    assert modes == [False, True, False, True, False, True]
+    assert Mul.apply(x, x).grad_fn is not None
+
+    @no_grad()
+    async def endless() -> AsyncGenerator[bool, None]:
+        try:
+            while True:
+                yield is_grad_enabled()
+        finally:
+            modes.append(is_grad_enabled())
+
+    agen = endless()
+    async for mode in agen:
+        assert mode is False
+        break
+    await agen.aclose()  # aclose runs the generator's finally in its mode
+    assert modes[-1] is False
+    assert is_grad_enabled() is True
+
+
+@pytest.mark.anyio
+async def test_a_generators_mode_does_not_leak_into_a_concurrent_task() -> None:
+    @no_grad
+    def slow() -> Generator[bool, None, None]:
+        yield is_grad_enabled()
+        yield is_grad_enabled()
+
+    other: list[bool] = []
+    stepped = anyio.Event()
+    done = anyio.Event()
+
+    async def watcher() -> None:
+        await stepped.wait()
+        other.append(is_grad_enabled())
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher)
+        gen = slow()
+        assert next(gen) is False
+        stepped.set()
+        await done.wait()
+        assert next(gen) is False
+    assert other == [True]
