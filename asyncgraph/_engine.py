@@ -12,11 +12,13 @@ written only after the whole pass succeeded.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,7 +37,7 @@ from .executors._base import MORE_READY
 if TYPE_CHECKING:
     from .executors import Executor
 
-__all__ = ["Engine", "NodeEvent"]
+__all__ = ["Engine", "NodeEvent", "current_node", "observe_nodes"]
 
 _SEED_SEQ: Seq = (sys.maxsize,)  # seeds sort after every node's edges
 _YIELD_EVERY = 1024  # inline nodes between checkpoints, so a long chain never starves the loop
@@ -49,7 +51,12 @@ WorkItem = tuple[Node, tuple[Variable | None, ...]]
 
 @dataclass(frozen=True, slots=True)
 class NodeEvent:
-    """What listeners of a backward pass receive for every node that runs."""
+    """What listeners of a backward pass receive for every node that runs.
+
+    ``time_s`` is ``time.perf_counter()`` when it happened; ``seq`` identifies the
+    node (its creation order); ``node`` is the node itself and, on ``"started"``,
+    ``grads`` the gradients it receives (one per output, None where none flows).
+    """
 
     kind: Literal["started", "finished", "failed"]
     function: str
@@ -58,9 +65,50 @@ class NodeEvent:
     seq: Seq
     time_s: float
     error: BaseException | None = None
+    node: Node | None = None
+    grads: tuple[Variable | None, ...] = ()
 
 
 Listener = Callable[[NodeEvent], object]
+
+_LISTENERS: contextvars.ContextVar[tuple[Listener, ...]] = contextvars.ContextVar(
+    "asyncgraph_listeners", default=()
+)
+_CURRENT_NODE: contextvars.ContextVar[Node | None] = contextvars.ContextVar(
+    "asyncgraph_current_node", default=None
+)
+
+
+@contextmanager
+def observe_nodes(listener: Listener) -> Iterator[None]:
+    """Send the ``NodeEvent``s of every pass started inside the block to ``listener``.
+
+    Like ``backward(..., listeners=[listener])`` for every ``backward`` / ``grad``
+    called in this task (and the tasks it starts) while the block is open, including
+    those a library makes for you (a job runner, an optimizer). A contextvar: other
+    tasks are not observed. Blocks nest; the listener is called in the task running
+    the node, and one that raises is logged and ignored::
+
+        with observe_nodes(print):
+            await loss.backward()
+    """
+    if not callable(listener):
+        raise TypeError(f"observe_nodes expects a callable taking a NodeEvent, got {listener!r}")
+    token = _LISTENERS.set((*_LISTENERS.get(), listener))
+    try:
+        yield
+    finally:
+        _LISTENERS.reset(token)
+
+
+def current_node() -> Node | None:
+    """The node whose backward runs in this task right now, else None.
+
+    Set by the engine around each backward it runs (inline, async, in a thread or
+    through an executor) and inherited by the tasks that backward starts: a model
+    call can tell which node it belongs to (``asyncgraph.observe`` uses it).
+    """
+    return _CURRENT_NODE.get()
 
 
 class _GradSum(Function):
@@ -165,7 +213,7 @@ class Engine:
         self.executor = executor
         self.create_graph = create_graph
         self.keep_graph = keep_graph
-        self.listeners = tuple(listeners)
+        self.listeners = (*_LISTENERS.get(), *listeners)
         self.staged: dict[Variable, Variable] = {}
         self.retained: dict[Variable, Variable] = {}
         self.captured: dict[Variable | tuple[Node, int], Variable | None] = {}
@@ -435,8 +483,12 @@ class Engine:
             if not self.executor.inline(node):
                 return (node, grads)
             if self.listeners:
-                self._emit("started", node)
-            grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
+                self._emit("started", node, grads=grads)
+            token = _CURRENT_NODE.set(node)
+            try:
+                grads_in = normalize_grads(node, node.function.backward(node.ctx, *grads))
+            finally:
+                _CURRENT_NODE.reset(token)
         except Exception as exc:
             self._fail(node, exc)
             return None
@@ -458,13 +510,16 @@ class Engine:
             if ran % _YIELD_EVERY == 0:
                 await anyio.lowlevel.checkpoint()  # async backwards that never suspend
             if self.listeners:
-                self._emit("started", node)
+                self._emit("started", node, grads=grads)
             self._suspended = True
+            token = _CURRENT_NODE.set(node)
             try:
                 grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
             except Exception as exc:
                 self._fail(node, exc)
                 return None
+            finally:
+                _CURRENT_NODE.reset(token)
             self._finish(node, grads_in)
             item = await self._drain()
         return None
@@ -604,6 +659,8 @@ class Engine:
         kind: Literal["started", "finished", "failed"],
         node: Node,
         error: BaseException | None = None,
+        *,
+        grads: tuple[Variable | None, ...] = (),
     ) -> None:
         event = NodeEvent(
             kind,
@@ -613,6 +670,8 @@ class Engine:
             node.seq,
             time.perf_counter(),
             error,
+            node,
+            grads,
         )
         for listener in self.listeners:
             try:
