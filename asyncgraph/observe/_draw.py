@@ -184,6 +184,9 @@ class _Builder:
         self.boxes: list[PictureBox] = []
         self.edges: list[tuple[str, str, str]] = []
         self.node_count = 0
+        self.vertex_count = 0
+        self.cut = False
+        self.absorbed: set[int] = set()  # vertices a drawn "x N" group stands for
 
     # The graph from the outputs: every vertex once, in-degree counted per edge.
     def walk(self) -> list[Vertex]:
@@ -207,6 +210,7 @@ class _Builder:
                 for var in saved:
                     if isinstance(var, Variable) and var.grad_fn is not None:
                         self.values.setdefault((id(var.grad_fn), var.output_nr), var)
+        self.vertex_count = len(seen)
         return roots
 
     @staticmethod
@@ -263,18 +267,30 @@ class _Builder:
             else:
                 first, first_role, count = order[at]
                 order[at] = (first, first_role, count + 1)
+                self.absorb(vertex)
         return order
+
+    def absorb(self, vertex: Vertex) -> None:
+        """Mark a grouped sibling's own subgraph as drawn (by its group's first member)."""
+        stack = [vertex]
+        while stack:
+            v = stack.pop()
+            if id(v) in self.absorbed or (v is not vertex and self.parents.get(id(v), 0) > 1):
+                continue
+            self.absorbed.add(id(v))
+            if isinstance(v, Node):
+                stack.extend(child for child, _ in self.children(v))
 
     def build(self) -> GraphPicture:
         roots = self.walk()
-        self.hidden = 0
         for vertex, _, count in self.groups((r, "") for r in roots):
             self.draw(vertex, count)
-        if self.hidden:
+        if self.cut:
+            hidden = self.vertex_count - len(self.ids.keys() | self.absorbed)
             more = PictureBox(
                 f"v{len(self.boxes)}",
                 "more",
-                f"… {self.hidden} more boxes",
+                f"… {hidden} more boxes",
                 [f"over max_boxes={self.max_boxes}; pass a larger max_boxes to see them"],
             )
             self.boxes.append(more)
@@ -286,7 +302,7 @@ class _Builder:
         if key in self.ids:
             return self.ids[key]
         if len(self.boxes) >= self.max_boxes:
-            self.hidden += 1
+            self.cut = True
             return None
         box_id = f"v{len(self.boxes)}"
         self.ids[key] = box_id
@@ -308,12 +324,12 @@ class _Builder:
             role = node.output_roles[nr] if nr < len(node.output_roles) else ""
             value = self.output_value(node, nr)
             if role or value is not None:
-                lines.append(f"→ {_cut(role or 'output', self.max_chars)}")
+                lines.append(_cut(f"→ {role or 'output'}", self.max_chars))
             if value is not None:
-                lines.append(f"= {_short(value, self.max_chars)}")
+                lines.append(self.line("= ", value))
             grad = self.output_feedback(node, nr)
             if grad is not None:
-                lines.append(f"feedback: {_short(grad, self.max_chars)}")
+                lines.append(self.line("feedback: ", grad))
         constants = [
             role or f"input {i}"
             for i, (role, edge) in enumerate(zip(node.input_roles, node.next_edges, strict=False))
@@ -333,6 +349,9 @@ class _Builder:
         remote = getattr(node.function, "dispatch", "local") == "remote"
         title = _cut(node.name, self.max_chars)
         return PictureBox(box_id, "function", title, lines, count, remote, status)
+
+    def line(self, prefix: str, value: Any) -> str:
+        return prefix + _short(value, max(8, self.max_chars - len(prefix)))
 
     def output_value(self, node: Node, nr: int) -> Any:
         var = self.values.get((id(node), nr))
@@ -357,9 +376,9 @@ class _Builder:
 
     def leaf_box(self, box_id: str, leaf: Variable, count: int) -> PictureBox:
         kind: Literal["parameter", "leaf"] = "parameter" if isinstance(leaf, Parameter) else "leaf"
-        lines = [f"= {_short(leaf.data, self.max_chars)}"]
+        lines = [self.line("= ", leaf.data)]
         if leaf.grad is not None:
-            lines.append(f"feedback: {_short(leaf.grad, self.max_chars)}")
+            lines.append(self.line("feedback: ", leaf.grad))
         title = _cut(
             leaf.role or ("parameter" if kind == "parameter" else "variable"), self.max_chars
         )
@@ -391,8 +410,10 @@ def draw_graph(
     for i, out in enumerate((*outputs, *variables)):
         if not isinstance(out, Variable):
             raise TypeError(f"draw_graph takes Variables; argument {i} is {out!r:.60}")
-    if max_chars < 8 or max_boxes < 1:
-        raise ValueError(f"max_chars must be >= 8 and max_boxes >= 1, got {max_chars}, {max_boxes}")
+    if max_chars < 20 or max_boxes < 1:
+        raise ValueError(
+            f"max_chars must be >= 20 and max_boxes >= 1, got {max_chars} and {max_boxes}"
+        )
     return _Builder(list(outputs), list(variables), timeline, max_chars, max_boxes, group).build()
 
 

@@ -195,6 +195,7 @@ class Timeline:
             args["labels"] = dict(labels)
         if node is not None:
             args["node"] = node.name
+            args["node_seq"] = list(node.seq)
         span = Span(
             "model",
             f"model {call.model}",
