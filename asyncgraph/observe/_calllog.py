@@ -94,7 +94,11 @@ class CallLog:
 
     def on_call(self, call: ModelCall) -> None:
         """A model call observer: write ``call``'s line."""
-        line = json.dumps(call_record(call), ensure_ascii=False, default=repr)
+        self.write(call_record(call))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Write one record (``call_record``'s, perhaps with more labels) as a line."""
+        line = json.dumps(record, ensure_ascii=False, default=repr)
         line = _redact(line, self._secrets)
         with self._lock:
             if self._file is None:

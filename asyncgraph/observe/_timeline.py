@@ -72,6 +72,7 @@ class Span:
     status: str = "ok"
     args: dict[str, Any] = field(default_factory=dict)
     grads: tuple[Variable | None, ...] = ()
+    roles: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # a node's inputs, outputs
 
 
 def assign_lanes(spans: Sequence[Span]) -> list[int]:
@@ -145,32 +146,34 @@ class Timeline:
         self.origin_s = time.perf_counter()
         self.started_at = time.time()
         self.spans: list[Span] = []
-        self._open: dict[Seq, list[Span]] = {}
+        self._open: dict[Seq, Span | list[Span]] = {}
         self._lock = threading.Lock()
 
     # -- recording ------------------------------------------------------------------
     def on_node(self, event: NodeEvent) -> None:
         """A backward listener: opens a node's span on "started", closes it after."""
+        # The hot path of a traced pass (twice per node): no lock, no copies. Events come
+        # from the event loop's thread, and list/dict operations are atomic under the GIL.
+        seq = event.seq
         if event.kind == "started":
-            span = Span(
-                "node",
-                event.function,
-                event.time_s,
-                key=event.seq,
-                args={"inputs": list(event.input_roles), "outputs": list(event.output_roles)},
-                grads=event.grads,
-            )
-            with self._lock:
-                self.spans.append(span)
-                self._open.setdefault(event.seq, []).append(span)
+            span = Span("node", event.function, event.time_s, key=seq, grads=event.grads)
+            span.roles = (event.input_roles, event.output_roles)
+            self.spans.append(span)
+            already = self._open.get(seq)
+            if already is None:
+                self._open[seq] = span
+            else:  # the same node in two concurrent passes (retain_graph): first in, first out
+                self._open[seq] = [*(already if isinstance(already, list) else [already]), span]
             return
-        with self._lock:
-            waiting = self._open.get(event.seq)
-            if not waiting:
-                return
+        waiting = self._open.pop(seq, None)
+        if waiting is None:
+            return
+        if isinstance(waiting, list):
             done = waiting.pop(0)
-            if not waiting:
-                del self._open[event.seq]
+            if waiting:
+                self._open[seq] = waiting if len(waiting) > 1 else waiting[0]
+        else:
+            done = waiting
         done.end_s = event.time_s
         if event.kind == "failed":
             done.status = "failed"
@@ -314,6 +317,8 @@ class Timeline:
         args = dict(span.args)
         if span.status != "ok":
             args["status"] = span.status
+        if span.roles is not None:
+            args["inputs"], args["outputs"] = list(span.roles[0]), list(span.roles[1])
         if span.key is not None:
             args["seq"] = list(span.key)
         return {
@@ -354,6 +359,7 @@ def _copy_ended(span: Span, now: float) -> Span:
         status,
         span.args,
         span.grads,
+        span.roles,
     )
 
 
