@@ -72,12 +72,14 @@ class JobRecorder:
         parameters: Sequence[Parameter],
         *,
         name: str,
+        total_steps: int | None = None,
         trace: bool = False,
         log_calls: str | Path | None = None,
     ) -> None:
         self.out = out
         self.parameters = list(parameters)
         self.name = name
+        self.total_steps = total_steps
         self.trace = trace
         self.call_log_path = None if log_calls is None else Path(log_calls).resolve()
         self.call_log: CallLog | None = None
@@ -99,7 +101,8 @@ class JobRecorder:
             except OSError as exc:
                 self._note("call log", exc)
         if not resume:
-            self._append({"step": 0, "time": time.time(), **self._values(feedback=False)})
+            first = {"step": 0, "time": time.time(), "total_steps": self.total_steps}
+            self._append({**first, **self._values(feedback=False)})
         self._open_timeline()
 
     @contextmanager
@@ -168,7 +171,12 @@ class JobRecorder:
             self.timeline.on_call(call)
         if self.call_log is not None:
             record = call_record(call)
-            record["labels"] = {**record["labels"], "step": self.step, "phase": self.phase_name}
+            record["labels"] = {
+                **record["labels"],
+                "run": str(self.out.resolve()),
+                "step": self.step,
+                "phase": self.phase_name,
+            }
             if self.timeline is not None:
                 record["trace_id"] = self.timeline.trace_id
             try:

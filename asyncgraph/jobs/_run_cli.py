@@ -18,6 +18,7 @@ from typing import Any
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    add_observe_arguments,
     check_live_workers,
     redis_problem,
     run_command,
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", metavar="DIR", help="checkpoint/metrics directory (default: runs/<job name>)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_observe_arguments(parser)
 
 
 def load_job_file(path: str | Path) -> ModuleType:
@@ -87,10 +89,19 @@ async def run_with_optional_redis(
     resume: bool,
     progress: bool,
     overwrite: bool = False,
+    trace: bool = False,
+    log_calls: str | None = None,
 ) -> JobResult:
     if redis is None:
         return await run_job(
-            job, out, resume=resume, overwrite=overwrite, progress=progress, handle_sigint=True
+            job,
+            out,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            handle_sigint=True,
+            trace=trace,
+            log_calls=log_calls,
         )
     from ..executors._redis import open_redis_executor
 
@@ -103,6 +114,8 @@ async def run_with_optional_redis(
             executor=executor,
             progress=progress,
             handle_sigint=True,
+            trace=trace,
+            log_calls=log_calls,
         )
 
 
@@ -139,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             progress=not args.no_progress,
+            trace=args.trace,
+            log_calls=args.log_calls,
         )
         summary(result, overwrite=args.overwrite)
         return EXIT_INTERRUPTED if result.interrupted else 0

@@ -401,7 +401,14 @@ async def run_job(
             )
         step, history, initial_val = 0, [], None
     reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
-    recorder = JobRecorder(out, job.parameters, name=job.name, trace=trace, log_calls=log_calls)
+    recorder = JobRecorder(
+        out,
+        job.parameters,
+        name=job.name,
+        total_steps=job.total_steps,
+        trace=trace,
+        log_calls=log_calls,
+    )
 
     checkpointed = resume  # out_dir holds this job's checkpoint (then history and plot too)
 
