@@ -168,8 +168,10 @@ class _Builder:
         max_chars: int,
         max_boxes: int,
         group: bool,
+        times: bool,
     ) -> None:
         self.outputs = outputs
+        self.times = times
         self.max_chars = max_chars
         self.max_boxes = max_boxes
         self.group = group
@@ -310,7 +312,10 @@ class _Builder:
             box = self.function_box(box_id, vertex, count)
             self.boxes.append(box)
             for child, role, n in self.groups(self.children(vertex)):
-                child_id = self.draw(child, n)
+                # A child of a box standing for N identical subgraphs stands for N too,
+                # unless the N share it (then it is one box with N arrows into the group).
+                shared = self.parents.get(id(child), 0) > 1
+                child_id = self.draw(child, n if shared else n * count)
                 if child_id is not None:
                     label = role if n == 1 else f"{role} x{n}" if role else f"x{n}"
                     self.edges.append((child_id, box_id, label))
@@ -331,20 +336,29 @@ class _Builder:
             if grad is not None:
                 lines.append(self.line("feedback: ", grad))
         constants = [
-            role or f"input {i}"
-            for i, (role, edge) in enumerate(zip(node.input_roles, node.next_edges, strict=False))
+            role
+            for role, edge in zip(node.input_roles, node.next_edges, strict=False)
             if edge is None
         ]
+        named = [role for role in constants if role]
         if constants:
-            lines.append(_cut(f"no grad: {', '.join(constants)}", self.max_chars))
+            unnamed = len(constants) - len(named)
+            more = (
+                f" (+{unnamed} unnamed)"
+                if unnamed and named
+                else f"{unnamed} unnamed"
+                if unnamed
+                else ""
+            )
+            lines.append(_cut(f"no grad: {', '.join(named)}{more}", self.max_chars))
         span = self.spans.get(node.seq)
         status = self.status(node)
-        if span is not None and span.end_s is not None:
+        if span is not None and span.end_s is not None and self.times:
             took = f"backward {(span.end_s - span.start_s) * 1000:.0f} ms"
             lines.append(took if status == "ok" else f"{took}, {status}")
             if "error" in span.args:
                 lines.append(_cut(str(span.args["error"]), self.max_chars))
-        elif status:
+        elif status and status != "ok":
             lines.append(status)
         remote = getattr(node.function, "dispatch", "local") == "remote"
         title = _cut(node.name, self.max_chars)
@@ -392,13 +406,14 @@ def draw_graph(
     max_chars: int = 60,
     max_boxes: int = 300,
     group: bool = True,
+    times: bool = True,
 ) -> GraphPicture:
     """Draw the graph that leads to ``outputs`` (see the module docstring).
 
     ``variables``: intermediate Variables whose values to show where they sit.
     ``timeline``: a ``Timeline`` of the pass (``trace_pass``) for each node's outcome,
-    duration and the feedback its outputs received. ``group=False`` draws every node
-    (no ``x N``). Raises ``TypeError`` when an output is not a Variable, ``ValueError``
+    duration and the feedback its outputs received (``times=False`` leaves the durations
+    out). ``group=False`` draws every node (no ``x N``). Raises ``TypeError`` when an output is not a Variable, ``ValueError``
     when none is given::
 
         async with trace_pass() as timeline:
@@ -414,7 +429,9 @@ def draw_graph(
         raise ValueError(
             f"max_chars must be >= 20 and max_boxes >= 1, got {max_chars} and {max_boxes}"
         )
-    return _Builder(list(outputs), list(variables), timeline, max_chars, max_boxes, group).build()
+    return _Builder(
+        list(outputs), list(variables), timeline, max_chars, max_boxes, group, times
+    ).build()
 
 
 # -- text -----------------------------------------------------------------------------

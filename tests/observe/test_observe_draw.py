@@ -63,7 +63,7 @@ async def test_200_nodes_of_identical_siblings_are_drawn_as_one_with_x_n() -> No
     assert titles == [
         ("Concat", 1),
         ("Critique", 100),
-        ("answer", 1),
+        ("answer", 100),  # one per Critique of the group
         ("Critique", 99),
         ("system prompt", 1),
     ]
