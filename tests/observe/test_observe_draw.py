@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,28 @@ def test_render_writes_an_svg_through_dot(tmp_path: Path) -> None:
     assert text.lstrip().startswith("<?xml") and "<svg" in text and "Critique" in text
     png = picture.render(tmp_path / "graph.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "draw_demo_graph.py"
+
+
+@pytest.mark.parametrize("fmt", ["mermaid", "dot"])
+def test_the_readme_shows_the_picture_of_the_demo_pass(fmt: str) -> None:
+    block = re.search(
+        rf"<!-- demo-graph-{fmt} -->\n```{fmt}\n(.*?)```\n<!-- /demo-graph-{fmt} -->",
+        README.read_text(),
+        re.DOTALL,
+    )
+    assert block is not None
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--format", fmt],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == block.group(1)
+    assert "DemoJudge  x8  (remote)" in done.stdout and "DemoAnswer  x8  (remote)" in done.stdout
+    assert "feedback: [8] Add the instruction" in done.stdout  # what reached the prompt
