@@ -25,8 +25,7 @@ from typing import Any
 from .._engine import observe_nodes
 from .._variable import Parameter
 from ..models import ModelCall, observe_calls
-from ..observe import CallLog, Span, Timeline
-from ..observe._calllog import call_record
+from ..observe import CallLog, Span, Timeline, call_record
 
 __all__ = ["STEPS_FILE", "TRACES_DIR", "JobRecorder", "json_value", "trace_name"]
 

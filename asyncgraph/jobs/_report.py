@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..models._usage import format_cost
+from ..models import format_cost
 from ._checkpoint import atomic_write_json
 
 __all__ = ["Reporter", "write_history", "write_plot"]

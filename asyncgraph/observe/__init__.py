@@ -14,7 +14,7 @@ the models see no observer at all.
 - ``labels(step=3)``: what the calls and spans of the block belong to.
 """
 
-from ._calllog import CallLog, log_calls, read_call_log
+from ._calllog import CallLog, call_record, log_calls, read_call_log
 from ._context import PROCESS, current_labels, labels
 from ._draw import GraphPicture, PictureBox, draw_graph
 from ._timeline import Span, Timeline, assign_lanes, current_timeline, trace_pass
@@ -27,6 +27,7 @@ __all__ = [
     "Span",
     "Timeline",
     "assign_lanes",
+    "call_record",
     "current_labels",
     "current_timeline",
     "draw_graph",

@@ -169,3 +169,11 @@ def test_a_trace_pass_cannot_be_entered_twice() -> None:
     tracer = trace_pass()
     with tracer, pytest.raises(RuntimeError, match="already open"):
         tracer.__enter__()
+
+
+def test_every_public_name_of_observe_is_exported_sorted_and_documented() -> None:
+    import asyncgraph.observe as observe
+
+    assert observe.__all__ == sorted(observe.__all__)
+    for name in observe.__all__:
+        assert getattr(observe, name).__doc__, name
