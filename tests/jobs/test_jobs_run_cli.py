@@ -249,7 +249,7 @@ def test_without_matplotlib_the_summary_does_not_claim_a_plot(
     assert f"checkpoint and history.json in {out}" in captured.out
     assert "metrics.png" not in captured.out
     assert "matplotlib is not installed" in captured.err
-    assert listing(out) == ["checkpoint.json", "history.json"]
+    assert listing(out) == ["checkpoint.json", "history.json", "steps.jsonl"]
 
 
 def test_resume_from_a_checkpoint_with_a_damaged_history_row_exits_2(
