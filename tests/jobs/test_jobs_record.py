@@ -15,8 +15,11 @@ from observe.observe_helpers import check_chrome_trace
 from asyncgraph.jobs import run_job
 from asyncgraph.jobs._demo import DEMO_MODEL, build_demo_job, make_demo_model
 from asyncgraph.jobs._record import json_value
+from asyncgraph.jobs._report import Reporter
 from asyncgraph.observe import read_call_log
 from asyncgraph.text import register_model, unregister_model
+
+from .jobs_helpers import REPO, cli_env, describe, run_cli
 
 pytestmark = pytest.mark.anyio
 
@@ -103,3 +106,43 @@ def test_json_value_keeps_json_data_and_cuts_what_is_not() -> None:
     assert json_value(float("nan")) is None
     assert json_value("x" * 30_000).endswith(" …[cut]")
     assert json_value(object()).startswith("<object object")
+
+
+def test_asyncgraph_run_trace_writes_a_timeline_per_step_and_log_calls_a_call_log(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "logs" / "calls.jsonl"
+    proc = run_cli(
+        "run", str(REPO / "examples" / "prompt_job.py"), "--out", str(out), "--no-progress",
+        "--trace", "--log-calls", str(log), env=cli_env(PROMPT_JOB_LATENCY_MS="1"),
+    )  # fmt: skip
+    assert proc.returncode == 0, describe(proc)
+    traces = sorted(p.name for p in (out / "traces").iterdir())
+    assert traces == [f"step-{s:04d}.json" for s in range(13)]  # 12 steps + the initial validation
+    for name in traces[1:]:
+        events = check_chrome_trace(json.loads((out / "traces" / name).read_text()))
+        assert any(e["cat"] == "node" for e in events)
+    calls = read_call_log(log)
+    assert calls and {c["labels"]["step"] for c in calls} == set(range(13))
+    assert all(c["process"] and c["latency_s"] >= 0 for c in calls)
+
+
+def test_the_progress_line_says_cost_unknown_never_zero_dollars(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    reporter = Reporter("job", 2)
+    reporter.start(0, [])
+    row = {
+        "step": 1, "epoch": 0, "train_score": 0.5, "train_loss": 0.5, "val_score": None,
+        "tokens": 1200, "cost_usd": 0.0, "unpriced_calls": 12, "step_s": 1.0,
+    }  # fmt: skip
+    reporter.update(1, row)
+    reporter.update(2, {**row, "step": 2, "cost_usd": 0.0123, "unpriced_calls": 12})
+    reporter.update(2, {**row, "step": 2, "cost_usd": 0.0123, "unpriced_calls": 0})
+    reporter.stop()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("tokens 1,200  cost unknown")
+    assert lines[1].endswith("tokens 1,200  $0.0123 + unknown")
+    assert lines[2].endswith("tokens 1,200  $0.0123")
+    assert "$0.0000" not in "\n".join(lines)
