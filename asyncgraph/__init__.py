@@ -21,6 +21,7 @@ from ._function import Function, FunctionCtx
 from ._grad_manager import GradManager, GradManagerGroup
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._graph import Node, RemovableHandle, graph_order
+from ._module import IncompatibleKeys, Module
 from ._variable import Parameter, Variable
 from .executors import Executor, LocalExecutor, current_executor, use_executor
 
@@ -35,7 +36,9 @@ __all__ = [
     "GradManager",
     "GradManagerGroup",
     "GraphError",
+    "IncompatibleKeys",
     "LocalExecutor",
+    "Module",
     "Node",
     "NodeEvent",
     "Parameter",

@@ -170,15 +170,37 @@ class Variable:
             listeners=listeners,
         )
 
+    def __add__(self, other: Any) -> Variable:
+        """``a + b``: numbers add, texts concatenate, differentiably (see ``asyncgraph._arith``)."""
+        from ._arith import Add
+
+        out: Variable = Add.apply(self, other)
+        return out
+
+    def __radd__(self, other: Any) -> Variable:
+        from ._arith import Add
+
+        out: Variable = Add.apply(other, self)
+        return out
+
     def __repr__(self) -> str:
-        parts = [repr(self.data) if len(repr(self.data)) <= 60 else repr(self.data)[:57] + "..."]
+        parts = [_shorten(repr(self.data), _REPR_VALUE_CHARS)]
         if self.role:
-            parts.append(f"role={self.role!r}")
+            parts.append(f"role={_shorten(self.role, _REPR_ROLE_CHARS)!r}")
         if self.grad_fn is not None:
             parts.append(f"grad_fn={self.grad_fn.name}")
         elif self._requires_grad:
             parts.append("requires_grad=True")
         return f"{type(self).__name__}({', '.join(parts)})"
+
+
+_REPR_VALUE_CHARS = 60
+_REPR_ROLE_CHARS = 40
+
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut shown with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Parameter(Variable):

@@ -23,10 +23,24 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("asyncgraph")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        from asyncgraph import __version__
+
+        return __version__
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``asyncgraph`` parser; only ``command``'s module is imported (for its options)."""
     parser = argparse.ArgumentParser(
         prog="asyncgraph", description="Async autodiff for slow functions (textual gradients)."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"asyncgraph {_version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -34,7 +48,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == command:
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
-            sub_parser.set_defaults(_run=module.run)
+            sub_parser.set_defaults(_run=module.run, _parser=sub_parser)
     return parser
 
 
@@ -42,7 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(command if command in SUBCOMMANDS else None)
-    args = parser.parse_args(args_list)
+    args, extras = parser.parse_known_args(args_list)
+    if extras:
+        # A bad flag after a subcommand gets that subcommand's usage, not the top level's.
+        owner = getattr(args, "_parser", parser)
+        owner.error(f"unrecognized arguments: {' '.join(extras)}")
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return 2

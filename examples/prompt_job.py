@@ -6,8 +6,8 @@ Run it with::
     asyncgraph run examples/prompt_job.py --out runs/ticket-router --resume     # after Ctrl-C
     asyncgraph run examples/prompt_job.py --out runs/ticket-router --overwrite  # start over
 
-``asyncgraph run`` imports this file, calls ``build_job()`` and runs the job:
-mini-batches of tickets, a concurrent forward (router call, then a judge call
+``asyncgraph run`` imports this file, calls ``build_job()`` and runs the job on
+the ``TicketRouter`` Module below: mini-batches of tickets, a concurrent forward (router call, then a judge call
 per ticket), ``await backward`` over the batch's judgements, a TGD step on the
 system prompt, validation every other step, a checkpoint after every step, and
 ``history.json`` / ``metrics.png`` in the output directory.
@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from asyncgraph import Parameter, Variable
+from asyncgraph import Module, Parameter, Variable
 from asyncgraph.jobs import Evaluation, Job
 from asyncgraph.models import SimulatedModel
 from asyncgraph.optim import TGD
@@ -166,6 +166,36 @@ def respond(messages: Sequence[Mapping[str, Any]]) -> str:
 # --- The job ----------------------------------------------------------------------------
 
 
+class TicketRouter(Module):
+    """The program being optimized: one prompt (its parameter), a router call and a judge.
+
+    ``await router(example)`` labels the example's ticket and returns its
+    ``Evaluation``. After the job, ``router.load_state_dict(checkpoint["module"])``
+    puts the learned prompt into a fresh ``TicketRouter`` (``router.save(path)`` /
+    ``router.load(path)`` keep it in a file of its own).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = Parameter(INITIAL_PROMPT, role="system prompt of the ticket router")
+        self.judge = TextLoss(
+            JUDGE_INSTRUCTION, model=MODEL, template=JUDGE_TEMPLATE, base_url=BASE_URL
+        )
+
+    async def forward(self, example: Mapping[str, Any]) -> Evaluation:
+        ticket = Variable(example["ticket"], role="support ticket")
+        prediction = await llm_call(
+            self.prompt, ticket, model=MODEL, base_url=BASE_URL, role="predicted label"
+        )
+        expected = Variable(example["label"], role="expected label")
+        loss = await self.judge(ticket=ticket, expected=expected, prediction=prediction)
+        return Evaluation(
+            loss=loss,
+            score=score(str(prediction.data), example["label"]),
+            prediction=prediction.data,
+        )
+
+
 def build_job() -> Job:
     """The job ``asyncgraph run`` runs: called once per run (and once more on --resume)."""
     if MODEL == SIMULATED:
@@ -173,27 +203,12 @@ def build_job() -> Job:
             SIMULATED,
             SimulatedModel(latency_s=LATENCY_MS / 1000, responder=respond, tag_replies=False),
         )
-    prompt = Parameter(INITIAL_PROMPT, role="system prompt of the ticket router")
-    judge = TextLoss(JUDGE_INSTRUCTION, model=MODEL, template=JUDGE_TEMPLATE, base_url=BASE_URL)
-
-    async def forward(example: Mapping[str, Any]) -> Evaluation:
-        ticket = Variable(example["ticket"], role="support ticket")
-        prediction = await llm_call(
-            prompt, ticket, model=MODEL, base_url=BASE_URL, role="predicted label"
-        )
-        expected = Variable(example["label"], role="expected label")
-        loss = await judge(ticket=ticket, expected=expected, prediction=prediction)
-        return Evaluation(
-            loss=loss,
-            score=score(str(prediction.data), example["label"]),
-            prediction=prediction.data,
-        )
-
+    router = TicketRouter()
     return Job(
         name="ticket-router",
-        parameters=[prompt],
-        optimizer=TGD([prompt], model=MODEL, base_url=BASE_URL, momentum=2),
-        forward=forward,
+        parameters=router,  # the checkpoint holds router.state_dict(); resume loads it back
+        optimizer=TGD(router.parameters(), model=MODEL, base_url=BASE_URL, momentum=2),
+        forward=router,
         train_set=TRAIN,
         val_set=VALIDATION,
         batch_size=4,

@@ -44,3 +44,32 @@ def test_no_command_prints_help_and_exits_2() -> None:
     )
     assert done.returncode == 2
     assert "COMMAND" in done.stdout
+
+
+def test_version_prints_the_installed_version() -> None:
+    import asyncgraph
+
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncgraph", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"asyncgraph {asyncgraph.__version__}"
+
+
+def test_a_bad_flag_after_a_subcommand_prints_that_subcommands_usage() -> None:
+    for argv, usage in (
+        (["demo", "--bogus"], "usage: asyncgraph demo"),
+        (["run", "job.py", "--bogus"], "usage: asyncgraph run"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncgraph", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert usage in done.stderr, done.stderr
+        assert "unrecognized arguments: --bogus" in done.stderr

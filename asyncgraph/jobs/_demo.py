@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from asyncgraph import Module
+
 from .._variable import Parameter, Variable
 from ..models import SimulatedModel
 from ..optim import TGD
@@ -35,6 +37,7 @@ __all__ = [
     "DEMO_MODEL",
     "DemoAnswer",
     "DemoJudge",
+    "DemoProgram",
     "INITIAL_PROMPT",
     "INSTRUCTIONS",
     "build_demo_job",
@@ -164,6 +167,41 @@ class DemoJudge(FormattedLLMCall):
     """The demo's judge call (see :class:`DemoAnswer`)."""
 
 
+class DemoProgram(Module):
+    """The demo's program: a solver with a system prompt, graded by a judge.
+
+    ``system_prompt`` is its one parameter; ``await program(example)`` answers the
+    example's question and returns its :class:`Evaluation` (the judge's verdict is
+    the loss, exact match the score).
+    """
+
+    def __init__(self, model: str = DEMO_MODEL, base_url: str | None = None) -> None:
+        super().__init__()
+        self.system_prompt = Parameter(
+            INITIAL_PROMPT, role="system prompt of the question answerer"
+        )
+        self.model = model
+        self.base_url = base_url
+        self.judge = TextLoss(
+            JUDGE_INSTRUCTION,
+            model=model,
+            template=JUDGE_TEMPLATE,
+            base_url=base_url,
+            function=DemoJudge,
+        )
+
+    async def forward(self, example: Mapping[str, Any]) -> Evaluation:
+        question = Variable(example["question"], role="question")
+        options: dict[str, Any] = {"model": self.model, "role": "answer"}
+        if self.base_url is not None:
+            options["base_url"] = self.base_url
+        answer: Variable = await DemoAnswer.apply(self.system_prompt, question, **options)
+        expected = Variable(example["answer"], role="expected answer")
+        loss = await self.judge(question=question, expected=expected, answer=answer)
+        score = float(str(answer.data).strip() == example["answer"])
+        return Evaluation(loss=loss, score=score, prediction=answer.data)
+
+
 def build_demo_job(
     model: str = DEMO_MODEL,
     *,
@@ -173,34 +211,16 @@ def build_demo_job(
     seed: int = 0,
     latency_ms: float | None = None,
 ) -> tuple[Job, Parameter]:
-    """The demo job and its parameter (the system prompt).
+    """The demo job and its parameter (the system prompt of its :class:`DemoProgram`).
 
     Its ``config`` (part of what a checkpoint must match to be resumed) holds
     the model spec, ``base_url``, the simulated model's ``latency_ms`` (None for
     a real model), epochs, batch size and the optimizer's settings.
     """
     data = load_dataset()
-    prompt = Parameter(INITIAL_PROMPT, role="system prompt of the question answerer")
-    judge = TextLoss(
-        JUDGE_INSTRUCTION,
-        model=model,
-        template=JUDGE_TEMPLATE,
-        base_url=base_url,
-        function=DemoJudge,
-    )
-
-    async def forward(example: Mapping[str, Any]) -> Evaluation:
-        question = Variable(example["question"], role="question")
-        options: dict[str, Any] = {"model": model, "role": "answer"}
-        if base_url is not None:
-            options["base_url"] = base_url
-        answer: Variable = await DemoAnswer.apply(prompt, question, **options)
-        expected = Variable(example["answer"], role="expected answer")
-        loss = await judge(question=question, expected=expected, answer=answer)
-        score = float(str(answer.data).strip() == example["answer"])
-        return Evaluation(loss=loss, score=score, prediction=answer.data)
-
-    optimizer = TGD([prompt], model=model, base_url=base_url, momentum=2)
+    program = DemoProgram(model, base_url)
+    prompt = program.system_prompt
+    optimizer = TGD(program.parameters(), model=model, base_url=base_url, momentum=2)
     (group,) = optimizer.state_dict()["param_groups"]
     config = {
         "model": model,
@@ -215,9 +235,9 @@ def build_demo_job(
     }
     job = Job(
         name="demo-prompt-optimization",
-        parameters=[prompt],
+        parameters=program,
         optimizer=optimizer,
-        forward=forward,
+        forward=program,
         train_set=data["train"],
         val_set=data["val"],
         batch_size=batch_size,

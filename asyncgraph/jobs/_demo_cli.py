@@ -29,7 +29,7 @@ from ._cli_common import (
     run_command,
     usage_error,
 )
-from ._run_cli import outputs
+from ._run_cli import add_max_attempts, apply_max_attempts, outputs
 from ._runner import JobResult, run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
@@ -63,7 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100.0,
         help="simulated model latency per call (default 100)",
     )
-    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="passes over the 24 training questions, 3 steps each (default: 2)",
+    )
+    add_max_attempts(parser)
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -206,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
     problem = _usage_problem(args)
     if problem is not None:
         return usage_error(problem)
+    apply_max_attempts(args)
     where = (
         f"{args.workers} local worker processes via an embedded redis-server"
         if args.workers

@@ -3,7 +3,8 @@
 ``steps.jsonl`` in the run directory gets a line when the job starts (step 0: the
 initial parameter values) and after every step, written before that step's checkpoint:
 the step, the wall time, each parameter's value and the feedback it received in the
-step (its ``.grad`` before the optimizer used it), the step's trace file (with
+step (its ``.grad`` before the optimizer used it; named by its role and, in a job over
+a Module, its dotted name), the step's trace file (with
 ``trace=True``: ``traces/step-NNNN.json``, a Chrome / Perfetto timeline of the whole
 step, its phases on the first row) and the call log (with ``log_calls=PATH``: every
 model call, labelled with its step and phase). A step that was redone after an
@@ -70,6 +71,7 @@ class JobRecorder:
         out: Path,
         parameters: Sequence[Parameter],
         *,
+        names: Sequence[str] = (),
         name: str,
         total_steps: int | None = None,
         trace: bool = False,
@@ -77,6 +79,7 @@ class JobRecorder:
     ) -> None:
         self.out = out
         self.parameters = list(parameters)
+        self.names = list(names) if names else [""] * len(self.parameters)
         self.name = name
         self.total_steps = total_steps
         self.trace = trace
@@ -185,12 +188,15 @@ class JobRecorder:
 
     # -- files --------------------------------------------------------------------------
     def _values(self, *, feedback: bool) -> dict[str, Any]:
-        params = [{"role": p.role, "value": json_value(p.data)} for p in self.parameters]
+        params = [
+            {"name": n, "role": p.role, "value": json_value(p.data)}
+            for n, p in zip(self.names, self.parameters, strict=True)
+        ]
         result: dict[str, Any] = {"parameters": params}
         if feedback:
             result["feedback"] = [
-                {"role": p.role, "feedback": json_value(f)}
-                for p, f in zip(self.parameters, self._feedback, strict=True)
+                {"name": n, "role": p.role, "feedback": json_value(f)}
+                for n, p, f in zip(self.names, self.parameters, self._feedback, strict=True)
             ]
         return result
 

@@ -40,6 +40,7 @@ class Reporter:
     # The widths that fit an 80-column terminal: name, bar, "12/12", "0:01:23", and
     # the rest (about 30 columns) for the metrics.
     NAME_WIDTH = 20
+    NAME_MAX_WIDTH = 32  # a longer name is cut (with an ellipsis) only past this
     BAR_WIDTH = 16
 
     def __init__(self, name: str, total_steps: int, *, enabled: bool = True) -> None:
@@ -70,7 +71,9 @@ class Reporter:
                 TextColumn(
                     "[bold]{task.description}",
                     table_column=Column(
-                        max_width=self.NAME_WIDTH, no_wrap=True, overflow="ellipsis"
+                        max_width=max(self.NAME_WIDTH, min(len(self.name), self.NAME_MAX_WIDTH)),
+                        no_wrap=True,
+                        overflow="ellipsis",
                     ),
                 ),
                 BarColumn(bar_width=self.BAR_WIDTH),
@@ -94,7 +97,7 @@ class Reporter:
             )
             self._progress.start()
         elif step:
-            print(f"{self.name}: resuming at step {step}/{self.total}", flush=True)
+            print(f"{self.name}: resuming after step {step}/{self.total}", flush=True)
 
     @staticmethod
     def _rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,23 +10,27 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import os
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .._exceptions import AsyncGraphError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     add_observe_arguments,
     check_live_workers,
+    positive_int,
     redis_problem,
     run_command,
     usage_error,
 )
 from ._runner import Job, JobResult, run_job
 
-__all__ = ["add_arguments", "load_job_file", "run"]
+__all__ = ["JobFileError", "add_arguments", "load_job_file", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,38 +49,111 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start over even if --out holds a checkpoint (it is replaced)",
     )
     parser.add_argument(
-        "--out", metavar="DIR", help="checkpoint/metrics directory (default: runs/<job name>)"
+        "--out",
+        metavar="DIR",
+        help=f"checkpoint/metrics directory (default: {DEFAULT_RUNS_DIR}/<job name>, announced)",
     )
+    add_max_attempts(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     add_observe_arguments(parser)
 
 
-def load_job_file(path: str | Path) -> ModuleType:
-    """Import a job file by path (the user's own code) and return the module."""
+DEFAULT_RUNS_DIR = "runs"
+
+
+class JobFileError(AsyncGraphError):
+    """A job file that cannot be run: the one line ``asyncgraph run`` prints."""
+
+
+def _where(exc: BaseException, file: Path) -> str:
+    """`` (file:line)`` for the deepest frame of ``exc`` in the job file, else ``""``."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if os.path.abspath(f.filename) == os.path.abspath(file)
+    ]
+    return f" ({file}:{frames[-1].lineno})" if frames else ""
+
+
+def _syntax_error(exc: SyntaxError, file: Path) -> JobFileError:
+    """A SyntaxError as ``file:line:col: message`` with the line and a caret under it."""
+    text = (exc.text or "").rstrip("\n")
+    stripped = text.lstrip()
+    caret = ""
+    if stripped and exc.offset:
+        column = max(0, exc.offset - 1 - (len(text) - len(stripped)))
+        caret = f"\n    {stripped}\n    {' ' * column}^"
+    return JobFileError(f"{file}:{exc.lineno}:{exc.offset or 0}: SyntaxError: {exc.msg}{caret}")
+
+
+def job_file_problem(path: str | Path) -> str | None:
+    """What makes ``path`` unusable as a job file before reading it, or None."""
     file = Path(path)
+    if file.is_dir():
+        return (
+            f"{str(file)!r} is a directory, not a job file: pass the Python file that "
+            f"defines build_job(), e.g. {str(file / 'job.py')!r}"
+        )
+    if not file.exists():
+        return f"job file {str(file)!r} does not exist"
     if not file.is_file():
-        raise FileNotFoundError(f"job file {str(file)!r} does not exist")
+        return f"{str(file)!r} is not a regular file: pass a Python file that defines build_job()"
+    return None
+
+
+def load_job_file(path: str | Path) -> ModuleType:
+    """Import a job file by path (the user's own code) and return the module.
+
+    Raises ``JobFileError`` (one line saying what and where) when the file is missing,
+    does not compile, or raises while it is imported.
+    """
+    file = Path(path)
+    problem = job_file_problem(file)
+    if problem is not None:
+        raise JobFileError(problem)
     spec = importlib.util.spec_from_file_location(f"asyncgraph_job_{file.stem}", file)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {str(file)!r} as a Python file")
+        raise JobFileError(f"cannot load {str(file)!r} as a Python file (does it end in .py?)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(spec.name, None)
+        raise _syntax_error(exc, file) from exc
+    except Exception as exc:
+        sys.modules.pop(spec.name, None)
+        raise JobFileError(
+            f"job file {str(file)!r} raised {type(exc).__name__} while it was imported"
+            f"{_where(exc, file.resolve())}: {exc}"
+        ) from exc
     return module
 
 
 async def build(module: ModuleType) -> Job:
+    """Call the job file's ``build_job()``; ``JobFileError`` for anything wrong with it."""
+    file = Path(str(module.__file__))
     factory = getattr(module, "build_job", None)
     if factory is None or not callable(factory):
-        raise AttributeError(
-            f"{module.__file__} defines no build_job(); a job file defines "
+        raise JobFileError(
+            f"{file} defines no build_job(); a job file defines "
             f"`def build_job() -> asyncgraph.jobs.Job` (may be async)"
         )
-    job: Any = factory()
-    if inspect.isawaitable(job):
-        job = await job
+    try:
+        job: Any = factory()
+        if inspect.isawaitable(job):
+            job = await job
+    except AsyncGraphError:
+        raise
+    except Exception as exc:
+        raise JobFileError(
+            f"build_job() in {file} raised {type(exc).__name__}{_where(exc, file)}: {exc}"
+        ) from exc
     if not isinstance(job, Job):
-        raise TypeError(f"build_job() must return asyncgraph.jobs.Job, got {job!r:.80}")
+        raise JobFileError(
+            f"build_job() in {file} must return an asyncgraph.jobs.Job, got "
+            f"{type(job).__name__}: {job!r:.80}"
+        )
     return job
 
 
@@ -122,11 +199,11 @@ async def run_with_optional_redis(
 def run(args: argparse.Namespace) -> int:
     # A missing file or a file without build_job() is a usage error, not a crash of the
     # user's code: say so without a traceback.
-    if not Path(args.job_file).is_file():
-        return usage_error(f"job file {args.job_file!r} does not exist")
-    problem = redis_problem(args.redis, args.queue)
+    problem = job_file_problem(args.job_file) or redis_problem(args.redis, args.queue)
     if problem is not None:
         return usage_error(problem)
+    apply_max_attempts(args)
+    used_out: list[Path] = []  # the run directory, once the job is built
 
     async def main() -> int:
         if args.redis is not None:
@@ -136,14 +213,14 @@ def run(args: argparse.Namespace) -> int:
             if missing is not None:
                 print(f"error: {missing}", file=sys.stderr)
                 return EXIT_ERROR
-        module = load_job_file(args.job_file)
-        if not callable(getattr(module, "build_job", None)):
-            return usage_error(
-                f"{args.job_file} defines no build_job(); a job file defines "
-                f"`def build_job() -> asyncgraph.jobs.Job` (may be async)"
-            )
-        job = await build(module)
-        out = Path(args.out) if args.out else Path("runs") / job.name
+        try:
+            job = await build(load_job_file(args.job_file))
+        except JobFileError as exc:
+            return usage_error(str(exc))
+        out = Path(args.out) if args.out else Path(DEFAULT_RUNS_DIR) / job.name
+        if not args.out:
+            announce_default_out(out)
+        used_out.append(out)
         result = await run_with_optional_redis(
             job,
             out,
@@ -156,9 +233,71 @@ def run(args: argparse.Namespace) -> int:
             log_calls=args.log_calls,
         )
         summary(result, overwrite=args.overwrite)
+        if not result.interrupted and not result.already_finished:
+            print_parameters(job)
         return EXIT_INTERRUPTED if result.interrupted else 0
 
-    return run_command(main)
+    code = run_command(main)
+    if code == EXIT_ERROR and used_out:  # after the error line: how to go on from here
+        resume_hint(used_out[0], overwrite=args.overwrite)
+    return code
+
+
+def add_max_attempts(parser: argparse.ArgumentParser) -> None:
+    """``--max-attempts N``: retries of spec-built models (``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``)."""
+    parser.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        metavar="N",
+        help="attempts per model call before it fails (1: no retries; default 4, or "
+        "ASYNCGRAPH_MODEL_MAX_ATTEMPTS); workers started by this command inherit it",
+    )
+
+
+def apply_max_attempts(args: argparse.Namespace) -> None:
+    """Put ``--max-attempts`` where spec-built models (and local workers) read it."""
+    if getattr(args, "max_attempts", None) is not None:
+        os.environ["ASYNCGRAPH_MODEL_MAX_ATTEMPTS"] = str(args.max_attempts)
+
+
+def _in_git_repo_without_ignore(directory: Path, name: str) -> bool:
+    """True when ``directory`` is in a git work tree whose top .gitignore lacks ``name``."""
+    for parent in [directory, *directory.parents]:
+        if (parent / ".git").exists():
+            ignore = parent / ".gitignore"
+            lines = ignore.read_text().splitlines() if ignore.is_file() else []
+            return not any(line.strip().strip("/") == name for line in lines)
+    return False
+
+
+def announce_default_out(out: Path) -> None:
+    """Say where a run without ``--out`` writes (and that runs/ belongs in .gitignore)."""
+    note = f"run directory: {out}/ (the default; --out DIR to choose)"
+    if _in_git_repo_without_ignore(Path.cwd(), DEFAULT_RUNS_DIR):
+        note += f"; add '{DEFAULT_RUNS_DIR}/' to your .gitignore"
+    print(note, flush=True)
+
+
+def resume_hint(out: Path, *, overwrite: bool = False) -> None:
+    """After a failed run: how to continue from its last checkpoint, if it left one."""
+    if (out / "checkpoint.json").is_file():
+        print(
+            f"the checkpoint of the last completed step is in {out}: continue with the same "
+            f"command plus --resume" + (" (instead of --overwrite)" if overwrite else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def print_parameters(job: Job, *, width: int = 400) -> None:
+    """The job's parameters as they ended: what the run produced."""
+    names = job.param_names or [p.role or f"parameter {i}" for i, p in enumerate(job.params)]
+    print("final parameters:")
+    for name, param in zip(names, job.params, strict=True):
+        text = str(param.data)
+        if len(text) > width:
+            text = text[: width - 3] + "..."
+        print(f"  {name}: {text}")
 
 
 def outputs(result: JobResult) -> str:
@@ -170,6 +309,12 @@ def outputs(result: JobResult) -> str:
 
 
 def summary(result: JobResult, *, overwrite: bool = False) -> None:
+    if result.already_finished:
+        print(
+            f"already finished ({result.steps_done} step(s)); nothing to do. "
+            f"Its results are in {result.out_dir}; --overwrite starts it over"
+        )
+        return
     state = "interrupted" if result.interrupted else "finished"
     print(
         f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s; "

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import anyio
 
+from asyncgraph import Module
+
 from .._autodiff import backward
 from .._grad_mode import no_grad
 from .._graph import graph_order
@@ -75,7 +77,12 @@ class Job:
 
     ``forward(example)`` builds the graph for one example and returns an
     :class:`Evaluation`. ``parameters`` are what ``optimizer`` updates; their
-    values are checkpointed. Tokens and cost are those of every model call
+    values are checkpointed. ``parameters`` may be a :class:`asyncgraph.Module`
+    (the program whose ``forward`` the job's ``forward`` calls): its parameters,
+    in ``named_parameters()`` order, are the job's, the checkpoint stores its
+    ``state_dict()`` (field ``"module"``, with the parameters' names and roles
+    in ``"parameters"``), and a resume loads it back with ``load_state_dict``
+    (so a checkpoint from a Module with other parameters is refused by name). Tokens and cost are those of every model call
     made by the job (``asyncgraph.models.track_usage``), on workers too when
     the backward runs on a fleet. ``config`` holds the settings that
     change the job's results and are not visible to the runner (model, endpoint,
@@ -87,7 +94,7 @@ class Job:
     """
 
     name: str
-    parameters: Sequence[Parameter]
+    parameters: Sequence[Parameter] | Module
     optimizer: _Optimizer
     forward: Callable[[Mapping[str, Any]], Awaitable[Evaluation]]
     train_set: Sequence[Mapping[str, Any]]
@@ -98,8 +105,26 @@ class Job:
     validate_every: int = 1
     seed: int = 0
     config: Mapping[str, Any] = field(default_factory=dict)
+    module: Module | None = field(init=False, default=None, repr=False)
+    """The Module given as ``parameters``, else None."""
+    params: list[Parameter] = field(init=False, default_factory=list, repr=False)
+    """The parameters as a list (those of the Module, when one was given)."""
+    param_names: list[str] = field(init=False, default_factory=list, repr=False)
+    """Their dotted names in the Module (empty without one)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.parameters, Module):
+            self.module = self.parameters
+            named = list(self.module.named_parameters())
+            if not named:
+                raise ValueError(
+                    f"job {self.name!r}: its Module {type(self.module).__name__} has no "
+                    f"parameters to optimize"
+                )
+            self.param_names = [name for name, _ in named]
+            self.params = [param for _, param in named]
+        else:
+            self.params = list(self.parameters)
         if not self.train_set:
             raise ValueError(f"job {self.name!r} has an empty train_set")
         for name in ("batch_size", "epochs", "max_concurrency", "validate_every"):
@@ -132,9 +157,9 @@ class Job:
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this job (JSON data)."""
-        return {
+        identity = {
             "name": self.name,
-            "parameters": [p.role for p in self.parameters],
+            "parameters": [p.role for p in self.params],
             "train_set": fingerprint_data(list(self.train_set)),
             "val_set": fingerprint_data(list(self.val_set)),
             "batch_size": self.batch_size,
@@ -143,6 +168,9 @@ class Job:
             "optimizer": type(self.optimizer).__name__,
             "config": self._config_json(),
         }
+        if self.module is not None:
+            identity["module"] = list(self.param_names)
+        return identity
 
     def batch(self, step: int) -> list[Mapping[str, Any]]:
         epoch, index = divmod(step, self.steps_per_epoch)
@@ -157,7 +185,8 @@ class JobResult:
     """How a job ended: its metrics history and final parameter values.
 
     ``plot_path`` is where ``metrics.png`` was written, None when it was not
-    (matplotlib is not installed, or drawing failed).
+    (matplotlib is not installed, or drawing failed). ``already_finished`` is True
+    when a resume found every step done: nothing ran and nothing was rewritten.
     """
 
     history: list[dict[str, Any]]
@@ -170,6 +199,7 @@ class JobResult:
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     plot_path: Path | None = None
+    already_finished: bool = False
 
 
 async def _map_bounded(
@@ -274,6 +304,18 @@ def _saved_value(param: Parameter, saved: Any) -> tuple[Any, str | None]:
     return saved, None
 
 
+def _parameter_fields(job: Job) -> dict[str, Any]:
+    """The checkpoint's parameter values: a list, or a Module's names and state_dict."""
+    if job.module is None:
+        return {"parameters": [{"role": p.role, "data": _parameter_data(p)} for p in job.params]}
+    return {
+        "parameters": [
+            {"name": n, "role": p.role} for n, p in zip(job.param_names, job.params, strict=True)
+        ],
+        "module": job.module.state_dict(),
+    }
+
+
 def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
     """Put a loaded checkpoint's parameters and optimizer state into ``job``.
 
@@ -303,20 +345,31 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
     initial = state.get("initial_val_score")
     if initial is not None and not _is_number(initial):
         raise corrupt(f"initial_val_score is {initial!r:.60}, not a number or null")
+    if job.module is not None:
+        _restore_module(job, job.module, state, corrupt)
+        return
     if (
         not isinstance(saved, list)
-        or len(saved) != len(job.parameters)
+        or len(saved) != len(job.params)
         or not all(isinstance(item, dict) and "data" in item for item in saved)
     ):
-        raise corrupt(f"'parameters' is not a list of {len(job.parameters)} {{role, data}} maps")
+        raise corrupt(f"'parameters' is not a list of {len(job.params)} {{role, data}} maps")
     values = []
-    for i, (param, item) in enumerate(zip(job.parameters, saved, strict=True)):
+    for i, (param, item) in enumerate(zip(job.params, saved, strict=True)):
         if item.get("role") != param.role:
             raise corrupt(f"parameter {i} has role {item.get('role')!r}, not {param.role!r}")
         value, wrong = _saved_value(param, item["data"])
         if wrong is not None:
             raise corrupt(f"the value of parameter {i} ({param.role!r}) is {wrong}")
         values.append(value)
+    _load_optimizer(job, state, corrupt)
+    for param, value in zip(job.params, values, strict=True):
+        param.data = value
+
+
+def _load_optimizer(
+    job: Job, state: Mapping[str, Any], corrupt: Callable[[str], CheckpointError]
+) -> None:
     before = job.optimizer.state_dict()
     try:
         job.optimizer.load_state_dict(state["optimizer"])
@@ -327,8 +380,35 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> None:
             f"its optimizer state does not load into this job's {type(job.optimizer).__name__} "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    for param, value in zip(job.parameters, values, strict=True):
-        param.data = value
+
+
+def _restore_module(
+    job: Job,
+    module: Module,
+    state: Mapping[str, Any],
+    corrupt: Callable[[str], CheckpointError],
+) -> None:
+    """``_restore`` for a Module job: names and roles checked, values through load_state_dict."""
+    saved = state["parameters"]
+    want = [{"name": n, "role": p.role} for n, p in zip(job.param_names, job.params, strict=True)]
+    if saved != want:
+        raise corrupt(
+            f"'parameters' is {saved!r:.200}, not the {len(want)} {{name, role}} maps of "
+            f"{type(module).__name__}'s parameters"
+        )
+    values = state.get("module")
+    if not isinstance(values, dict):
+        raise corrupt("field 'module' (the Module's state_dict) is missing or not a map")
+    before = module.state_dict()
+    try:
+        module.load_state_dict(values, strict=True)
+    except (KeyError, ValueError, TypeError) as exc:  # nothing changed: it checks first
+        raise corrupt(f"its 'module' state does not load ({exc})") from None
+    try:
+        _load_optimizer(job, state, corrupt)
+    except CheckpointError:
+        module.load_state_dict(before)
+        raise
 
 
 def _load(job: Job, path: Path, identity: Mapping[str, Any]) -> dict[str, Any]:
@@ -392,6 +472,8 @@ async def run_job(
         step = state["step"]
         history = list(state["history"])
         initial_val = state.get("initial_val_score")
+        if step >= job.total_steps:
+            return _result(job, history, initial_val, step, False, out, started, None, True)
     else:
         if ckpt_path.exists() and not overwrite:
             raise CheckpointError(
@@ -403,7 +485,8 @@ async def run_job(
     reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
     recorder = JobRecorder(
         out,
-        job.parameters,
+        job.params,
+        names=job.param_names,
         name=job.name,
         total_steps=job.total_steps,
         trace=trace,
@@ -434,9 +517,7 @@ async def run_job(
                 "step": step,
                 "epoch": epoch,
                 "position": position * job.batch_size,
-                "parameters": [
-                    {"role": p.role, "data": _parameter_data(p)} for p in job.parameters
-                ],
+                **_parameter_fields(job),
                 "optimizer": job.optimizer.state_dict(),
                 "history": history,
                 "initial_val_score": initial_val,
@@ -563,12 +644,26 @@ async def run_job(
     if failure is not None:
         raise failure
 
+    return _result(job, history, initial_val, step, interrupted, out, started, plot_path, False)
+
+
+def _result(
+    job: Job,
+    history: list[dict[str, Any]],
+    initial_val: float | None,
+    step: int,
+    interrupted: bool,
+    out: Path,
+    started: float,
+    plot_path: Path | None,
+    already_finished: bool,
+) -> JobResult:
     final_val = next(
         (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
     )
     return JobResult(
         history=history,
-        parameters=[p.data for p in job.parameters],
+        parameters=[p.data for p in job.params],
         initial_val_score=initial_val,
         final_val_score=final_val,
         steps_done=step,
@@ -576,4 +671,5 @@ async def run_job(
         out_dir=out,
         wall_s=time.perf_counter() - started,
         plot_path=plot_path,
+        already_finished=already_finished,
     )

@@ -159,7 +159,8 @@ def _history(run_dir: Path, ckpt: Any) -> list[dict[str, Any]]:
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Everything the dashboard shows of one run (JSON data); see the module docstring.
 
-    ``parameters``: one entry per parameter (by role, in order) with ``steps``: per
+    ``parameters``: one entry per parameter (name in the job's Module, if any, and role;
+    in order) with ``steps``: per
     step that recorded it, the value, the ``diff`` against the previous step
     (``word_diff``; None at the first) and the feedback received in that step.
     """
@@ -167,33 +168,35 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     ckpt = _read_json(path / "checkpoint.json")
     history = _history(path, ckpt)
     steps = _read_steps(path)
-    roles: list[str] = []
+    keys: list[str] = []  # a parameter's dotted name in the job's Module, else its role
+    roles: dict[str, str] = {}
     series: dict[str, list[dict[str, Any]]] = {}
     previous: dict[str, str] = {}
     for record in steps:
         feedback = {
-            f.get("role"): f.get("feedback")
+            f.get("name") or f.get("role"): f.get("feedback")
             for f in record.get("feedback", [])
             if isinstance(f, dict)
         }
         for item in record.get("parameters", []):
             if not isinstance(item, dict):
                 continue
-            role = str(item.get("role", ""))
-            if role not in series:
-                roles.append(role)
-                series[role] = []
+            key = str(item.get("name") or item.get("role", ""))
+            if key not in series:
+                keys.append(key)
+                roles[key] = str(item.get("role", ""))
+                series[key] = []
             text = _as_text(item.get("value"))
-            series[role].append(
+            series[key].append(
                 {
                     "step": record["step"],
                     "value": text,
-                    "diff": None if role not in previous else word_diff(previous[role], text),
-                    "changed": role in previous and previous[role] != text,
-                    "feedback": feedback.get(role),
+                    "diff": None if key not in previous else word_diff(previous[key], text),
+                    "changed": key in previous and previous[key] != text,
+                    "feedback": feedback.get(key),
                 }
             )
-            previous[role] = text
+            previous[key] = text
     call_logs = {r["call_log"] for r in steps if isinstance(r.get("call_log"), str)}
     return {
         **run_summary(path, steps),
@@ -209,7 +212,10 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             }
             for r in steps
         ],
-        "parameters": [{"role": role, "steps": series[role]} for role in roles],
+        "parameters": [
+            {"name": key if key != roles[key] else "", "role": roles[key], "steps": series[key]}
+            for key in keys
+        ],
         "call_log": sorted(call_logs)[-1] if call_logs else None,
         "traces": sorted(p.name for p in (path / TRACES_DIR).glob("step-*.json")),
     }

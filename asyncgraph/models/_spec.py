@@ -14,6 +14,9 @@ is configured without code:
     ``memory``, ``disk:/some/dir`` or ``redis://...`` (``rediss://``): a response cache,
     shared by the spec-built models of this process (and with ``disk:`` / ``redis://``, by
     every process using the same store). ``off`` or unset: no cache.
+``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``
+    how many attempts a call gets before it fails (``Retry(max_attempts=N)``; 1 turns
+    retries off; default 4). ``asyncgraph run`` / ``demo --max-attempts N`` set it.
 
 **Allowed base URLs.** A worker builds models from specs that arrive in tasks, with its
 own API key (``OPENAI_API_KEY``): a ``base_url`` taken from a task would send that key
@@ -41,11 +44,13 @@ from asyncgraph.models._exceptions import ModelConfigError
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
+from asyncgraph.models._retry import Retry
 from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
 
 __all__ = [
     "ENV_ALLOWED_BASE_URLS",
     "ENV_CACHE",
+    "ENV_MAX_ATTEMPTS",
     "ENV_RATE_REDIS",
     "ENV_RPM",
     "ENV_TPM",
@@ -64,6 +69,7 @@ ENV_TPM = "ASYNCGRAPH_MODEL_TPM"
 ENV_RATE_REDIS = "ASYNCGRAPH_MODEL_RATE_REDIS"
 ENV_CACHE = "ASYNCGRAPH_MODEL_CACHE"
 ENV_ALLOWED_BASE_URLS = "ASYNCGRAPH_ALLOWED_BASE_URLS"
+ENV_MAX_ATTEMPTS = "ASYNCGRAPH_MODEL_MAX_ATTEMPTS"
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _CACHE_FORMS = "'memory', 'disk:/path/to/dir', 'redis://host:6379/0' (or rediss://) or 'off'"
@@ -157,11 +163,29 @@ def _cache(environ: Mapping[str, str]) -> Cache | None:
         return cache
 
 
-def model_options_from_env(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The ``rate_limit`` / ``cache`` options the environment sets for a model called ``name``.
+def _retry(environ: Mapping[str, str]) -> Retry | None:
+    raw = environ.get(ENV_MAX_ATTEMPTS, "").strip()
+    if not raw:
+        return None
+    try:
+        attempts = int(raw)
+    except ValueError:
+        attempts = 0
+    if attempts < 1:
+        raise ModelConfigError(
+            f"{ENV_MAX_ATTEMPTS}={raw!r} is not a number of attempts: expected an integer >= 1 "
+            f"(1 turns retries off; the default is {Retry().max_attempts})",
+            variable=ENV_MAX_ATTEMPTS,
+            value=raw,
+        )
+    return Retry(max_attempts=attempts)
 
-    Reads ``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``, ``ASYNCGRAPH_MODEL_RATE_REDIS``
-    and ``ASYNCGRAPH_MODEL_CACHE`` from ``environ`` (default ``os.environ``; see the module
+
+def model_options_from_env(name: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``rate_limit`` / ``cache`` / ``retry`` options the environment sets for ``name``.
+
+    Reads ``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``, ``ASYNCGRAPH_MODEL_RATE_REDIS``,
+    ``ASYNCGRAPH_MODEL_CACHE`` and ``ASYNCGRAPH_MODEL_MAX_ATTEMPTS`` from ``environ`` (default ``os.environ``; see the module
     docstring). Only the options that are set appear in the result. Raises
     ``ModelConfigError`` (a ``ValueError``) naming the variable when a value is invalid.
     """
@@ -173,6 +197,9 @@ def model_options_from_env(name: str, environ: Mapping[str, str] | None = None) 
     cache = _cache(env)
     if cache is not None:
         options["cache"] = cache
+    retry = _retry(env)
+    if retry is not None:
+        options["retry"] = retry
     return options
 
 
@@ -268,7 +295,8 @@ def parse_model_spec(
 
     ``options`` go to the model's constructor (``retry=``, ``rate_limit=``, ``cache=``,
     ``pricing=``, ``timeout_s=``, ...). A ``rate_limit`` or ``cache`` not given here comes
-    from the environment (``ASYNCGRAPH_MODEL_RPM``, ``_TPM``, ``_RATE_REDIS``, ``_CACHE``:
+    from the environment (``ASYNCGRAPH_MODEL_RPM``, ``_TPM``, ``_RATE_REDIS``, ``_CACHE``;
+    a ``retry`` from ``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``:
     see ``model_options_from_env``); pass ``rate_limit=None`` / ``cache=None`` to opt out.
     A ``pricing`` not given comes from ``ASYNCGRAPH_MODEL_PRICES`` or the dated price
     table (``asyncgraph.models.PRICES``; see ``default_pricing``); a model named in
@@ -314,3 +342,7 @@ def _env_defaults(options: dict[str, Any], name: str) -> None:
         cache = _cache(os.environ)
         if cache is not None:
             options["cache"] = cache
+    if "retry" not in options:
+        retry = _retry(os.environ)
+        if retry is not None:
+            options["retry"] = retry

@@ -17,12 +17,13 @@ Example::
         tgd.zero_grad()
 """
 
-from asyncgraph.optim._exceptions import OptimizerError, UpdateParseError
+from asyncgraph.optim._exceptions import NoFeedbackWarning, OptimizerError, UpdateParseError
 from asyncgraph.optim._optimizer import Optimizer
 from asyncgraph.optim._sgd import SGD
 from asyncgraph.optim._tgd import TGD, parse_tagged
 
 __all__ = [
+    "NoFeedbackWarning",
     "Optimizer",
     "OptimizerError",
     "SGD",

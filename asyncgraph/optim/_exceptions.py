@@ -7,6 +7,9 @@ Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
         └── UpdateParseError             the model's reply held no improved value
                                          (also ValueError)
 
+    UserWarning
+    └── NoFeedbackWarning                a parameter got no gradient before a step
+
 Misuse of the Python API (a parameter twice, a bad option, a state_dict that
 does not match) raises the builtin ``TypeError`` / ``ValueError``; model
 failures are ``asyncgraph.models.ModelError`` subclasses and propagate.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from asyncgraph._exceptions import AsyncGraphError
 
-__all__ = ["OptimizerError", "UpdateParseError"]
+__all__ = ["NoFeedbackWarning", "OptimizerError", "UpdateParseError"]
 
 
 class OptimizerError(AsyncGraphError):
@@ -35,3 +38,16 @@ class UpdateParseError(OptimizerError, ValueError):
         self.role = role
         self.attempts = attempts
         self.reply = reply
+
+
+class NoFeedbackWarning(UserWarning):
+    """A parameter given to an optimizer received no gradient in the last backward.
+
+    Warned by ``step()``, once per such parameter per step (parameters with
+    ``requires_grad=False`` excepted): the parameter is not updated. Usually it
+    is not part of the graph of the loss (not passed to the calls, created under
+    ``no_grad()``), or ``zero_grad()`` ran between ``backward`` and ``step``. A
+    step where nothing needed fixing (e.g. a ``DeterministicEvaluator`` found
+    every prediction right) warns too; silence it with
+    ``warnings.simplefilter("ignore", NoFeedbackWarning)``.
+    """

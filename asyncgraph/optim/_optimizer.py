@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+import inspect
+import warnings
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from asyncgraph import enable_grad
 from asyncgraph._variable import Variable
+from asyncgraph.optim._exceptions import NoFeedbackWarning
 
-__all__ = ["Optimizer", "ParamGroup", "Params"]
+__all__ = ["Closure", "Optimizer", "ParamGroup", "Params"]
+
+Closure = Callable[[], Any | Awaitable[Any]]
+"""What ``step(closure)`` takes: a sync or async function that computes the loss and runs
+the backward (``zero_grad``, forward, ``await loss.backward()``) and returns the loss."""
 
 ParamGroup = dict[str, Any]
 Params = Iterable[Any]
@@ -23,9 +31,13 @@ class Optimizer:
     ``params`` is an iterable of Parameters (leaf Variables), or of dicts
     ``{"params": [...], **options}`` (parameter groups: each group's options
     override ``defaults``). ``param_groups`` holds the groups, ``state`` the
-    per-parameter state (a dict per Parameter). Subclasses implement
-    ``async step()`` and may convert their state to and from JSON-ready data
-    with ``_state_to_data`` / ``_state_from_data``.
+    per-parameter state (a dict per Parameter). ``await step(closure=None)``
+    updates the parameters; like ``torch.optim``, an optional ``closure`` (sync or
+    async) is called first, with grad enabled, to compute the loss and run the
+    backward, and ``step`` returns what it returned. A parameter that received no
+    gradient is not updated and draws a ``NoFeedbackWarning`` (once per step).
+    Subclasses implement ``async step()`` and may convert their state to and from
+    JSON-ready data with ``_state_to_data`` / ``_state_from_data``.
 
     ``state_dict()`` is JSON data that survives a round trip unchanged
     (``json.loads(json.dumps(d)) == d``): ``{"state": {"0": {...}}, "param_groups":
@@ -98,9 +110,48 @@ class Optimizer:
         for p in self.params:
             p.grad = None
 
-    async def step(self) -> None:
-        """Update the parameters from their gradients."""
+    async def step(self, closure: Closure | None = None) -> Any:
+        """Update the parameters from their gradients; returns ``closure``'s loss (or None).
+
+        Subclasses implement it, starting with ``loss = await self._run_closure(closure)``
+        and ending with ``return loss``, and call ``self._warn_no_feedback(params)`` with
+        the parameters they skip for lack of a gradient.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement async step()")
+
+    async def _run_closure(self, closure: Closure | None) -> Any:
+        """``closure()`` (awaited if async) with grad enabled, as ``torch.optim`` does; its
+        result is what ``step`` returns. None without a closure."""
+        if closure is None:
+            return None
+        if not callable(closure):
+            raise TypeError(
+                f"{type(self).__name__}.step(closure): closure must be a function that "
+                f"computes the loss and calls backward, got {closure!r:.80}"
+            )
+        with enable_grad():
+            loss = closure()
+            if inspect.isawaitable(loss):
+                loss = await loss
+        return loss
+
+    def _warn_no_feedback(self, skipped: Iterable[Variable]) -> None:
+        """One ``NoFeedbackWarning`` per parameter that got no gradient (``.grad is None``)."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for p in skipped:
+            if p.grad is not None or not p.requires_grad:
+                continue
+            name = f"parameter {index.get(id(p), '?')}" + (f" ({p.role!r})" if p.role else "")
+            warnings.warn(
+                NoFeedbackWarning(
+                    f"{type(self).__name__}.step(): {name} received no feedback in the last "
+                    f"backward, so it was not updated. If it should have: check that it is "
+                    f"used, with requires_grad=True and outside no_grad(), in computing the "
+                    f"loss that backward ran from, and that zero_grad() did not run between "
+                    f"backward and step"
+                ),
+                stacklevel=3,
+            )
 
     # -- state ------------------------------------------------------------------
     def _state_to_data(self, param: Variable, state: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def update_messages(
     open_tag: str,
     close_tag: str,
     system_prompt: str | None,
+    examples: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """The request for one parameter's improved value."""
     parts = [
@@ -59,6 +60,13 @@ def update_messages(
         parts.append(
             f"The improved variable must satisfy these constraints:\n<CONSTRAINTS>\n{listed}\n"
             f"</CONSTRAINTS>"
+        )
+    if examples:
+        listed = "\n".join(f"<EXAMPLE>\n{example}\n</EXAMPLE>" for example in examples)
+        parts.append(
+            f"Here are examples to guide the improved variable (good values of it, or of what "
+            f"it should lead to); follow their lead where the feedback allows:\n<EXAMPLES>\n"
+            f"{listed}\n</EXAMPLES>"
         )
     parts.append(
         f"Improve the variable ({role}) using the feedback. Send the complete improved "

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncgraph._variable import Variable
-from asyncgraph.optim._optimizer import Optimizer, ParamGroup, Params
+from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 
 __all__ = ["SGD"]
 
@@ -77,8 +77,10 @@ class SGD(Optimizer):
         ):
             raise ValueError("SGD: nesterov momentum requires momentum > 0 and dampening == 0")
 
-    async def step(self) -> None:
-        """Apply one update to every parameter that has a gradient."""
+    async def step(self, closure: Closure | None = None) -> Any:
+        """Apply one update to every parameter that has a gradient; returns the closure's loss."""
+        loss = await self._run_closure(closure)
+        self._warn_no_feedback(self.params)
         for group in self.param_groups:
             lr, momentum, dampening = group["lr"], group["momentum"], group["dampening"]
             for p in group["params"]:
@@ -102,6 +104,7 @@ class SGD(Optimizer):
                     state["momentum_buffer"] = buf
                     grad = grad + momentum * buf if group["nesterov"] else buf
                 p.data = p.data - lr * grad
+        return loss
 
     def _state_to_data(self, param: Variable, state: dict[str, Any]) -> dict[str, Any]:
         data = dict(state)

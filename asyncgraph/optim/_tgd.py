@@ -10,8 +10,9 @@ from typing import Any
 from asyncgraph._variable import Variable
 from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._exceptions import UpdateParseError
-from asyncgraph.optim._optimizer import Optimizer, ParamGroup, Params
+from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, summary_messages, update_messages
+from asyncgraph.text import current_models, feedback_defaults
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._prompts import describe
@@ -94,6 +95,15 @@ def _pack(pieces: list[str], tokens: int) -> list[list[str]]:
     return chunks
 
 
+def _examples(value: Any) -> list[str]:
+    if isinstance(value, str) or not all(isinstance(item, str) for item in value):
+        raise TypeError(
+            f"TGD: in_context_examples must be a list of str, got {value!r:.80}"
+            + ("; wrap it in a list" if isinstance(value, str) else "")
+        )
+    return list(value)
+
+
 def _excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -130,14 +140,20 @@ class TGD(Optimizer):
       guard.
 
     ``model``: a ChatModel, a spec or a registered name (see
-    ``asyncgraph.text.resolve_model``; ``base_url`` with a spec).
-    ``model_params``: model parameters for every request (``{"temperature": 0}``).
+    ``asyncgraph.text.resolve_model``; ``base_url`` with a spec); not given: the
+    default feedback model where ``step()`` runs (``asyncgraph.text.use_models``).
+    ``model_params``: model parameters for every request (``{"temperature": 0}``);
+    not given: the default feedback params.
     ``max_retries``: when a reply has no tagged value (or an empty one), the
     reply and a correction are sent back, up to this many extra times; then
     ``UpdateParseError`` names the parameter's role and shows the reply. A
     reply that cannot be parsed is never stored in (or replayed from) the
     model's response cache (``cache_if`` of a ``BaseChatModel``), so the next
     step asks the model again. ``system_prompt`` replaces the built-in one.
+    ``in_context_examples``: texts shown in every update request as examples to
+    follow (TextGrad's option): good values of the parameter, or of what it
+    should produce; a parameter group may give its own (``{"params": [...],
+    "in_context_examples": [...]}``). They are not cut to ``max_feedback_tokens``.
     Model errors propagate (``ModelError``).
 
     Example::
@@ -151,7 +167,7 @@ class TGD(Optimizer):
     def __init__(
         self,
         params: Params,
-        model: ModelLike,
+        model: ModelLike | None = None,
         *,
         base_url: str | None = None,
         constraints: Iterable[str] = (),
@@ -161,6 +177,7 @@ class TGD(Optimizer):
         tags: tuple[str, str] = DEFAULT_TAGS,
         model_params: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,
+        in_context_examples: Iterable[str] = (),
     ) -> None:
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"TGD: max_retries must be an int >= 0, got {max_retries!r}")
@@ -170,18 +187,19 @@ class TGD(Optimizer):
             or not all(isinstance(t, str) and t for t in tags)
         ):
             raise ValueError(f"TGD: tags must be two non-empty strings (open, close), got {tags!r}")
-        if not isinstance(model, str) and not isinstance(model, ChatModel):
+        if model is not None and not isinstance(model, (str, ChatModel)):
             raise TypeError(f"TGD: model must be a ChatModel or a model spec, got {model!r:.80}")
         if isinstance(constraints, str):
             raise TypeError(
                 f"TGD: constraints must be a list of str, got the str {constraints!r:.80}; "
                 f"wrap it in a list"
             )
+        self.in_context_examples = _examples(in_context_examples)
         self.model = model
         self.base_url = base_url
         self.max_retries = max_retries
         self.tags = (tags[0], tags[1])
-        self.model_params = dict(model_params or {})
+        self.model_params = None if model_params is None else dict(model_params)
         self.system_prompt = system_prompt
         super().__init__(
             params,
@@ -197,6 +215,8 @@ class TGD(Optimizer):
         if isinstance(constraints, str) or not all(isinstance(c, str) for c in constraints):
             raise TypeError(f"TGD: constraints must be a list of str, got {constraints!r:.80}")
         group["constraints"] = list(constraints)
+        if "in_context_examples" in group:  # a group's own examples (else the optimizer's)
+            group["in_context_examples"] = _examples(group["in_context_examples"])
         momentum = group.get("momentum", 0)
         if not isinstance(momentum, int) or isinstance(momentum, bool) or momentum < 0:
             raise ValueError(f"TGD: momentum must be an int >= 0 (past steps), got {momentum!r}")
@@ -209,24 +229,33 @@ class TGD(Optimizer):
             )
 
     def _model(self) -> ChatModel:
-        if isinstance(self.model, str):
-            return resolve_model(self.model, self.base_url)
-        return self.model
+        model, base_url = self.model, self.base_url
+        if model is None:  # the default feedback model (see use_models), read at step time
+            model, base_url, _ = feedback_defaults("TGD", None, None)
+        if isinstance(model, str):
+            return resolve_model(model, base_url)
+        return model
 
     async def _ask(
         self, model: ChatModel, messages: list[dict[str, Any]], usable: Callable[[str], bool]
     ) -> str:
         """One request; a reply that is not ``usable`` is kept out of the response cache."""
+        params = self.model_params
+        if params is None:  # the default feedback params (see use_models)
+            params = current_models().for_feedback()[2]
         if isinstance(model, BaseChatModel):
-            completion = await model.complete(
-                messages, cache_if=lambda c: usable(c.text), **self.model_params
-            )
+            completion = await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
         else:
-            completion = await model.complete(messages, **self.model_params)
+            completion = await model.complete(messages, **params)
         return completion.text
 
-    async def step(self) -> None:
-        """Update every parameter that has feedback; see the class docstring."""
+    async def step(self, closure: Closure | None = None) -> Any:
+        """Update every parameter that has feedback; see the class docstring.
+
+        ``closure``: see ``Optimizer.step``; its loss is returned (None without one).
+        """
+        loss = await self._run_closure(closure)
+        self._warn_no_feedback(self.params)
         jobs: list[tuple[Variable, ParamGroup, list[str]]] = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -240,7 +269,7 @@ class TGD(Optimizer):
                     )
                 jobs.append((p, group, entries))
         if not jobs:
-            return
+            return loss
         model = self._model()
         results: list[tuple[str, str] | None] = [None] * len(jobs)
 
@@ -260,6 +289,7 @@ class TGD(Optimizer):
                 history.append({"value": p.data, "feedback": used_feedback})
                 del history[:-momentum]
             p.data = new_value
+        return loss
 
     async def _update(
         self, model: ChatModel, p: Variable, group: ParamGroup, entries: list[str]
@@ -291,6 +321,7 @@ class TGD(Optimizer):
             open_tag=open_tag,
             close_tag=close_tag,
             system_prompt=self.system_prompt,
+            examples=group.get("in_context_examples", self.in_context_examples),
         )
 
         def parses(reply: str) -> bool:

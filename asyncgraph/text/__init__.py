@@ -8,8 +8,15 @@ backward asks it for feedback.
   model call. ``dispatch = "local"``.
 - :class:`TextLoss`: an LLM judge whose evaluation is the loss.
 - :class:`ExactMatch`, :class:`Metric`: non-differentiable metrics.
+- :class:`PythonCall`: a Python function on text (TextGrad's
+  StringBasedFunction); backward asks the feedback model about each input.
+  ``dispatch = "remote"``.
+- :class:`DeterministicEvaluator`: a metric in code returning a score and an
+  explanation, the explanation being the feedback (no LLM judge).
 - :func:`render_feedback`: a gradient (feedback from every path, in graph
   order) as one text; :func:`feedback_entries`, :func:`approx_tokens`.
+- :func:`use_models` (a block, this task) and :func:`set_default_models` (the
+  process): default models and params, so calls need no ``model=``.
 - :func:`register_model`, :func:`resolve_model`: how a model spec stored in a
   ctx (``"simulated"``, ``"openai:gpt-4o-mini"``, a registered name) becomes a
   model in this process, on a worker too. :class:`ModelRef` is such a reference;
@@ -32,10 +39,16 @@ Example::
     print(render_feedback(prompt.grad))
 """
 
+from asyncgraph.text._defaults import (
+    ModelDefaults,
+    current_models,
+    feedback_defaults,
+    set_default_models,
+    use_models,
+)
 from asyncgraph.text._exceptions import UnknownModelError
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._functions import (
-    REMOTE_FUNCTIONS,
     Concat,
     ExactMatch,
     FormattedLLMCall,
@@ -48,6 +61,13 @@ from asyncgraph.text._functions import (
     llm_call,
 )
 from asyncgraph.text._loss import TextLoss
+from asyncgraph.text._pyfunc import (
+    REMOTE_FUNCTIONS,
+    DeterministicEvaluator,
+    PythonCall,
+    deterministic_evaluator,
+    python_call,
+)
 from asyncgraph.text._registry import (
     ModelLike,
     ModelRef,
@@ -58,24 +78,33 @@ from asyncgraph.text._registry import (
 
 __all__ = [
     "Concat",
+    "DeterministicEvaluator",
     "ExactMatch",
     "FormattedLLMCall",
     "LLMCall",
     "Metric",
+    "ModelDefaults",
     "ModelLike",
     "ModelRef",
+    "PythonCall",
     "REMOTE_FUNCTIONS",
     "TextLoss",
     "UnknownModelError",
     "approx_tokens",
     "check_portable",
     "concat",
+    "current_models",
+    "deterministic_evaluator",
     "exact_match",
+    "feedback_defaults",
     "feedback_entries",
     "formatted_llm_call",
     "llm_call",
+    "python_call",
     "register_model",
     "render_feedback",
     "resolve_model",
+    "set_default_models",
     "unregister_model",
+    "use_models",
 ]

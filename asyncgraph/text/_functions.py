@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 from asyncgraph._function import Function
 from asyncgraph._variable import Variable
 from asyncgraph.text._concurrency import run_all
+from asyncgraph.text._defaults import with_defaults
 from asyncgraph.text._feedback import render_feedback
 from asyncgraph.text._prompts import describe, llm_feedback_messages
 from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
@@ -85,11 +86,7 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
                 f"{function}: option {name}= must be plain data, got a Variable ({value!r}); "
                 f"pass its .data, or pass the Variable as an input"
             )
-    if "model" not in options:
-        raise TypeError(
-            f"{function} needs model=: a spec such as 'openai:gpt-4o-mini' or 'simulated', a "
-            f"name given to asyncgraph.text.register_model, or a ChatModel instance"
-        )
+    options = with_defaults(function, options)  # use_models / set_default_models
     base_url = options.get("base_url")
     if base_url is not None and not isinstance(base_url, str):
         raise TypeError(f"{function}: base_url must be a str, got {base_url!r}")
@@ -193,7 +190,8 @@ class LLMCall(_TextFunction):
     variables by their roles. An empty output gradient (``""``, the implicit
     gradient of a text loss) means the reply itself is the objective.
 
-    Options (keyword only): ``model`` (required: a spec such as ``"simulated"``
+    Options (keyword only; those not given come from ``use_models`` /
+    ``set_default_models``): ``model`` (a spec such as ``"simulated"``
     or ``"openai:gpt-4o-mini"``, a registered name, or a ChatModel instance; see
     ``resolve_model``), ``base_url`` (with a spec), ``params`` (model parameters,
     e.g. ``{"temperature": 0}``), ``feedback_model`` / ``feedback_params`` (for
@@ -504,7 +502,7 @@ def check_portable(*outputs: Variable) -> None:
 
 
 def _given(
-    model: ModelLike,
+    model: ModelLike | None,
     base_url: str | None,
     params: Mapping[str, Any] | None,
     feedback_model: ModelLike | None,
@@ -512,8 +510,9 @@ def _given(
     role: str,
 ) -> dict[str, Any]:
     """The options worth passing (each one becomes an input of the recorded node)."""
-    options: dict[str, Any] = {"model": model}
+    options: dict[str, Any] = {}
     for name, value in (
+        ("model", model),
         ("base_url", base_url),
         ("params", params),
         ("feedback_model", feedback_model),
@@ -529,7 +528,7 @@ def _given(
 async def llm_call(
     system_prompt: Variable | str | None,
     *inputs: Variable | str,
-    model: ModelLike,
+    model: ModelLike | None = None,
     base_url: str | None = None,
     params: Mapping[str, Any] | None = None,
     feedback_model: ModelLike | None = None,
@@ -547,7 +546,7 @@ async def formatted_llm_call(
     fields: Mapping[str, Variable | str],
     *,
     system_prompt: Variable | str | None = None,
-    model: ModelLike,
+    model: ModelLike | None = None,
     base_url: str | None = None,
     params: Mapping[str, Any] | None = None,
     feedback_model: ModelLike | None = None,

@@ -31,7 +31,8 @@ class TextLoss:
       (:class:`FormattedLLMCall`).
 
     ``model`` / ``base_url`` / ``params`` / ``feedback_model`` as in
-    :class:`LLMCall`; ``role`` names the loss (default: ``"evaluation of <the
+    :class:`LLMCall` (those not given come from ``use_models`` /
+    ``set_default_models`` when the loss is computed); ``role`` names the loss (default: ``"evaluation of <the
     inputs' roles>"``). ``function`` picks the Function class, e.g. a subclass
     with ``dispatch = "local"``.
 
@@ -45,7 +46,7 @@ class TextLoss:
     def __init__(
         self,
         eval_system_prompt: str | Variable,
-        model: ModelLike,
+        model: ModelLike | None = None,
         *,
         template: str | None = None,
         base_url: str | None = None,
@@ -64,10 +65,11 @@ class TextLoss:
         self.eval_system_prompt = eval_system_prompt
         # Checked now (a bad model fails here, not at the first evaluation); a model object
         # is passed on as is, so each loss's node keeps it alive for its backward.
-        model_ref(model, base_url)
+        if model is not None:  # else the default when called (see use_models)
+            model_ref(model, base_url)
         if feedback_model is not None:
             model_ref(feedback_model, None, what="feedback_model")
-        self.model: ModelLike = model
+        self.model: ModelLike | None = model
         self.base_url = base_url
         self.template = template
         self.params = dict(params or {})
@@ -91,7 +93,9 @@ class TextLoss:
 
     async def __call__(self, *inputs: Variable | str, **fields: Variable | str) -> Variable:
         """Evaluate ``inputs`` (no template) or ``fields`` (with a template); returns the loss."""
-        options: dict[str, Any] = {"model": self.model}
+        options: dict[str, Any] = {}
+        if self.model is not None:
+            options["model"] = self.model
         if self.base_url is not None:
             options["base_url"] = self.base_url
         if self.params:

@@ -12,7 +12,9 @@ from typing import Any
 
 __all__ = [
     "FEEDBACK_SYSTEM_PROMPT",
+    "FUNCTION_FEEDBACK_SYSTEM_PROMPT",
     "describe",
+    "function_feedback_messages",
     "llm_feedback_messages",
 ]
 
@@ -42,6 +44,58 @@ def describe(role: str, fallback: str) -> str:
     if lowered.startswith(("the ", "a ", "an ", "this ", "these ", "each ")):
         return text
     return f"the {text}"
+
+
+FUNCTION_FEEDBACK_SYSTEM_PROMPT = (
+    "You are the feedback engine of an optimization system that improves text variables. You "
+    "are given a Python function's purpose, the inputs it was called with, its output, and "
+    "the feedback (criticism) on that output. Your only job is to give feedback on one input: "
+    "explain what in it makes the function's output draw that criticism, and how it should "
+    "change so that the output improves. The function itself is fixed code: only its inputs "
+    "can change. Be specific and actionable. Do not write a new version of the input; the "
+    "optimizer does that. If the input already works well, say so briefly."
+)
+
+
+def function_feedback_messages(
+    *,
+    purpose: str,
+    inputs: list[dict[str, Any]],
+    output: str,
+    output_role: str,
+    variable: str,
+    variable_role: str,
+    feedback: str,
+) -> list[dict[str, Any]]:
+    """Messages asking for feedback on one input of a Python function (``PythonCall``).
+
+    ``inputs``: every input, in order, as ``{"role": ..., "value": ...}``.
+    """
+    listed = "\n".join(
+        f"<INPUT role={item['role']!r}>\n{item['value']}\n</INPUT>" for item in inputs
+    )
+    if feedback:
+        about_output = (
+            f"Here is the feedback on {output_role} (the output of the function):\n"
+            f"<OUTPUT_FEEDBACK>\n{feedback}\n</OUTPUT_FEEDBACK>"
+        )
+    else:
+        about_output = _NO_FEEDBACK
+    user = (
+        f"You will give feedback on a variable with the role <ROLE>{variable_role}</ROLE>.\n\n"
+        f"It was an input of a Python function, which may be one step of a larger system.\n"
+        f"<FUNCTION_PURPOSE>\n{purpose}\n</FUNCTION_PURPOSE>\n"
+        f"<FUNCTION_INPUTS>\n{listed}\n</FUNCTION_INPUTS>\n"
+        f"<FUNCTION_OUTPUT>\n{output}\n</FUNCTION_OUTPUT>\n\n"
+        f"The output of this call is {output_role}.\n\n{about_output}\n\n"
+        f"Give feedback on {variable_role}, which is the following text:\n"
+        f"<VARIABLE>{variable}</VARIABLE>\n\n"
+        f"Describe how {variable_role} should change to improve the output."
+    )
+    return [
+        {"role": "system", "content": FUNCTION_FEEDBACK_SYSTEM_PROMPT},
+        {"role": "user", "content": user},
+    ]
 
 
 def llm_feedback_messages(

@@ -195,10 +195,10 @@ def decode(
             _str(m, "id", _MAX_ID),
             _str(m, "fn", _MAX_NAME),
             _str(m, "fp", _MAX_ID),
-            op,
+            op,  # type: ignore[arg-type]
             ttl,
             payload,
-        )  # type: ignore[arg-type]
+        )
     if kind == "reply":
         ok = m.get("ok")
         if not isinstance(ok, bool):
@@ -212,8 +212,8 @@ def decode(
             if ekind not in _ERROR_KINDS:
                 raise WireError(f"error kind {ekind!r} is unknown")
             error = ErrorInfo(
-                ekind,
-                _str(err, "type", _MAX_NAME),  # type: ignore[arg-type]
+                ekind,  # type: ignore[arg-type]
+                _str(err, "type", _MAX_NAME),
                 _str(err, "message", limits.max_str_len),
                 _str(err, "traceback", limits.max_str_len),
             )

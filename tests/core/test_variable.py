@@ -153,6 +153,23 @@ def test_repr_shows_data_role_and_grad_fn() -> None:
     assert repr(Parameter("p")).startswith("Parameter(")
 
 
+def test_repr_truncates_long_values_and_roles() -> None:
+    long = Variable("word " * 1000, role="input " * 64, requires_grad=True)
+    text = repr(long)
+    assert len(text) < 140
+    assert text.startswith("Variable('word word")
+    assert "...'" in text and "role='input input" in text
+    from asyncgraph.text import concat
+
+    parts = [
+        Variable(str(i), role=f"part {i} of the prompt", requires_grad=True) for i in range(64)
+    ]
+    fan_in = concat(*parts)
+    assert len(fan_in.role) > 1000  # the role names every input...
+    assert len(repr(fan_in)) < 160  # ...but the repr stays one short line
+    assert "grad_fn=Concat" in repr(fan_in)
+
+
 CORE_NAMES = [
     "BackwardError",
     "Executor",

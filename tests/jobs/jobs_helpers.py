@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from asyncgraph import Function, Parameter, Variable, is_grad_enabled
+from asyncgraph import Function, Module, Parameter, Variable, is_grad_enabled
 from asyncgraph.jobs import Evaluation, Job
 from asyncgraph.optim import SGD
 
@@ -81,8 +81,13 @@ class LineFit:
         epochs: int = EPOCHS,
         seed: int = 3,
         train: Sequence[Mapping[str, float]] = TRAIN,
+        module: bool = False,
     ) -> None:
         self.w = Parameter(0.0, role="slope")
+        # module=True: the job takes a Module (the slope is its parameter "line.slope").
+        self.module = Module()
+        self.module.line = Module()
+        self.module.line.slope = self.w
         self.optimizer = SGD([self.w], lr=LR, momentum=MOMENTUM)
         self.on_forward = on_forward
         self.on_backward_hook = on_backward
@@ -90,7 +95,7 @@ class LineFit:
         self.batch_size = batch_size
         self.job = Job(
             name=name,
-            parameters=[self.w],
+            parameters=self.module if module else [self.w],
             optimizer=self.optimizer,
             forward=self.forward,
             train_set=list(train),

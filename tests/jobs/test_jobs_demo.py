@@ -55,10 +55,14 @@ def _check_table(stdout: str) -> None:
 
 def _check_learned(out: Path) -> dict[str, Any]:
     ckpt: dict[str, Any] = read_json(out / "checkpoint.json")
-    (prompt,) = ckpt["parameters"]
-    assert prompt["data"].startswith(INITIAL_PROMPT)
+    # The job's DemoProgram Module: its state_dict, and its parameters' names and roles.
+    assert ckpt["parameters"] == [
+        {"name": "system_prompt", "role": "system prompt of the question answerer"}
+    ]
+    prompt = ckpt["module"]["system_prompt"]
+    assert prompt.startswith(INITIAL_PROMPT)
     for instruction in INSTRUCTIONS.values():
-        assert instruction in prompt["data"]
+        assert instruction in prompt
     assert ckpt["initial_val_score"] == 0.0 and ckpt["history"][-1]["val_score"] == 1.0
     assert read_json(out / "history.json") == {"history": ckpt["history"]}
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
@@ -69,7 +73,9 @@ def _assert_same_run(
     ckpt: Mapping[str, Any], local: Mapping[str, Any], *, config: frozenset[str] = frozenset()
 ) -> None:
     """Same outcome; the job's ``config`` may differ only in the settings named in ``config``."""
-    for key in ("step", "epoch", "position", "initial_val_score", "parameters", "optimizer"):
+    for key in (
+        "step", "epoch", "position", "initial_val_score", "parameters", "module", "optimizer",
+    ):  # fmt: skip
         assert ckpt[key] == local[key], key
     assert without([ckpt["job"]], frozenset({"config"})) == without(
         [local["job"]], frozenset({"config"})

@@ -48,13 +48,13 @@ async def test_a_traced_logged_run_writes_values_feedback_traces_and_calls(
     lines = steps_of(out)
     assert [line["step"] for line in lines] == [0, 1, 2, 3]
     assert lines[0]["parameters"] == [
-        {"role": prompt.role, "value": "You are a helpful assistant."}
+        {"name": "system_prompt", "role": prompt.role, "value": "You are a helpful assistant."}
     ]
     assert lines[0]["total_steps"] == 3
     assert lines[-1]["parameters"][0]["value"] == result.parameters[0]
     first = lines[1]
     (feedback,) = first["feedback"]
-    assert feedback["role"] == prompt.role
+    assert feedback["role"] == prompt.role and feedback["name"] == "system_prompt"
     assert len(feedback["feedback"]) == 8  # one entry per example of the batch, graph order
     assert all("Add the instruction" in entry for entry in feedback["feedback"])
     assert first["metrics"] == result.history[0]

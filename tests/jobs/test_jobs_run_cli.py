@@ -53,9 +53,10 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
     assert ckpt["initial_val_score"] == 0.0 and history[-1]["val_score"] == 1.0
     assert all(h["tokens"] > 0 for h in history)  # the job reports its model's usage
     assert [h["tokens"] for h in history] == sorted(h["tokens"] for h in history)
-    (prompt,) = ckpt["parameters"]
-    assert prompt["role"] == "system prompt of the ticket router"
-    assert prompt["data"].startswith("You route customer support tickets to the right team.")
+    # The job's TicketRouter Module: its parameters' names and roles, and its state_dict.
+    assert ckpt["parameters"] == [{"name": "prompt", "role": "system prompt of the ticket router"}]
+    prompt = ckpt["module"]["prompt"]
+    assert prompt.startswith("You route customer support tickets to the right team.")
     for rule in (
         "one lowercase label only",
         "are billing",
@@ -63,7 +64,7 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
         "are account",
         "are feature",
     ):
-        assert rule in prompt["data"]
+        assert rule in prompt
     assert ckpt["optimizer"]["param_groups"][0]["momentum"] == 2
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -299,7 +300,11 @@ def test_a_model_error_inside_the_concurrent_forward_is_one_line(
     out = tmp_path / "o"
     assert _main("run", str(job_file), "--out", str(out), "--no-progress") == 1
     err = capsys.readouterr().err
-    assert err == "error: cannot reach http://model.invalid: refused\n"
+    assert err == (
+        "error: cannot reach http://model.invalid: refused\n"
+        f"the checkpoint of the last completed step is in {out}: continue with the same "
+        "command plus --resume\n"
+    )
     assert listing(out) == [
         "checkpoint.json",
         "history.json",
@@ -392,8 +397,154 @@ def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
         read_json(tmp_path / "local" / "checkpoint.json"),
         read_json(tmp_path / "remote" / "checkpoint.json"),
     )
-    for key in ("step", "job", "initial_val_score", "parameters", "optimizer"):
+    for key in ("step", "job", "initial_val_score", "parameters", "module", "optimizer"):
         assert got[key] == want[key], key
     # Tokens and cost included: the workers report the usage of the calls they made.
     assert without(got["history"], TIMING_FIELDS) == without(want["history"], TIMING_FIELDS)
     assert got["history"][-1]["tokens"] > 0
+
+
+# --- Paper cuts: job-file problems, run directories, resume and the end of a run ----------
+
+
+def test_run_given_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
+    proc = run_cli("run", str(tmp_path))
+    assert proc.returncode == 2, describe(proc)
+    assert "is a directory, not a job file" in proc.stderr
+    assert "does not exist" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_syntax_error_in_a_job_file_is_one_line_with_a_caret(tmp_path: Path) -> None:
+    job_file = tmp_path / "broken.py"
+    job_file.write_text("def build_job():\n    return Job(name='x',,)\n")
+    proc = run_cli("run", str(job_file), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, describe(proc)
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith(f"error: {job_file}:2:") and "SyntaxError" in lines[0]
+    assert lines[1].strip() == "return Job(name='x',,)"
+    assert lines[2].strip() == "^"
+    # The caret stands under the second comma.
+    assert lines[2].index("^") - lines[1].index("r") == len("return Job(name='x',")
+    assert "Traceback" not in proc.stderr and len(lines) == 3
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        (
+            "import no_such_module_here\n",
+            ["raised ModuleNotFoundError while it was imported", ":1)"],
+        ),
+        ("X = 1\nY = 1 / 0\n", ["raised ZeroDivisionError while it was imported", ":2)"]),
+        ("def build_job():\n    return 42\n", ["must return an asyncgraph.jobs.Job", "int: 42"]),
+        (
+            "def build_job():\n    raise ValueError('no data set at /data')\n",
+            ["build_job() in", "raised ValueError", ":2): no data set at /data"],
+        ),
+        ("async def build_job():\n    return None\n", ["must return", "NoneType"]),
+    ],
+    ids=["import-error", "error-at-import", "wrong-type", "build-job-raises", "async-none"],
+)
+def test_any_problem_in_a_job_file_is_one_line(
+    tmp_path: Path, source: str, words: list[str]
+) -> None:
+    job_file = tmp_path / "job.py"
+    job_file.write_text(source)
+    proc = run_cli("run", str(job_file), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    for word in words:
+        assert word in proc.stderr
+    assert "Traceback" not in proc.stderr and "anyio" not in proc.stderr
+
+
+def test_the_end_of_a_run_shows_the_final_parameters(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 0
+    printed = capsys.readouterr().out
+    tail = printed[printed.index("final parameters:") :]
+    prompt = read_json(out / "checkpoint.json")["module"]["prompt"]
+    assert f"  prompt: {prompt[:300]}" in tail
+
+
+def test_resuming_a_finished_job_says_so_and_rewrites_nothing(
+    tmp_path: Path, fast_example: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert _main("run", fast_example, "--out", str(out), "--resume", "--no-progress") == 0
+    printed = capsys.readouterr().out
+    assert "already finished (12 step(s)); nothing to do" in printed
+    assert "--overwrite starts it over" in printed
+    assert "ticket-router: step" not in printed and "final parameters" not in printed
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_resuming_says_after_which_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncgraph.jobs._report import Reporter
+
+    row = {"step": 2, "val_score": None, "train_score": 0.5, "train_loss": 0.5}
+    Reporter("demo-prompt-optimization", 6).start(2, [row])
+    assert capsys.readouterr().out == "demo-prompt-optimization: resuming after step 2/6\n"
+
+
+def test_without_out_the_run_directory_is_announced(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()  # a git work tree without runs/ in its .gitignore
+    env = cli_env(PROMPT_JOB_LATENCY_MS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncgraph", "run", EXAMPLE, "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, describe(proc)
+    first = proc.stdout.splitlines()[0]
+    assert first == (
+        "run directory: runs/ticket-router/ (the default; --out DIR to choose); "
+        "add 'runs/' to your .gitignore"
+    )
+    assert (tmp_path / "runs" / "ticket-router" / "checkpoint.json").is_file()
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncgraph", "run", EXAMPLE, "--no-progress", "--overwrite"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.splitlines()[0].endswith("(the default; --out DIR to choose)")
+
+
+def test_max_attempts_is_a_flag_and_an_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_example: str
+) -> None:
+    from asyncgraph.models import ModelConfigError, parse_model_spec
+
+    monkeypatch.setenv("ASYNCGRAPH_MODEL_MAX_ATTEMPTS", "2")
+    assert parse_model_spec("simulated").retry.max_attempts == 2
+    monkeypatch.setenv("ASYNCGRAPH_MODEL_MAX_ATTEMPTS", "zero")
+    with pytest.raises(ModelConfigError, match="ASYNCGRAPH_MODEL_MAX_ATTEMPTS='zero'"):
+        parse_model_spec("simulated")
+    monkeypatch.delenv("ASYNCGRAPH_MODEL_MAX_ATTEMPTS")
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--max-attempts", "0") == 2
+    assert (
+        _main("run", fast_example, "--out", str(out), "--no-progress", "--max-attempts", "1") == 0
+    )
+    assert os.environ["ASYNCGRAPH_MODEL_MAX_ATTEMPTS"] == "1"
+    monkeypatch.delenv("ASYNCGRAPH_MODEL_MAX_ATTEMPTS")
+
+
+def test_demo_help_explains_every_option() -> None:
+    proc = run_cli("demo", "--help")
+    assert proc.returncode == 0
+    assert "passes over the 24 training questions" in proc.stdout
+    assert "--max-attempts N" in proc.stdout

@@ -140,13 +140,15 @@ def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
     resumed = run_cli("run", JOB_FILE, "--out", str(out), "--resume")  # with progress lines
     assert resumed.returncode == 0, describe(resumed)
     if step:
-        assert f"interruptible-demo: resuming at step {step}/{TOTAL_STEPS}" in resumed.stdout
+        assert f"interruptible-demo: resuming after step {step}/{TOTAL_STEPS}" in resumed.stdout
     assert f"interruptible-demo: step {step + 1}/{TOTAL_STEPS}" in resumed.stdout
     assert f"interruptible-demo: step {step}/{TOTAL_STEPS} " not in resumed.stdout
     assert f"finished after {TOTAL_STEPS} step(s)" in resumed.stdout
 
     final = read_json(out / "checkpoint.json")
-    for key in ("step", "epoch", "position", "job", "initial_val_score", "parameters", "optimizer"):
+    for key in (
+        "step", "epoch", "position", "job", "initial_val_score", "parameters", "module", "optimizer",
+    ):  # fmt: skip
         assert final[key] == reference[key], key
     assert without(final["history"], TIMING_FIELDS) == without(reference["history"], TIMING_FIELDS)
     assert read_json(out / "history.json") == {"history": final["history"]}

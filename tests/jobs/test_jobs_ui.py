@@ -78,6 +78,7 @@ def test_load_run_has_metrics_parameters_with_diffs_feedback_and_traces(runs: li
     assert run["initial_val_score"] == 0.0
     (prompt,) = run["parameters"]
     assert prompt["role"] == "system prompt of the question answerer"
+    assert prompt["name"] == "system_prompt"  # its name in the demo's Module
     assert [s["step"] for s in prompt["steps"]] == [0, 1, 2, 3, 4, 5, 6]
     first, second = prompt["steps"][:2]
     assert first["diff"] is None and first["value"] == "You are a helpful assistant."

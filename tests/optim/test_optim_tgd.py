@@ -11,7 +11,7 @@ from optim_helpers import Script, improve
 from asyncgraph import Parameter, Variable
 from asyncgraph.models import MemoryCache, OpenAIChat, SimulatedModel
 from asyncgraph.models._testing import OpenAITestServer, Reply
-from asyncgraph.optim import TGD, UpdateParseError, parse_tagged
+from asyncgraph.optim import TGD, NoFeedbackWarning, UpdateParseError, parse_tagged
 from asyncgraph.text import TextLoss, approx_tokens, llm_call, render_feedback
 
 pytestmark = pytest.mark.anyio
@@ -76,9 +76,14 @@ async def test_parameters_without_feedback_are_left_alone() -> None:
     none = _param("a", "first", None)
     empty = _param("b", "second", ["", ""])
     some = _param("c", "third", "fix it")
-    await TGD([none, empty, some], model=script.model).step()
+    with pytest.warns(NoFeedbackWarning) as warned:
+        await TGD([none, empty, some], model=script.model).step()
     assert (none.data, empty.data, some.data) == ("a", "b", "c+")
     assert len(script.requests) == 1
+    # The one that got no gradient at all is named; empty feedback is feedback.
+    assert [str(w.message)[:60] for w in warned] == [
+        "TGD.step(): parameter 0 ('first') received no feedback in th"
+    ]
 
 
 async def test_all_parameters_are_updated_concurrently() -> None:
@@ -383,7 +388,8 @@ async def test_state_dict_is_json_and_restores_memory() -> None:
     assert fresh.state[a] == {"step": 1, "history": [{"value": "a", "feedback": "fa"}]}
     fresh.zero_grad()
     a.grad = Variable("again")
-    await fresh.step()
+    with pytest.warns(NoFeedbackWarning, match=r"parameter 1 \('second'\)"):
+        await fresh.step()
     last = script.contents()[-1]
     assert "<PAST_VALUE>a</PAST_VALUE>" in last and "- Short." in last
     assert fresh.state[a]["step"] == 2

@@ -155,7 +155,7 @@ async def test_formatted_call_rejects_field_mismatch(recorder: Recorder) -> None
 
 
 async def test_llm_call_option_errors_are_clear(recorder: Recorder) -> None:
-    with pytest.raises(TypeError, match="needs model="):
+    with pytest.raises(TypeError, match="needs a model and none is set: pass model="):
         await LLMCall.apply("sys", "x")
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['temperature'\]"):
         await LLMCall.apply("sys", "x", model=recorder.model, temperature=0)

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
-from asyncgraph.models import SimulatedModel
+import anyio
+
+from asyncgraph._arith import Add
+from asyncgraph.executors import RedisExecutor, open_redis_executor
+from asyncgraph.models import Completion, SimulatedModel
+from asyncgraph.text import DeterministicEvaluator
+from asyncgraph.worker import Worker, WorkerConfig, build_registry
 
 ROLE = re.compile(r"<ROLE>(.*?)</ROLE>", re.DOTALL)
 OUTPUT_ROLE = re.compile(r"The output of this call is (.*?)\.\n")
@@ -48,3 +55,50 @@ class Recorder:
 
     def feedback_requests(self) -> list[str]:
         return [m[-1]["content"] for m in self.requests if is_feedback_request(m)]
+
+
+class NamedModel:
+    """A ChatModel (the protocol, not BaseChatModel) that logs ``(name, params, messages)``.
+
+    Replies like ``path_responder``, prefixed with the model's name, so a test can tell
+    which model answered each request and with which params; to an optimizer's update
+    request, ``<IMPROVED_VARIABLE>edited by NAME</IMPROVED_VARIABLE>``.
+    """
+
+    def __init__(self, name: str, log: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]):
+        self.name = name
+        self.log = log
+
+    async def complete(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
+        self.log.append((self.name, dict(params), messages))
+        if "IMPROVED_VARIABLE" in messages[-1]["content"]:
+            text = f"<IMPROVED_VARIABLE>edited by {self.name}</IMPROVED_VARIABLE>"
+            return Completion(text, model=self.name)
+        return Completion(f"{self.name}: {path_responder(messages)}", model=self.name)
+
+
+# --- Remote variants of Functions that default to dispatch = "local" --------------------
+# A worker serving ``--import text_helpers`` (``build_registry(["text_helpers"])``) runs
+# their backward, which shows that their ctx is plain data that crosses the wire.
+
+
+class RemoteEvaluator(DeterministicEvaluator):
+    dispatch = "remote"
+
+
+class RemoteAdd(Add):
+    dispatch = "remote"
+
+
+@asynccontextmanager
+async def remote_executor(
+    redis_url: str, queue: str, modules: list[str]
+) -> AsyncIterator[RedisExecutor]:
+    """A worker serving ``modules`` in this process, and an executor sending to it."""
+    worker = Worker(WorkerConfig(redis_url, queue=queue, lease_ms=1000), build_registry(modules))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.serve)
+            async with open_redis_executor(redis_url, queue=queue, timeout_s=20) as executor:
+                yield executor
+            worker.drain()

@@ -241,7 +241,8 @@ function recordAt(param, step) {
 
 function parameterCard(param, step) {
   const record = recordAt(param, step);
-  const card = el("div", { class: "card param" }, el("h3", {}, param.role || "parameter"));
+  const title = param.name ? `${param.name}: ${param.role || "parameter"}` : param.role || "parameter";
+  const card = el("div", { class: "card param" }, el("h3", {}, title));
   if (!record) {
     card.append(el("p", { class: "empty" }, `no value recorded at step ${step}`));
     return card;
