@@ -7,7 +7,6 @@ from typing import Any
 
 __all__ = [
     "retry_message",
-    "summary_messages",
     "update_messages",
     "update_system_prompt",
 ]
@@ -91,42 +90,3 @@ def retry_message(role: str, open_tag: str, close_tag: str, empty: bool) -> dict
             f"variable ({role}) between {open_tag} and {close_tag}."
         ),
     }
-
-
-def summary_messages(
-    *, role: str, feedback: str, entries: int, max_tokens: int, summaries: bool = False
-) -> list[dict[str, Any]]:
-    """The request that condenses one chunk of over-long feedback before an update.
-
-    ``entries``: how many pieces ``feedback`` holds; ``summaries``: whether they are
-    summaries made by earlier requests (a later round of the map-reduce) rather than
-    feedback as the backward produced it.
-    """
-    words = max(1, max_tokens * 3 // 4)
-    if summaries:
-        what = (
-            f"{entries} summaries of feedback, each condensed from several sources,"
-            if entries > 1
-            else "a summary of feedback from several sources"
-        )
-    else:
-        what = f"feedback from {entries} sources" if entries > 1 else "feedback from one source"
-    return [
-        {
-            "role": "system",
-            "content": (
-                "You condense feedback for an optimization system. Keep every distinct, "
-                "actionable point; merge points that repeat; keep points that conflict and "
-                "say that they conflict; drop everything else. Reply with the condensed "
-                "feedback only."
-            ),
-        },
-        {
-            "role": "user",
-            "content": (
-                f"Below is {what} on a variable with the role <ROLE>{role}</ROLE>. It is too "
-                f"long to use as is. Condense it into at most about {words} words "
-                f"({max_tokens} tokens).\n<FEEDBACK>\n{feedback}\n</FEEDBACK>"
-            ),
-        },
-    ]

@@ -11,8 +11,13 @@ from asyncgraph._variable import Variable
 from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._exceptions import UpdateParseError
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
-from asyncgraph.optim._prompts import retry_message, summary_messages, update_messages
-from asyncgraph.text import current_models, feedback_defaults
+from asyncgraph.optim._prompts import retry_message, update_messages
+from asyncgraph.text import (
+    condense_feedback,
+    current_models,
+    feedback_defaults,
+    truncate_to_tokens,
+)
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._prompts import describe
@@ -23,11 +28,6 @@ __all__ = ["TGD", "parse_tagged"]
 DEFAULT_TAGS = ("<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>")
 _TRUNCATED = "\n[... feedback truncated to max_feedback_tokens]"
 _PAST_TRUNCATED = "\n[... truncated to max_feedback_tokens]"
-_SUMMARY_TRUNCATED = "\n[... summary truncated]"
-# The map-reduce merges up to this many chunk summaries per later request, and never
-# runs more rounds than this (each round divides the feedback several times over).
-_FAN_IN = 8
-_MAX_ROUNDS = 16
 
 
 def parse_tagged(reply: str, open_tag: str, close_tag: str) -> str | None:
@@ -45,54 +45,6 @@ def parse_tagged(reply: str, open_tag: str, close_tag: str) -> str | None:
     if not opens:
         return None
     return reply[opens[-1].end() : end].strip()
-
-
-def _cut(text: str, tokens: int, marker: str) -> str:
-    """``text`` within ``tokens`` (``approx_tokens``), ending with ``marker`` if it was cut."""
-    limit = tokens * 4
-    if len(text) <= limit:
-        return text
-    if limit <= len(marker):
-        return text[:limit]
-    return text[: limit - len(marker)] + marker
-
-
-def _split(text: str, tokens: int) -> list[str]:
-    """``text`` in consecutive parts of at most ``tokens`` each, broken at whitespace when
-    there is some in the second half of a part, so an over-long entry loses nothing."""
-    limit = tokens * 4
-    parts: list[str] = []
-    while len(text) > limit:
-        cut = text.rfind(" ", limit // 2, limit + 1)
-        cut = max(cut, text.rfind("\n", limit // 2, limit + 1))
-        if cut <= 0:
-            cut = limit
-        parts.append(text[:cut].rstrip())
-        text = text[cut:].lstrip()
-    if text:
-        parts.append(text)
-    return parts
-
-
-def _pack(pieces: list[str], tokens: int) -> list[list[str]]:
-    """Consecutive pieces grouped so that each group, rendered, fits ``tokens``."""
-    # Each piece costs its text plus at most its "--- feedback i of n ---" header and the
-    # blank line between pieces; a group always takes at least one piece (which fits).
-    header = len(f"--- feedback {len(pieces)} of {len(pieces)} ---\n\n\n")
-    limit = tokens * 4
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    for piece in pieces:
-        cost = len(piece) + header
-        if current and size + cost > limit:
-            chunks.append(current)
-            current, size = [], 0
-        current.append(piece)
-        size += cost
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def _examples(value: Any) -> list[str]:
@@ -306,8 +258,12 @@ class TGD(Optimizer):
         if budget is not None:
             history = [
                 {
-                    "value": _cut(str(item.get("value", "")), budget, _PAST_TRUNCATED),
-                    "feedback": _cut(str(item.get("feedback", "")), budget, _PAST_TRUNCATED),
+                    "value": truncate_to_tokens(
+                        str(item.get("value", "")), budget, _PAST_TRUNCATED
+                    ),
+                    "feedback": truncate_to_tokens(
+                        str(item.get("feedback", "")), budget, _PAST_TRUNCATED
+                    ),
                 }
                 for item in history
             ]
@@ -352,56 +308,12 @@ class TGD(Optimizer):
         )
 
     async def _condense(self, model: ChatModel, role: str, entries: list[str], budget: int) -> str:
-        """The feedback ``entries`` condensed into at most ``budget`` tokens by map-reduce.
+        """The feedback ``entries`` condensed into at most ``budget`` tokens (map-reduce:
+        ``asyncgraph.text.condense_feedback``, the one every text node's budget uses)."""
 
-        Round 1 summarises chunks of entries (each chunk within ``budget``), later rounds
-        chunks of the previous round's summaries, all chunks of a round concurrently;
-        the round with a single chunk makes the final summary. Intermediate summaries
-        are asked for (and cut to) a fraction of the budget small enough that every
-        round shrinks the feedback several times over.
-        """
-        pieces = [part for entry in entries for part in _split(entry, budget)]
-        summaries = False
-        previous_chunks: int | None = None
-        for _ in range(_MAX_ROUNDS):
-            chunks = _pack(pieces, budget)
-            if len(chunks) == 1:
-                return await self._summarise(model, role, chunks[0], budget, summaries, _TRUNCATED)
-            if previous_chunks is not None and len(chunks) >= previous_chunks:
-                break  # a budget too small for headers plus summaries: no progress left
-            previous_chunks = len(chunks)
-            target = max(1, budget // (2 * min(len(chunks), _FAN_IN)), min(budget // 4, 64))
-            results = await self._summarise_all(model, role, chunks, target, summaries)
-            pieces, summaries = results, True
-        return _cut(render_feedback(pieces), budget, _TRUNCATED)
+        async def ask(messages: list[dict[str, Any]]) -> str:
+            return await self._ask(model, messages, lambda reply: bool(reply.strip()))
 
-    async def _summarise_all(
-        self, model: ChatModel, role: str, chunks: list[list[str]], target: int, summaries: bool
-    ) -> list[str]:
-        """Every chunk summarised (to ``target`` tokens), all requests at once."""
-        results = [""] * len(chunks)
-
-        async def one(i: int) -> None:
-            results[i] = await self._summarise(
-                model, role, chunks[i], target, summaries, _SUMMARY_TRUNCATED
-            )
-
-        await run_all([functools.partial(one, i) for i in range(len(chunks))])
-        return results
-
-    async def _summarise(
-        self,
-        model: ChatModel,
-        role: str,
-        chunk: list[str],
-        target: int,
-        summaries: bool,
-        marker: str,
-    ) -> str:
-        """One summary request for ``chunk``; the reply (or, if empty, the chunk) cut to ``target``."""
-        text = render_feedback(chunk)
-        messages = summary_messages(
-            role=role, feedback=text, entries=len(chunk), max_tokens=target, summaries=summaries
+        return await condense_feedback(
+            entries, budget=budget, role=role, ask=ask, marker=_TRUNCATED
         )
-        reply = (await self._ask(model, messages, lambda r: bool(r.strip()))).strip()
-        return _cut(reply or text, target, marker)

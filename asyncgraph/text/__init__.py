@@ -39,6 +39,14 @@ Example::
     print(render_feedback(prompt.grad))
 """
 
+from asyncgraph.text._budget import (
+    DEFAULT_FEEDBACK_BUDGET,
+    condense_feedback,
+    current_feedback_budget,
+    set_feedback_budget,
+    truncate_to_tokens,
+    use_feedback_budget,
+)
 from asyncgraph.text._defaults import (
     ModelDefaults,
     current_models,
@@ -78,6 +86,7 @@ from asyncgraph.text._registry import (
 
 __all__ = [
     "Concat",
+    "DEFAULT_FEEDBACK_BUDGET",
     "DeterministicEvaluator",
     "ExactMatch",
     "FormattedLLMCall",
@@ -93,6 +102,8 @@ __all__ = [
     "approx_tokens",
     "check_portable",
     "concat",
+    "condense_feedback",
+    "current_feedback_budget",
     "current_models",
     "deterministic_evaluator",
     "exact_match",
@@ -105,6 +116,9 @@ __all__ = [
     "render_feedback",
     "resolve_model",
     "set_default_models",
+    "set_feedback_budget",
+    "truncate_to_tokens",
     "unregister_model",
+    "use_feedback_budget",
     "use_models",
 ]

@@ -27,9 +27,13 @@ from typing import Any, ClassVar, Literal
 
 from asyncgraph._function import Function
 from asyncgraph._variable import Variable
+from asyncgraph.text._budget import (
+    DEFAULT_FEEDBACK_BUDGET,
+    current_feedback_budget,
+    feedback_within_budget,
+)
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._defaults import with_defaults
-from asyncgraph.text._feedback import render_feedback
 from asyncgraph.text._prompts import describe, llm_feedback_messages
 from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
 
@@ -49,7 +53,7 @@ __all__ = [
 
 _OUTPUT_ROLE = "response from the language model"
 _LLM_OPTIONS = frozenset(
-    {"model", "base_url", "params", "feedback_model", "feedback_params", "role"}
+    {"model", "base_url", "params", "feedback_model", "feedback_params", "role", "feedback_budget"}
 )
 
 
@@ -86,6 +90,15 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
                 f"{function}: option {name}= must be plain data, got a Variable ({value!r}); "
                 f"pass its .data, or pass the Variable as an input"
             )
+    # The budget is read now (use_feedback_budget / set_feedback_budget) and kept in the
+    # node; None is a real value here (no condensing), so it is taken out before the
+    # model defaults, which read None as "not given".
+    budget = (
+        current_feedback_budget(options["feedback_budget"], where=function)
+        if "feedback_budget" in options
+        else current_feedback_budget()
+    )
+    options = {k: v for k, v in options.items() if k != "feedback_budget"}
     options = with_defaults(function, options)  # use_models / set_default_models
     base_url = options.get("base_url")
     if base_url is not None and not isinstance(base_url, str):
@@ -113,6 +126,7 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if feedback_params is None
         else _params(feedback_params, "feedback_params", function),
         "role": role,
+        "feedback_budget": budget,
     }
 
 
@@ -141,6 +155,7 @@ async def _llm_forward(
     ctx.model = options["model"]
     ctx.feedback_model = options["feedback_model"]
     ctx.feedback_params = options["feedback_params"]
+    ctx.feedback_budget = options["feedback_budget"]
     ctx.system_prompt = system_prompt
     ctx.user_prompt = user_prompt
     ctx.output = output
@@ -155,9 +170,14 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
     grads: list[Variable | None] = [None] * len(needs)
     if grad_output is None:
         return tuple(grads)
-    feedback = render_feedback(grad_output)
     ref: RefData = ctx.feedback_model or ctx.model
     params: dict[str, Any] = dict(ctx.feedback_params)
+    feedback, note = await feedback_within_budget(
+        grad_output,
+        budget=getattr(ctx, "feedback_budget", DEFAULT_FEEDBACK_BUDGET),
+        role=ctx.output_role,
+        ask=functools.partial(_complete, ref, params=params),
+    )
 
     async def ask(slot: dict[str, Any]) -> None:
         messages = llm_feedback_messages(
@@ -170,6 +190,8 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
             feedback=feedback,
         )
         text = await _complete(ref, messages, params)
+        if note is not None:  # the gradient says what it was built from
+            text = f"{note}\n{text}"
         grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")
 
     await run_all([functools.partial(ask, slot) for slot in ctx.slots if needs[slot["index"]]])

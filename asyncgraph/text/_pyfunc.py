@@ -19,6 +19,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Variable
+from asyncgraph.text._budget import (
+    DEFAULT_FEEDBACK_BUDGET,
+    current_feedback_budget,
+    feedback_within_budget,
+)
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._defaults import feedback_defaults
 from asyncgraph.text._feedback import render_feedback
@@ -35,7 +40,7 @@ __all__ = [
     "python_call",
 ]
 
-_PY_OPTIONS = frozenset({"purpose", "role", "feedback_model", "feedback_params"})
+_PY_OPTIONS = frozenset({"purpose", "role", "feedback_model", "feedback_params", "feedback_budget"})
 
 
 def _text(value: Any) -> str:
@@ -159,6 +164,11 @@ class PythonCall(_TextFunction):
             ctx.feedback_model = model_ref(model, base_url, what="feedback_model").to_data()
             ctx.feedback_params = params
             ctx._model_objects = [model] if not isinstance(model, str) else []
+        ctx.feedback_budget = (
+            current_feedback_budget(options["feedback_budget"], where="PythonCall")
+            if "feedback_budget" in options
+            else current_feedback_budget()
+        )
         ctx.purpose = purpose
         ctx.inputs = inputs
         ctx.slots = slots
@@ -172,9 +182,19 @@ class PythonCall(_TextFunction):
         grads: list[Variable | None] = [None] * len(needs)
         if grad_output is None or ctx.feedback_model is None:
             return tuple(grads)
-        feedback = render_feedback(grad_output)
         ref: RefData = ctx.feedback_model
         params: dict[str, Any] = dict(ctx.feedback_params)
+
+        async def complete(messages: list[dict[str, Any]]) -> str:
+            completion = await resolve_ref(ref).complete(messages, **params)
+            return completion.text
+
+        feedback, note = await feedback_within_budget(
+            grad_output,
+            budget=getattr(ctx, "feedback_budget", DEFAULT_FEEDBACK_BUDGET),
+            role=ctx.output_role,
+            ask=complete,
+        )
 
         async def ask(slot: dict[str, Any]) -> None:
             messages = function_feedback_messages(
@@ -186,8 +206,10 @@ class PythonCall(_TextFunction):
                 variable_role=slot["role"],
                 feedback=feedback,
             )
-            completion = await resolve_ref(ref).complete(messages, **params)
-            grads[slot["index"]] = Variable(completion.text, role=f"feedback on {slot['role']}")
+            text = await complete(messages)
+            if note is not None:  # the gradient says what it was built from
+                text = f"{note}\n{text}"
+            grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")
 
         await run_all([functools.partial(ask, slot) for slot in ctx.slots if needs[slot["index"]]])
         return tuple(grads)
