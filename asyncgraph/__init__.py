@@ -7,7 +7,7 @@ fleet, and joins the gradients into the leaves exactly as a sequential run would
 
 from ._accumulate import accumulate, register_accumulator
 from ._autodiff import backward, grad
-from ._engine import NodeEvent
+from ._engine import NodeEvent, current_node, observe_nodes
 from ._exceptions import (
     AsyncGraphError,
     BackwardError,
@@ -51,11 +51,13 @@ __all__ = [
     "accumulate",
     "backward",
     "current_executor",
+    "current_node",
     "enable_grad",
     "grad",
     "graph_order",
     "is_grad_enabled",
     "no_grad",
+    "observe_nodes",
     "register_accumulator",
     "set_grad_enabled",
     "use_executor",

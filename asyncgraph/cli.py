@@ -1,7 +1,7 @@
 """The ``asyncgraph`` command.
 
 Subcommands live next to what they drive and register themselves here:
-``worker`` (asyncgraph.worker), ``demo`` and ``run`` (asyncgraph.jobs).
+``worker`` (asyncgraph.worker), ``demo``, ``run`` and ``ui`` (asyncgraph.jobs).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("asyncgraph.worker._cli", "serve remote backwards from a Redis queue"),
     "demo": ("asyncgraph.jobs._demo_cli", "run the shipped prompt-optimization demo"),
     "run": ("asyncgraph.jobs._run_cli", "run a job file"),
+    "ui": ("asyncgraph.jobs._ui", "a local web dashboard of job runs (live while they run)"),
 }
 
 

@@ -8,6 +8,7 @@ error or a checkpoint that cannot be used, 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
+    "add_observe_arguments",
     "check_live_workers",
     "non_negative_float",
     "non_negative_int",
@@ -70,6 +72,31 @@ def non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def _call_log_path(text: str) -> str:
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a directory; give a file to append to, e.g. {text.rstrip('/')}/calls.jsonl"
+        )
+    return text
+
+
+def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--trace`` and ``--log-calls PATH``, shared by ``run`` and ``demo``."""
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="write a timeline of each step to OUT/traces/step-NNNN.json "
+        "(Chrome/Perfetto trace JSON: open it at https://ui.perfetto.dev)",
+    )
+    parser.add_argument(
+        "--log-calls",
+        metavar="PATH",
+        type=_call_log_path,
+        help="append every model call (request, reply, tokens, latency, cached, retries, "
+        "node, step) to PATH as JSON lines; API keys are never written",
+    )
 
 
 def usage_error(message: str) -> int:

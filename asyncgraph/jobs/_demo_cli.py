@@ -20,6 +20,7 @@ from typing import Any
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    add_observe_arguments,
     check_live_workers,
     non_negative_float,
     non_negative_int,
@@ -86,6 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start over even if --out holds a checkpoint (it is replaced)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_observe_arguments(parser)
 
 
 async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
@@ -128,6 +130,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
                 overwrite=getattr(args, "overwrite", False),
                 progress=progress,
                 handle_sigint=True,
+                **_observe_options(args),
             )
     info["after"] = prompt.data
     info["calls"] = usage.snapshot().requests
@@ -148,7 +151,12 @@ async def _run_remote(
             executor=executor,
             progress=progress,
             handle_sigint=True,
+            **_observe_options(args),
         )
+
+
+def _observe_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"trace": getattr(args, "trace", False), "log_calls": getattr(args, "log_calls", None)}
 
 
 def _pct(value: float | None) -> str:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..models import format_cost
 from ._checkpoint import atomic_write_json
 
 __all__ = ["Reporter", "write_history", "write_plot"]
@@ -13,6 +14,11 @@ __all__ = ["Reporter", "write_history", "write_plot"]
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _cost(row: dict[str, Any]) -> str:
+    """The row's cost; "cost unknown" when calls of unpriced models are in it (never $0)."""
+    return format_cost(float(row["cost_usd"]), int(row.get("unpriced_calls", 0)))
 
 
 def _tokens(count: int) -> str:
@@ -110,7 +116,7 @@ class Reporter:
         h = rows[-1]
         return (
             f"loss {h['train_loss']:.2f}  acc {h['train_score']:.2f}  val {_fmt(cls._val(rows))}  "
-            f"tokens {h['tokens']:,}  ${h['cost_usd']:.4f}"
+            f"tokens {h['tokens']:,}  {_cost(h)}"
         )
 
     @classmethod
@@ -121,7 +127,7 @@ class Reporter:
         h = rows[-1]
         return (
             f"loss {h['train_loss']:.2f} acc {h['train_score']:.2f} val {_fmt(cls._val(rows))} "
-            f"{_tokens(int(h['tokens']))} tok ${h['cost_usd']:.2f}"
+            f"{_tokens(int(h['tokens']))} tok {_cost(h)}"
         )
 
     def update(self, step: int, row: dict[str, Any]) -> None:

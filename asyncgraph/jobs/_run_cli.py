@@ -21,6 +21,7 @@ from .._exceptions import AsyncGraphError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    add_observe_arguments,
     check_live_workers,
     positive_int,
     redis_problem,
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_max_attempts(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_observe_arguments(parser)
 
 
 DEFAULT_RUNS_DIR = "runs"
@@ -164,10 +166,19 @@ async def run_with_optional_redis(
     resume: bool,
     progress: bool,
     overwrite: bool = False,
+    trace: bool = False,
+    log_calls: str | None = None,
 ) -> JobResult:
     if redis is None:
         return await run_job(
-            job, out, resume=resume, overwrite=overwrite, progress=progress, handle_sigint=True
+            job,
+            out,
+            resume=resume,
+            overwrite=overwrite,
+            progress=progress,
+            handle_sigint=True,
+            trace=trace,
+            log_calls=log_calls,
         )
     from ..executors._redis import open_redis_executor
 
@@ -180,6 +191,8 @@ async def run_with_optional_redis(
             executor=executor,
             progress=progress,
             handle_sigint=True,
+            trace=trace,
+            log_calls=log_calls,
         )
 
 
@@ -216,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             progress=not args.no_progress,
+            trace=args.trace,
+            log_calls=args.log_calls,
         )
         summary(result, overwrite=args.overwrite)
         if not result.interrupted and not result.already_finished:

@@ -42,6 +42,7 @@ from ._checkpoint import (
     fingerprint_data,
     load_checkpoint,
 )
+from ._record import JobRecorder
 from ._report import Reporter, write_history, write_plot
 
 __all__ = ["Evaluation", "Job", "JobResult", "run_job"]
@@ -433,6 +434,8 @@ async def run_job(
     progress: bool = True,
     handle_sigint: bool = False,
     reporter: Reporter | None = None,
+    trace: bool = False,
+    log_calls: str | Path | None = None,
 ) -> JobResult:
     """Run ``job``, checkpointing into ``out_dir`` after every step.
 
@@ -449,6 +452,11 @@ async def run_job(
     the start of the run (initial validation included): the current step is
     abandoned, the checkpoint of the last completed step stays, and the result
     says ``interrupted=True``; more SIGINTs while it stops are ignored.
+
+    For ``asyncgraph ui``, ``out_dir/steps.jsonl`` gets each step's parameter values
+    and feedback; ``trace=True`` writes a Chrome / Perfetto timeline per step
+    (``traces/step-NNNN.json``), ``log_calls=PATH`` appends every model call to that
+    JSON-lines file, labelled with its step and phase (see ``asyncgraph.jobs._record``).
     """
     out = Path(out_dir)
     ckpt_path = out / "checkpoint.json"
@@ -475,6 +483,15 @@ async def run_job(
             )
         step, history, initial_val = 0, [], None
     reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
+    recorder = JobRecorder(
+        out,
+        job.params,
+        names=job.param_names,
+        name=job.name,
+        total_steps=job.total_steps,
+        trace=trace,
+        log_calls=log_calls,
+    )
 
     checkpointed = resume  # out_dir holds this job's checkpoint (then history and plot too)
 
@@ -510,26 +527,35 @@ async def run_job(
     async def run() -> None:
         nonlocal step, initial_val
         reporter.start(step, history)
+        recorder.start(step, resume=resume)
         if not resume:
             save()  # before the initial validation: an interrupt there leaves a checkpoint
         if job.val_set and initial_val is None and step == 0:
-            initial_val = await evaluate(job, job.val_set)
+            recorder.phase("validation")
+            with recorder.recording():
+                initial_val = await evaluate(job, job.val_set)
             save()
         # Usage is counted from here: the initial validation's calls are not in the
         # history, whether it ran in this process or in an interrupted one.
-        with track_usage() as usage:
+        with track_usage() as usage, recorder.recording():
             await steps(usage)
 
     async def steps(usage: UsageMeter) -> None:
         nonlocal step
         base_tokens = int(history[-1]["tokens"]) if history else 0
         base_cost = float(history[-1]["cost_usd"]) if history else 0.0
+        base_unpriced = int(history[-1].get("unpriced_calls", 0)) if history else 0
         while step < job.total_steps:
             t0 = time.perf_counter()
+            recorder.start_step(step + 1)
             job.optimizer.zero_grad()
             batch = job.batch(step)
+            recorder.phase("forward")
             evals = await _map_bounded(job.forward, batch, job.max_concurrency)
+            recorder.phase("backward")
             await backward([e.loss for e in evals], executor=executor)
+            recorder.feedback()
+            recorder.phase("optimizer step")
             await job.optimizer.step()
             job.optimizer.zero_grad()
             train_score = sum(e.score for e in evals) / len(evals)
@@ -537,6 +563,7 @@ async def run_job(
             if job.val_set and (
                 (step + 1) % job.validate_every == 0 or step + 1 == job.total_steps
             ):
+                recorder.phase("validation")
                 val_score = await evaluate(job, job.val_set)
             spent = usage.snapshot()
             step += 1
@@ -549,11 +576,13 @@ async def run_job(
                     "val_score": val_score,
                     "tokens": base_tokens + spent.total_tokens,
                     "cost_usd": base_cost + spent.cost_usd,
+                    "unpriced_calls": base_unpriced + spent.unpriced_requests,
                     "step_s": time.perf_counter() - t0,
                 }
             )
             # No await between the history row and the checkpoint: an interrupt cannot
             # split them (an interrupt before this point redoes the step on resume).
+            recorder.end_step(history[-1])
             save()
             reporter.update(step, history[-1])
 
@@ -573,6 +602,7 @@ async def run_job(
     def finish() -> Path | None:
         """Stop the display, roll back a half-done step, write history and plot."""
         reporter.stop()
+        recorder.close()
         if not checkpointed:  # out_dir could not even take the step-0 checkpoint
             return None
         if interrupted:

@@ -12,7 +12,11 @@ A model answers chat messages: ``await model.complete(messages, **params)`` retu
   included), off by default, switchable per call with ``cache=False``, and with
   ``cache_if=`` for answers the caller can use (``MemoryCache``, ``DiskCache``,
   ``RedisCache``);
-- usage and cost totals (``model.usage.snapshot()`` -> ``Usage``; ``Pricing``).
+- usage and cost totals (``model.usage.snapshot()`` -> ``Usage``; ``Pricing``; a dated
+  price table ``PRICES`` for models built from a spec, ``ASYNCGRAPH_MODEL_PRICES`` to
+  override it; an unknown price is reported as unknown, ``format_cost``);
+- a record of each call for observers (``observe_calls`` -> ``ModelCall``: request,
+  reply, tokens, latency, cached, attempts, cost), which logs and traces build on.
 
 Clients: ``OpenAIChat`` (any OpenAI-compatible chat completions server) and
 ``SimulatedModel`` (offline and deterministic, labelled simulated in every answer).
@@ -26,6 +30,7 @@ environment (``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``,
 
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache, request_key
+from asyncgraph.models._calls import CallObserver, ModelCall, observe_calls
 from asyncgraph.models._exceptions import (
     ModelBackendError,
     ModelConfigError,
@@ -42,6 +47,7 @@ from asyncgraph.models._exceptions import (
     RateLimitWaitError,
 )
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
+from asyncgraph.models._prices import PRICES, PRICES_DATE, PRICES_SOURCE, default_pricing
 from asyncgraph.models._ratelimit import (
     LocalRateLimiter,
     RateLimit,
@@ -57,11 +63,12 @@ from asyncgraph.models._simulated import (
 )
 from asyncgraph.models._spec import model_options_from_env, parse_model_spec
 from asyncgraph.models._types import ChatModel, Completion, Message
-from asyncgraph.models._usage import Pricing, Usage, UsageMeter, track_usage
+from asyncgraph.models._usage import Pricing, Usage, UsageMeter, format_cost, track_usage
 
 __all__ = [
     "BaseChatModel",
     "Cache",
+    "CallObserver",
     "ChatModel",
     "Completion",
     "DEFAULT_BASE_URL",
@@ -70,6 +77,7 @@ __all__ = [
     "MemoryCache",
     "Message",
     "ModelBackendError",
+    "ModelCall",
     "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
@@ -82,6 +90,9 @@ __all__ = [
     "ModelStatusError",
     "ModelTimeoutError",
     "OpenAIChat",
+    "PRICES",
+    "PRICES_DATE",
+    "PRICES_SOURCE",
     "Pricing",
     "RateLimit",
     "RateLimitWaitError",
@@ -94,7 +105,10 @@ __all__ = [
     "SimulatedModel",
     "Usage",
     "UsageMeter",
+    "default_pricing",
+    "format_cost",
     "model_options_from_env",
+    "observe_calls",
     "parse_model_spec",
     "request_key",
     "simulated_reply",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -12,6 +13,7 @@ from typing import Any, Self
 import anyio
 
 from asyncgraph.models._cache import Cache, digest_request
+from asyncgraph.models._calls import ModelCall, notify_call, observing_calls
 from asyncgraph.models._exceptions import ModelBackendError, ModelError, ModelRetryError
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
@@ -161,6 +163,8 @@ class BaseChatModel(ABC):
                 "cache=MemoryCache() / DiskCache(dir) / RedisCache(url)"
             )
         store = self.cache if cache is not False else None
+        observed = observing_calls()
+        started = (time.perf_counter(), time.time()) if observed else (0.0, 0.0)
         key = ""
         if store is not None:
             key = digest_request(self.cache_request(msgs, params))
@@ -168,27 +172,81 @@ class BaseChatModel(ABC):
             if hit is not None:
                 if cache_if is None or cache_if(hit):
                     self._record_usage(UsageMeter.record_cache_hit)
-                    return replace(hit, cached=True)
+                    answer = replace(hit, cached=True)
+                    if observed:
+                        self._notify(msgs, params, started, 0, answer, None)
+                    return answer
                 # Replaying an answer the caller cannot use would fail the same way forever.
                 await self._cache_delete(store, key)
+        attempts = [0]
         try:
-            completion = await self._complete_with_retries(msgs, params)
-        except Exception:
+            completion = await self._complete_with_retries(msgs, params, attempts)
+        except Exception as exc:
             self._record_usage(UsageMeter.record_error)
+            if observed:
+                self._notify(msgs, params, started, attempts[0], None, exc)
             raise
         self._record_usage(UsageMeter.record_completion, completion, self.pricing)
+        if observed:
+            self._notify(msgs, params, started, attempts[0], completion, None)
         if store is not None and (cache_if is None or cache_if(completion)):
             await self._cache_set(store, key, completion)
         return completion
 
+    def _notify(
+        self,
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+        started: tuple[float, float],
+        attempts: int,
+        completion: Completion | None,
+        error: BaseException | None,
+    ) -> None:
+        """Tell the ``observe_calls`` observers about one call (see ``ModelCall``)."""
+        try:
+            request = self.cache_request(messages, params)
+        except Exception:  # a client whose request cannot be described: log what we have
+            request = {"model": self.name, "messages": messages, "params": params}
+        cost: float | None = None
+        if completion is not None and self.pricing is not None:
+            cost = (
+                0.0
+                if completion.cached
+                else self.pricing.cost_usd(completion.prompt_tokens, completion.completion_tokens)
+            )
+        notify_call(
+            ModelCall(
+                model=self.name,
+                endpoint=self.cache_endpoint,
+                request=request,
+                reply=None if completion is None else completion.text,
+                prompt_tokens=0 if completion is None else completion.prompt_tokens,
+                completion_tokens=0 if completion is None else completion.completion_tokens,
+                cost_usd=cost,
+                started_s=started[0],
+                started_at=started[1],
+                latency_s=time.perf_counter() - started[0],
+                cached=completion is not None and completion.cached,
+                attempts=attempts,
+                finish_reason=None if completion is None else completion.finish_reason,
+                error=None if error is None else f"{type(error).__name__}: {error}",
+            )
+        )
+
     async def _complete_with_retries(
-        self, messages: list[dict[str, Any]], params: dict[str, Any]
+        self,
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+        attempts: list[int] | None = None,
     ) -> Completion:
+        """The attempts of one call (step 2 and 3); ``attempts[0]`` counts them as they go."""
         limiter = self.rate_limiter
         tokens = self.estimate_tokens(messages, params) if limiter is not None else 0
         attempt = 0
         while True:
             attempt += 1
+            if attempts is not None:
+                attempts[0] = attempt
             # Whatever is slow to set up happens before the slot, not between the slot and
             # the send: lateness after the slot eats into the rate limit's margin.
             await self._prepare()

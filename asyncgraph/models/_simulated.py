@@ -107,7 +107,9 @@ class SimulatedModel(BaseChatModel):
     parse exactly, e.g. an optimizer's ``<IMPROVED_VARIABLE>`` answer in a test; the model
     name still says simulated. The same messages always give the same reply. Each call
     sleeps ``latency_s`` (default 0.1 s) to stand in for network time, so concurrency is
-    visible in demos. Token counts are whitespace-separated words, not real tokens.
+    visible in demos. Token counts are whitespace-separated words, not real tokens. A
+    simulated call costs nothing by definition: ``pricing`` defaults to ``Pricing(0, 0)``
+    (its cost shows as ``$0``, never "unknown").
 
     Without a ``responder`` the replies come from ``simulated_reply`` (feedback when asked
     for feedback, ``<IMPROVED_VARIABLE>`` tags when asked to improve a variable). A
@@ -140,7 +142,7 @@ class SimulatedModel(BaseChatModel):
             retry=retry,
             rate_limit=rate_limit,
             cache=cache,
-            pricing=pricing,
+            pricing=pricing if pricing is not None else Pricing(0.0, 0.0),
             usage=usage,
         )
         self.latency_s = latency_s

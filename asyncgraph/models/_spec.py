@@ -42,6 +42,7 @@ from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._exceptions import ModelConfigError
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
+from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
@@ -297,6 +298,9 @@ def parse_model_spec(
     from the environment (``ASYNCGRAPH_MODEL_RPM``, ``_TPM``, ``_RATE_REDIS``, ``_CACHE``;
     a ``retry`` from ``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``:
     see ``model_options_from_env``); pass ``rate_limit=None`` / ``cache=None`` to opt out.
+    A ``pricing`` not given comes from ``ASYNCGRAPH_MODEL_PRICES`` or the dated price
+    table (``asyncgraph.models.PRICES``; see ``default_pricing``); a model named in
+    neither has none, and its cost is reported as unknown.
     Raises ``ValueError`` for any other spec and ``ModelConfigError`` (also a
     ``ValueError``) for an invalid environment setting.
     """
@@ -322,6 +326,8 @@ def parse_model_spec(
         check_base_url(base_url)
         name = rest.strip()
         _env_defaults(options, name)
+        if "pricing" not in options:
+            options["pricing"] = default_pricing(name)
         return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)
     raise ValueError(f"bad model spec {spec!r}: expected {_FORMS}")
 

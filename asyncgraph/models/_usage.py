@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from asyncgraph.models._types import Completion
 
-__all__ = ["Pricing", "Usage", "UsageMeter", "meters_for", "track_usage"]
+__all__ = ["Pricing", "Usage", "UsageMeter", "format_cost", "meters_for", "track_usage"]
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,10 @@ class Pricing:
     """Prices in US dollars per one million tokens, for ``Usage.cost_usd``.
 
     ``Pricing(input_usd_per_1m=0.15, output_usd_per_1m=0.60)`` prices prompt tokens at
-    $0.15 and completion tokens at $0.60 per million. Check your provider's price list:
-    asyncgraph ships no prices.
+    $0.15 and completion tokens at $0.60 per million. A model without one has an unknown
+    cost (``Usage.unpriced_requests``), except models built from a spec
+    (``parse_model_spec``), which take the dated price table of ``asyncgraph.models``
+    (``PRICES``, overridable through ``ASYNCGRAPH_MODEL_PRICES``) when it names them.
     """
 
     input_usd_per_1m: float
@@ -42,9 +44,11 @@ class Usage:
     ``requests``: calls answered by the model (cache hits excluded; a call that needed
     retries counts once). ``cache_hits``: calls answered from the response cache, which
     cost nothing and add no tokens. ``prompt_tokens`` / ``completion_tokens``: tokens the
-    model reported. ``cost_usd``: from the model's ``Pricing`` (0.0 without one).
-    ``retries``: attempts repeated after a retryable failure. ``errors``: calls that
-    raised in the end.
+    model reported. ``cost_usd``: from the model's ``Pricing``, for the requests of
+    priced models only. ``retries``: attempts repeated after a retryable failure.
+    ``errors``: calls that raised in the end. ``unpriced_requests``: requests answered by
+    a model without a ``Pricing``: their cost is unknown and not in ``cost_usd``, so
+    show the total with ``format_cost``, never as a bare number.
     """
 
     requests: int = 0
@@ -54,10 +58,16 @@ class Usage:
     cost_usd: float = 0.0
     retries: int = 0
     errors: int = 0
+    unpriced_requests: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def cost_text(self) -> str:
+        """``cost_usd`` for people: ``"$0.0123"``, ``"$0.0123 + unknown"``, ``"cost unknown"``."""
+        return format_cost(self.cost_usd, self.unpriced_requests)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -65,8 +75,15 @@ class Usage:
         )
 
     def to_dict(self) -> dict[str, int | float]:
-        """A msgpack/JSON-ready map (what a worker sends back with a task's result)."""
-        return asdict(self)
+        """A msgpack/JSON-ready map (what a worker sends back with a task's result).
+
+        Holds the fields the distributed wire schema knows; ``unpriced_requests`` is
+        not among them yet, so a worker's unpriced calls reach the client as priced at
+        zero until the schema carries it (then drop this exclusion).
+        """
+        data: dict[str, int | float] = asdict(self)
+        del data["unpriced_requests"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Usage:
@@ -112,6 +129,7 @@ class UsageMeter:
                 prompt_tokens=u.prompt_tokens + p,
                 completion_tokens=u.completion_tokens + c,
                 cost_usd=u.cost_usd + cost,
+                unpriced_requests=u.unpriced_requests + int(pricing is None),
             )
 
     def add(self, usage: Usage) -> None:
@@ -133,6 +151,24 @@ class UsageMeter:
 
     def __repr__(self) -> str:
         return f"UsageMeter({self.snapshot()!r})"
+
+
+def format_cost(cost_usd: float, unpriced_requests: int = 0) -> str:
+    """A cost for people: unknown prices are said, never shown as ``$0.0000``.
+
+    ``"$0"`` (nothing spent, every call priced: e.g. the free simulated model),
+    ``"$0.0123"`` (``"$12.35"`` from one dollar), ``"$0.0123 + unknown"`` (some calls
+    came from models without a price), ``"cost unknown"`` (none had one).
+    """
+    if cost_usd == 0:
+        known = "$0"
+    elif cost_usd < 1:
+        known = f"${cost_usd:.4f}"
+    else:
+        known = f"${cost_usd:,.2f}"
+    if unpriced_requests <= 0:
+        return known
+    return "cost unknown" if cost_usd == 0 else f"{known} + unknown"
 
 
 _SINKS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar(

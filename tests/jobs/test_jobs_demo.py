@@ -41,7 +41,8 @@ from .jobs_helpers import (
     without,
 )
 
-NOT_COMPARABLE = TIMING_FIELDS
+# The simulated model is free by definition, a model the price table does not know is not.
+NOT_COMPARABLE = TIMING_FIELDS | {"unpriced_calls"}
 ACCURACY_ROW = re.compile(r"validation accuracy.*?│\s*0%\s*│\s*100%\s*│")
 
 

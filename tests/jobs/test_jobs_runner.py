@@ -94,6 +94,7 @@ async def test_checkpoint_holds_parameters_optimizer_position_and_history(tmp_pa
         "checkpoint.json",
         "history.json",
         "metrics.png",
+        "steps.jsonl",
     ]
 
 
@@ -473,7 +474,7 @@ async def test_without_matplotlib_no_plot_is_claimed(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = await run_job(LineFit().job, tmp_path, progress=False)
     assert result.plot_path is None
-    assert listing(tmp_path) == ["checkpoint.json", "history.json"]
+    assert listing(tmp_path) == ["checkpoint.json", "history.json", "steps.jsonl"]
     assert "matplotlib is not installed" in capsys.readouterr().err
 
 

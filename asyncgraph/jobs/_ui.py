@@ -1,0 +1,347 @@
+"""``asyncgraph ui RUN_DIR...``: a local web dashboard of job runs, live while they run.
+
+It reads only what the runs write into their directories: ``checkpoint.json``
+(metrics history, job settings; rewritten after every step), ``history.json`` (when
+there is no checkpoint), ``steps.jsonl`` (each step's parameter values and feedback),
+``traces/step-NNNN.json`` (``--trace``) and the call log named there (``--log-calls``).
+No database, no account, nothing leaves the machine: a standard-library HTTP server on
+127.0.0.1 serves one self-contained page (HTML, JS and CSS shipped with asyncgraph, no
+CDN) and a small JSON API the page polls:
+
+``GET /api/runs``                       the runs given, with their progress
+``GET /api/run/<i>``                    metrics per step, parameters per step with a
+                                        word-level diff against the step before, feedback
+``GET /api/run/<i>/calls/<step>``       the model calls of a step (from the call log)
+``GET /api/run/<i>/trace/<step>``       a step's Chrome / Perfetto trace
+
+Requests naming another host than the loopback one are refused (a web page elsewhere
+cannot read the runs through DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import threading
+import webbrowser
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..observe import read_call_log
+from ._record import STEPS_FILE, TRACES_DIR, trace_name
+
+__all__ = [
+    "add_arguments",
+    "load_run",
+    "open_ui_server",
+    "run",
+    "run_summary",
+    "word_diff",
+]
+
+HOST = "127.0.0.1"
+_STATIC = {
+    "/": "index.html",
+    "/index.html": "index.html",
+    "/app.js": "app.js",
+    "/app.css": "app.css",
+}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+_API = re.compile(r"^/api/run/(\d+)(?:/(calls|trace)/(\d+))?$")
+_WORDS = re.compile(r"\s+|[^\s]+")
+_MAX_DIFF_CHARS = 200_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job output directories")
+    parser.add_argument(
+        "--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free)"
+    )
+    parser.add_argument(
+        "--no-browser", action="store_true", help="do not open a browser, just print the URL"
+    )
+
+
+# -- reading a run ------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """steps.jsonl's lines, the last one of each step (a step redone after an interrupt)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    try:
+        text = (run_dir / STEPS_FILE).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def word_diff(before: str, after: str) -> list[list[str]]:
+    """``after`` against ``before``, word by word: ``[op, text]`` with op ``=``, ``-``, ``+``.
+
+    Words and the whitespace between them are the units; a replaced run of words is
+    its deletion then its insertion. Texts longer than 200,000 characters are not
+    compared (one ``+`` of the new text).
+    """
+    if len(before) + len(after) > _MAX_DIFF_CHARS:
+        return [["+", after]]
+    a, b = _WORDS.findall(before), _WORDS.findall(after)
+    out: list[list[str]] = []
+
+    def add(op: str, words: list[str]) -> None:
+        if not words:
+            return
+        text = "".join(words)
+        if out and out[-1][0] == op:
+            out[-1][1] += text
+        else:
+            out.append([op, text])
+
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            add("=", a[i1:i2])
+        else:
+            add("-", a[i1:i2])
+            add("+", b[j1:j2])
+    return out
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
+
+
+def run_summary(run_dir: Path, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Name, steps done and total of a run directory (what the run list shows)."""
+    ckpt = _read_json(run_dir / "checkpoint.json")
+    history = _history(run_dir, ckpt)
+    job = ckpt.get("job", {}) if isinstance(ckpt, dict) else {}
+    name = job.get("name") if isinstance(job, dict) else None
+    steps = _read_steps(run_dir) if steps is None else steps
+    total = next((s.get("total_steps") for s in steps if s.get("step") == 0), None)
+    return {
+        "dir": str(run_dir),
+        "name": name or run_dir.name,
+        "steps_done": len(history),
+        "total_steps": total if isinstance(total, int) else None,
+    }
+
+
+def _history(run_dir: Path, ckpt: Any) -> list[dict[str, Any]]:
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("history"), list):
+        return [h for h in ckpt["history"] if isinstance(h, dict)]
+    saved = _read_json(run_dir / "history.json")
+    if isinstance(saved, dict) and isinstance(saved.get("history"), list):
+        return [h for h in saved["history"] if isinstance(h, dict)]
+    return []
+
+
+def load_run(run_dir: str | Path) -> dict[str, Any]:
+    """Everything the dashboard shows of one run (JSON data); see the module docstring.
+
+    ``parameters``: one entry per parameter (name in the job's Module, if any, and role;
+    in order) with ``steps``: per
+    step that recorded it, the value, the ``diff`` against the previous step
+    (``word_diff``; None at the first) and the feedback received in that step.
+    """
+    path = Path(run_dir)
+    ckpt = _read_json(path / "checkpoint.json")
+    history = _history(path, ckpt)
+    steps = _read_steps(path)
+    keys: list[str] = []  # a parameter's dotted name in the job's Module, else its role
+    roles: dict[str, str] = {}
+    series: dict[str, list[dict[str, Any]]] = {}
+    previous: dict[str, str] = {}
+    for record in steps:
+        feedback = {
+            f.get("name") or f.get("role"): f.get("feedback")
+            for f in record.get("feedback", [])
+            if isinstance(f, dict)
+        }
+        for item in record.get("parameters", []):
+            if not isinstance(item, dict):
+                continue
+            key = str(item.get("name") or item.get("role", ""))
+            if key not in series:
+                keys.append(key)
+                roles[key] = str(item.get("role", ""))
+                series[key] = []
+            text = _as_text(item.get("value"))
+            series[key].append(
+                {
+                    "step": record["step"],
+                    "value": text,
+                    "diff": None if key not in previous else word_diff(previous[key], text),
+                    "changed": key in previous and previous[key] != text,
+                    "feedback": feedback.get(key),
+                }
+            )
+            previous[key] = text
+    call_logs = {r["call_log"] for r in steps if isinstance(r.get("call_log"), str)}
+    return {
+        **run_summary(path, steps),
+        "job": ckpt.get("job") if isinstance(ckpt, dict) else None,
+        "initial_val_score": ckpt.get("initial_val_score") if isinstance(ckpt, dict) else None,
+        "history": history,
+        "steps": [
+            {
+                "step": r["step"],
+                "time": r.get("time"),
+                "trace": r.get("trace"),
+                "calls": r.get("calls"),
+            }
+            for r in steps
+        ],
+        "parameters": [
+            {"name": key if key != roles[key] else "", "role": roles[key], "steps": series[key]}
+            for key in keys
+        ],
+        "call_log": sorted(call_logs)[-1] if call_logs else None,
+        "traces": sorted(p.name for p in (path / TRACES_DIR).glob("step-*.json")),
+    }
+
+
+def _step_calls(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """The calls of ``step`` in the run's call log(s); a log shared by runs is filtered."""
+    logs = {r["call_log"] for r in _read_steps(run_dir) if isinstance(r.get("call_log"), str)}
+    calls: list[dict[str, Any]] = []
+    for log in sorted(logs):
+        for record in read_call_log(log):
+            labels = record.get("labels")
+            if (
+                isinstance(labels, dict)
+                and labels.get("step") == step
+                and labels.get("run", str(run_dir)) == str(run_dir)
+            ):
+                calls.append(record)
+    calls.sort(key=lambda r: r.get("started_at") or 0)
+    return calls
+
+
+# -- the server ---------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    run_dirs: list[Path]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "asyncgraph-ui"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None  # quiet: the terminal shows the URL, not every poll
+
+    def do_GET(self) -> None:
+        if not self._local_host():
+            self._send(HTTPStatus.FORBIDDEN, b"only http://127.0.0.1 serves this", "text/plain")
+            return
+        path = self.path.split("?", 1)[0]
+        if path in _STATIC:
+            name = _STATIC[path]
+            data = resources.files("asyncgraph.jobs").joinpath(f"ui/{name}").read_bytes()
+            self._send(HTTPStatus.OK, data, _TYPES[Path(name).suffix])
+            return
+        if path == "/api/runs":
+            self._json({"runs": [run_summary(d) for d in self.server.run_dirs]})
+            return
+        match = _API.match(path)
+        if match is None or int(match.group(1)) >= len(self.server.run_dirs):
+            self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
+            return
+        run_dir = self.server.run_dirs[int(match.group(1))]
+        kind, step = match.group(2), match.group(3)
+        if kind is None:
+            self._json(load_run(run_dir))
+        elif kind == "calls":
+            self._json({"step": int(step), "calls": _step_calls(run_dir, int(step))})
+        else:
+            trace = run_dir / trace_name(int(step))
+            try:
+                self._send(HTTPStatus.OK, trace.read_bytes(), "application/json")
+            except OSError:
+                self._send(HTTPStatus.NOT_FOUND, b"no trace for this step", "text/plain")
+
+    def _local_host(self) -> bool:
+        host = (self.headers.get("host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        return host in ("127.0.0.1", "localhost", "::1")
+
+    def _json(self, payload: Any) -> None:
+        data = json.dumps(payload, ensure_ascii=False, allow_nan=False, default=repr)
+        self._send(HTTPStatus.OK, data.encode("utf-8"), "application/json")
+
+    def _send(self, status: HTTPStatus, data: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("content-type", f"{kind}; charset=utf-8")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("cache-control", "no-store")
+        self.send_header("x-content-type-options", "nosniff")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@contextmanager
+def open_ui_server(run_dirs: Sequence[str | Path], *, port: int = 0) -> Iterator[str]:
+    """Serve the dashboard of ``run_dirs`` on 127.0.0.1 in a thread; yields its URL."""
+    server = _Server((HOST, port), _Handler)
+    server.run_dirs = [Path(d).resolve() for d in run_dirs]
+    thread = threading.Thread(target=server.serve_forever, name="asyncgraph-ui", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{HOST}:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+    if missing:
+        print(
+            f"error: not a directory: {', '.join(missing)}; give the --out directories of "
+            f"`asyncgraph run` / `asyncgraph demo` (a run still starting may not have one yet)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        server = open_ui_server(args.run_dirs, port=args.port)
+        url = server.__enter__()
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {HOST}:{args.port} ({exc}); pick another --port "
+            f"(0 for any free one)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        print(f"asyncgraph ui: {url}  ({len(args.run_dirs)} run(s); Ctrl-C stops)", flush=True)
+        if not args.no_browser:
+            webbrowser.open(url)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.__exit__(None, None, None)
+    return 0

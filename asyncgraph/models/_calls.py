@@ -1,0 +1,103 @@
+"""``observe_calls``: a record of every model call, for logs, traces and dashboards.
+
+The models package knows nothing of graphs or traces: it only tells the observers
+installed with ``observe_calls`` (a contextvar, like ``track_usage``) about each call
+made in their context, as a ``ModelCall``. Whoever installs an observer decides what a
+call belongs to (``asyncgraph.observe`` asks the engine which node is running).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CallObserver", "ModelCall", "notify_call", "observe_calls", "observing_calls"]
+
+logger = logging.getLogger("asyncgraph.models")
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One ``complete()`` call of a ``BaseChatModel``, as its observers see it.
+
+    ``request`` is what the client sends or would send, as JSON data (the request body
+    or ``cache_request``: messages and params, the client's defaults included; never
+    headers, so never an API key). ``reply`` is the answer's text (None when the call
+    failed, ``error`` then says why). ``started_s`` is ``time.perf_counter()`` at the
+    start, ``started_at`` the wall clock (``time.time()``), ``latency_s`` the whole
+    call: rate-limit waits, every attempt and the backoffs between them. ``attempts``:
+    1 when the first attempt answered (0 for a cache hit); ``retries`` is
+    ``attempts - 1``. ``cost_usd`` is None when the model has no ``Pricing``.
+    """
+
+    model: str
+    endpoint: str
+    request: Mapping[str, Any]
+    reply: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None
+    started_s: float
+    started_at: float
+    latency_s: float
+    cached: bool
+    attempts: int
+    finish_reason: str | None = None
+    error: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - 1)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+CallObserver = Callable[[ModelCall], object]
+
+_OBSERVERS: contextvars.ContextVar[tuple[CallObserver, ...]] = contextvars.ContextVar(
+    "asyncgraph_call_observers", default=()
+)
+
+
+@contextmanager
+def observe_calls(observer: CallObserver) -> Iterator[None]:
+    """Call ``observer(call)`` with a ``ModelCall`` after every model call in the block.
+
+    Covers every ``BaseChatModel.complete`` made in this task and the tasks it starts
+    while the block is open, answered, cached or failed. The observer runs in the task
+    that made the call (so it can read that task's contextvars) and must be quick; one
+    that raises is logged and ignored. Blocks nest::
+
+        calls = []
+        with observe_calls(calls.append):
+            await model.complete([{"role": "user", "content": "Hi"}])
+        print(calls[0].latency_s, calls[0].total_tokens)
+    """
+    if not callable(observer):
+        raise TypeError(f"observe_calls expects a callable taking a ModelCall, got {observer!r}")
+    token = _OBSERVERS.set((*_OBSERVERS.get(), observer))
+    try:
+        yield
+    finally:
+        _OBSERVERS.reset(token)
+
+
+def observing_calls() -> bool:
+    """True when some ``observe_calls`` block is open in this context."""
+    return bool(_OBSERVERS.get())
+
+
+def notify_call(call: ModelCall) -> None:
+    """Give ``call`` to every observer of this context (errors logged, never raised)."""
+    for observer in _OBSERVERS.get():
+        try:
+            observer(call)
+        except Exception:  # an observer must not cost the caller its answer
+            logger.exception("model call observer %r raised", observer)

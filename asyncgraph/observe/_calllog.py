@@ -1,0 +1,194 @@
+"""A log of model calls: one JSON line per call, as it happens.
+
+Each line holds the request as sent (messages and parameters; headers never), the
+reply, tokens, latency, whether it was cached, the attempts it took, its cost (null
+when the model has no price), the node it ran in, the trace (``trace_pass``) and the
+labels (``labels``: a job's step and phase) it belongs to, and the process. Secrets
+never reach the file: requests carry no headers, and every value of an environment
+variable whose name says it is a secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
+``*PASSWORD*``), every ``Bearer`` credential and every ``sk-...`` key that appears in
+a line anyway (a prompt quoting one, an echoing server) is replaced by
+``[redacted]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+from ..models import ModelCall, observe_calls
+from ._context import PROCESS, current_labels, node_info
+from ._timeline import current_timeline
+
+__all__ = ["CallLog", "call_record", "log_calls", "read_call_log", "secret_values"]
+
+REDACTED = "[redacted]"
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_SECRET_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\bsk-[A-Za-z0-9_-]{12,}")
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of the environment's secret-looking variables (8 characters or more)."""
+    env = os.environ if environ is None else environ
+    found = {value for name, value in env.items() if _SECRET_NAME.search(name) and len(value) >= 8}
+    return sorted(found, key=len, reverse=True)  # longest first: a key containing another
+
+
+def _redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return _SECRET_SHAPES.sub(lambda m: (m.group(1) or "") + REDACTED, text)
+
+
+def call_record(call: ModelCall) -> dict[str, Any]:
+    """The JSON-ready line of ``call``, with its node, trace and labels from this context."""
+    timeline = current_timeline()
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(call.started_at))
+        + f".{int(call.started_at * 1000) % 1000:03d}Z",
+        "started_at": call.started_at,
+        "model": call.model,
+        "endpoint": call.endpoint,
+        "request": call.request,
+        "reply": call.reply,
+        "finish_reason": call.finish_reason,
+        "error": call.error,
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+        "cost_usd": call.cost_usd,
+        "latency_s": round(call.latency_s, 6),
+        "cached": call.cached,
+        "attempts": call.attempts,
+        "retries": call.retries,
+        "node": node_info(),
+        "trace_id": None if timeline is None else timeline.trace_id,
+        "labels": dict(current_labels()),
+        "process": PROCESS,
+    }
+
+
+class CallLog:
+    """Appends one JSON line per model call to ``path`` (see the module docstring).
+
+    ``with call_log.recording():`` logs the calls made in the block (this task and the
+    tasks it starts); ``close()`` closes the file. Lines are written and flushed as
+    calls finish, so a reader (``asyncgraph ui``) sees them live. Thread-safe.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a" if append else "w", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._secrets = secret_values()
+        self.count = 0
+
+    def on_call(self, call: ModelCall) -> None:
+        """A model call observer: write ``call``'s line."""
+        self.write(call_record(call))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Write one record (``call_record``'s, perhaps with more labels) as a line."""
+        line = json.dumps(record, ensure_ascii=False, default=repr)
+        line = _redact(line, self._secrets)
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write(line + "\n")
+            self._file.flush()
+            self.count += 1
+
+    @contextmanager
+    def recording(self) -> Iterator[Self]:
+        with observe_calls(self.on_call):
+            yield self
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class log_calls:  # a context manager used like a function, as open() is
+    """Log every model call made in the block to ``path``, one JSON line each.
+
+    ``with log_calls("calls.jsonl"):`` or ``async with``; appends (``append=False``
+    starts the file over). Yields the ``CallLog`` (``.count`` calls written). See the
+    module docstring for the fields and for how secrets are kept out::
+
+        with log_calls("calls.jsonl"):
+            await loss.backward()
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
+        self.path = path
+        self.append = append
+        self._stack: ExitStack | None = None
+
+    def __enter__(self) -> CallLog:
+        if self._stack is not None:
+            raise RuntimeError("this log_calls is already open; create one per block")
+        stack = ExitStack()
+        log = stack.enter_context(CallLog(self.path, append=self.append))
+        stack.enter_context(log.recording())
+        self._stack = stack
+        return log
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    async def __aenter__(self) -> CallLog:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def read_call_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a call log; a line cut short (a file being written) is skipped."""
+    records: list[dict[str, Any]] = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return records
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

@@ -1,0 +1,146 @@
+"""What seeing inside a pass costs: per-node backward time with tracing off and on.
+
+Run: ``python benchmarks/bench_observe.py [--nodes 20000] [--rounds 7] [--backend asyncio]``
+
+Graphs of no-op nodes (the worst case: the node does nothing, so the observers are all
+there is): a chain of synchronous no-ops (run inline), a chain of async no-ops, and a
+fan-in of async no-ops side by side. For each, the median over ``--rounds`` of the
+backward time per node:
+
+- ``off``: no observer (what every pass pays for the hooks: a contextvar read per pass
+  and a contextvar set per node);
+- ``on``: inside ``asyncgraph.observe.trace_pass()`` (a span per node, opened and
+  closed by the engine's events), plus the cost of writing the trace JSON per node.
+
+``--mode off`` runs only the first and imports nothing of ``asyncgraph.observe``, so
+the same script measures a checkout without it (``PYTHONPATH=/path/to/main``): that is
+the comparison with main. Figures in the README, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from asyncgraph import Function, Variable, backward
+
+
+class Nop(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Any:
+        return x.data
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+class AsyncNop(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Any:
+        return x.data
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+class Fan(Function):
+    @staticmethod
+    def forward(ctx: Any, *xs: Variable) -> Any:
+        return 0.0
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, ...]:
+        return tuple(g for _ in ctx.needs_input_grad)
+
+
+def chain(fn: type[Function], n: int) -> Variable:
+    y = Variable(1.0, requires_grad=True)
+    for _ in range(n):
+        y = fn.apply(y)
+    return y
+
+
+def fan_in(n: int) -> Variable:
+    x = Variable(1.0, requires_grad=True)
+    return Fan.apply(*[AsyncNop.apply(x) for _ in range(n)])  # type: ignore[no-any-return]
+
+
+GRAPHS: dict[str, Callable[[int], Variable]] = {
+    "chain of sync no-ops": lambda n: chain(Nop, n),
+    "chain of async no-ops": lambda n: chain(AsyncNop, n),
+    "fan-in of async no-ops": fan_in,
+}
+
+
+async def per_node_us(build: Callable[[int], Variable], n: int, traced: bool) -> float:
+    root = build(n)
+    gc.collect()
+    gc.disable()
+    try:
+        if traced:
+            from asyncgraph.observe import trace_pass
+
+            with trace_pass() as timeline:
+                start = time.perf_counter()
+                await backward(root)
+                took = time.perf_counter() - start
+            del timeline
+        else:
+            start = time.perf_counter()
+            await backward(root)
+            took = time.perf_counter() - start
+    finally:
+        gc.enable()
+    return took / n * 1e6
+
+
+def write_us(n: int) -> float:
+    """Recording plus writing the trace JSON, per node (a fan-in, traced)."""
+    from asyncgraph.observe import trace_pass
+
+    root = fan_in(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        start = time.perf_counter()
+        with trace_pass(path):
+            anyio.run(backward, root)
+        return (time.perf_counter() - start) / n * 1e6
+
+
+async def main(args: argparse.Namespace) -> None:
+    modes = ["off"] if args.mode == "off" else ["off", "on"]
+    print(f"{args.nodes:,} nodes per graph, median of {args.rounds} rounds, {args.backend}")
+    for name, build in GRAPHS.items():
+        results: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(args.rounds):
+            for mode in modes:  # interleaved, so both see the same machine
+                results[mode].append(await per_node_us(build, args.nodes, mode == "on"))
+        medians = {mode: statistics.median(values) for mode, values in results.items()}
+        line = f"{name:26s} off {medians['off']:6.2f} us/node"
+        if "on" in medians:
+            line += f"   on {medians['on']:6.2f} us/node   (+{medians['on'] - medians['off']:.2f})"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--mode", default="both", choices=["off", "both"])
+    arguments = parser.parse_args()
+    anyio.run(main, arguments, backend=arguments.backend)
+    if arguments.mode == "both":
+        print(f"trace recorded and written (fan-in): {write_us(arguments.nodes):.2f} us/node")
