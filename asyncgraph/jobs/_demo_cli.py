@@ -201,6 +201,15 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
             "--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "
             "model makes no requests"
         )
+    if args.model != "demo":
+        # The model is built now (no request is made): a missing API key or a bad base URL
+        # is reported before any step, not at the first call.
+        from ..models import parse_model_spec
+
+        try:
+            parse_model_spec(args.model, base_url=args.base_url)
+        except ValueError as exc:
+            return str(exc)
     if args.resume and not args.out:
         return (
             "--resume needs --out DIR: without --out the demo writes to a temporary "

@@ -75,6 +75,7 @@ class BaseChatModel(ABC):
         pricing: Pricing | None = None,
         usage: UsageMeter | None = None,
     ) -> None:
+        _check_options(type(self).__name__, retry, rate_limit, cache, pricing, usage)
         self.name = name
         self.retry = retry if retry is not None else Retry()
         self.rate_limiter = (
@@ -330,3 +331,34 @@ class BaseChatModel(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def _check_options(
+    model: str, retry: Any, rate_limit: Any, cache: Any, pricing: Any, usage: Any
+) -> None:
+    """A ``TypeError`` naming the option for a value of the wrong kind, at construction
+    (not an ``AttributeError`` at the first call)."""
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("retry", retry, isinstance(retry, Retry), "an asyncgraph.models.Retry"),
+        (
+            "rate_limit",
+            rate_limit,
+            isinstance(rate_limit, (RateLimit, RateLimiter)),
+            "an asyncgraph.models.RateLimit or a RateLimiter (acquire/settle/aclose)",
+        ),
+        (
+            "cache",
+            cache,
+            isinstance(cache, Cache),
+            "an asyncgraph.models cache (MemoryCache, DiskCache, RedisCache or any "
+            "object with async get/set/delete/aclose)",
+        ),
+        ("pricing", pricing, isinstance(pricing, Pricing), "an asyncgraph.models.Pricing"),
+        ("usage", usage, isinstance(usage, UsageMeter), "an asyncgraph.models.UsageMeter"),
+    ]
+    for option, value, ok, expected in checks:
+        if value is not None and not ok:
+            raise TypeError(
+                f"{model}: {option}= must be {expected} or None, got "
+                f"{type(value).__name__} ({value!r:.60})"
+            )

@@ -146,9 +146,11 @@ class ModelBackendError(ModelError):
 
 
 class ModelConfigError(ModelError, ValueError):
-    """A model setting read from the environment (``ASYNCGRAPH_MODEL_*``) is invalid.
+    """A model setting is invalid or missing: an environment variable
+    (``ASYNCGRAPH_MODEL_*``, ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``) or an option given to
+    a model (``base_url``), found where the model is built, before any call.
 
-    ``variable`` names the environment variable, ``value`` is what it held.
+    ``variable`` names the setting, ``value`` is what it held.
     """
 
     retryable = False

@@ -11,6 +11,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -19,6 +20,7 @@ import httpx
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._exceptions import (
+    ModelConfigError,
     ModelConnectionError,
     ModelRateLimitedError,
     ModelRequestError,
@@ -106,15 +108,33 @@ class OpenAIChat(BaseChatModel):
             model, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
         )
         self.model = model
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
-            "/"
-        )
+        chosen = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        if (
+            not isinstance(chosen, str)
+            or urlsplit(chosen.strip()).scheme.lower()
+            not in (
+                "http",
+                "https",
+            )
+            or not urlsplit(chosen.strip()).netloc
+        ):
+            source = "base_url" if base_url else "OPENAI_BASE_URL"
+            raise ModelConfigError(
+                f"{source} {chosen!r} is not an http:// or https:// URL: an OpenAI-compatible "
+                f"endpoint looks like https://api.openai.com/v1 or http://localhost:8000/v1",
+                variable="OPENAI_BASE_URL" if source == "OPENAI_BASE_URL" else "base_url",
+                value=str(chosen),
+            )
+        self.base_url = chosen.strip().rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         if not key and self.base_url == DEFAULT_BASE_URL:
-            raise ValueError(
-                "no API key for api.openai.com: pass api_key=... or set OPENAI_API_KEY "
-                "(for a local OpenAI-compatible server pass its base_url)"
+            raise ModelConfigError(
+                f"OPENAI_API_KEY is not set: model {model!r} at api.openai.com needs an API "
+                f"key. Set OPENAI_API_KEY (or pass api_key=...); for a local "
+                f"OpenAI-compatible server that needs none, pass its base_url",
+                variable="OPENAI_API_KEY",
+                value="",
             )
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s

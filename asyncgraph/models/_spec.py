@@ -322,7 +322,11 @@ def parse_model_spec(
                 ) from None
         _env_defaults(options, SIMULATED_MODEL_NAME)
         return SimulatedModel(**options)
-    if provider == "openai" and rest.strip():
+    if provider == "openai" and not rest.strip():
+        raise ValueError(
+            f"model spec {spec!r} names no model: write openai:MODEL, e.g. openai:gpt-4o-mini"
+        )
+    if provider == "openai":
         check_base_url(base_url)
         name = rest.strip()
         _env_defaults(options, name)
