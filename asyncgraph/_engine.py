@@ -224,8 +224,12 @@ class Engine:
         create_graph: bool,
         keep_graph: bool,
         listeners: Iterable[Listener] = (),
+        since: int | None = None,
     ) -> None:
         self.executor = executor
+        # GradManager's recording window: nodes created before sequence number ``since``
+        # are not differentiated through (their gradients may still be captured).
+        self._since = since
         self.create_graph = create_graph
         self.keep_graph = keep_graph
         self.listeners = (*_LISTENERS.get(), *listeners)
@@ -264,7 +268,7 @@ class Engine:
         seen: set[Node] = set()
         for (target, _), _grad in roots:
             deps[target] = deps.get(target, 0) + 1
-            if target.__class__ is Node and target not in seen:
+            if target.__class__ is Node and target not in seen and not self._cut(target):
                 seen.add(target)  # type: ignore[arg-type]
                 stack.append(target)  # type: ignore[arg-type]
         while stack:
@@ -275,7 +279,7 @@ class Engine:
                     continue
                 target = edge[0]
                 deps[target] = deps.get(target, 0) + 1
-                if target.__class__ is Node and target not in seen:
+                if target.__class__ is Node and target not in seen and not self._cut(target):
                     seen.add(target)  # type: ignore[arg-type]
                     stack.append(target)  # type: ignore[arg-type]
         self._pending = deps
@@ -284,7 +288,7 @@ class Engine:
         if capture_leaves is not None:
             self._capture_nodes = {node for node, _ in capture_outputs}
             wanted: set[Target] = set(capture_leaves) | self._capture_nodes
-            execute = self._nodes_leading_to(roots, deps, wanted)
+            execute = self._nodes_leading_to(roots, deps, wanted, self._cut)
             self._receives = wanted | execute
             self._execute = execute
             executing = execute
@@ -296,19 +300,28 @@ class Engine:
                     f"retain_graph=True on the first backward (or call backward once)."
                 )
 
+    def _cut(self, node: Any) -> bool:
+        """True for a node made before the recording window (see ``since``)."""
+        return self._since is not None and node.seq[-1] < self._since
+
     @staticmethod
     def _nodes_leading_to(
         roots: Sequence[tuple[Edge, Variable | None]],
         deps: dict[Target, int],
         wanted: set[Target],
+        cut: Callable[[Any], bool],
     ) -> set[Node]:
-        """Nodes with a path to a wanted target, found in reverse topological order."""
+        """Nodes with a path to a wanted target, found in reverse topological order.
+
+        A ``cut`` node is a target (its gradient may be wanted) but never runs, so no
+        path goes through it.
+        """
         counts = dict(deps)
         order: list[Node] = []
         queue: list[Node] = []
         for (target, _), _grad in roots:
             counts[target] -= 1
-            if counts[target] == 0 and target.__class__ is Node:
+            if counts[target] == 0 and target.__class__ is Node and not cut(target):
                 queue.append(target)  # type: ignore[arg-type]
         while queue:
             node = queue.pop()
@@ -318,7 +331,7 @@ class Engine:
                     continue
                 target = edge[0]
                 counts[target] -= 1
-                if counts[target] == 0 and target.__class__ is Node:
+                if counts[target] == 0 and target.__class__ is Node and not cut(target):
                     queue.append(target)  # type: ignore[arg-type]
         execute: set[Node] = set()
         for node in reversed(order):

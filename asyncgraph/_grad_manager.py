@@ -19,7 +19,7 @@ from typing import Any
 from ._autodiff import _as_variables, _roots
 from ._engine import Engine, Listener, sum_grads
 from ._exceptions import GraphError
-from ._graph import Node
+from ._graph import Node, next_seq
 from ._variable import Variable
 from .executors import Executor, current_executor
 
@@ -36,14 +36,35 @@ class _Attached:
         self.callbacks = callbacks
 
 
+def _chained(var: Variable, callbacks: list[Callback]) -> Callable[[Variable], Any]:
+    """A gradient hook running ``callbacks`` in order, each on the previous one's result."""
+
+    async def hook(grad: Variable) -> Variable:
+        for cb in callbacks:
+            result = cb(var, grad)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                grad = result if isinstance(result, Variable) else Variable(result)
+        return grad
+
+    names = ", ".join(getattr(cb, "__qualname__", repr(cb)) for cb in callbacks)
+    hook.__qualname__ = f"GradManager callbacks [{names}]"  # what a failure names
+    return hook
+
+
 class GradManager:
     """Attach variables, record a forward, and backward into the attached ones only.
 
     - ``attach(variables, callbacks=None)``: track these (weakly: a variable
       that dies is forgotten); each callback ``(variable, grad) -> grad`` may be
-      sync or async and they run in order on the variable's gradient before it
-      is accumulated into ``.grad``. Attaching again adds callbacks.
-    - ``record()`` / ``release()``, or ``with gm:`` / ``async with gm:``.
+      sync or async. They run during the pass, the moment that variable's gradient
+      is final, in attach order, each on the previous one's result (returning None
+      keeps the gradient); ``.grad`` is updated only if the whole pass succeeds.
+      Attaching again adds callbacks.
+    - ``record()`` / ``release()``, or ``with gm:`` / ``async with gm:``. Only
+      computation between them counts: a forward run before ``record()`` gives no
+      gradient through ``gm.backward`` (as MegEngine documents).
     - ``await backward(y=None, dy=None)``: requires recording (else
       ``RuntimeError``); accumulates into the ``.grad`` of attached variables
       only, then releases. ``y=None`` only releases.
@@ -55,6 +76,7 @@ class GradManager:
     ) -> None:
         self._attached: dict[int, _Attached] = {}
         self._recording = False
+        self._since: int | None = None
         self._group: GradManagerGroup | None = None
         self.executor = executor
         self.listeners = tuple(listeners)
@@ -112,6 +134,9 @@ class GradManager:
         if self._recording:
             raise RuntimeError("this GradManager is already recording; call release() first")
         self._recording = True
+        # Computation before this point is ignored by backward (MegEngine: "any
+        # computation on a tensor before it is attached is completely ignored").
+        self._since = next_seq()[-1]
 
     def release(self) -> None:
         """Stop recording; ``backward`` then raises until the next ``record()``.
@@ -151,24 +176,26 @@ class GradManager:
                 create_graph=False,
                 keep_graph=keep,
                 listeners=self.listeners,
+                since=self._since,
             )
-            await engine.run(
-                roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False
-            )
+            # Callbacks run inside the pass, the moment each attached variable's gradient
+            # is final (as a gradient hook of this pass: what lets an allreduce overlap
+            # the rest of the backward); the results are committed only if it succeeds.
+            handles = [var.register_hook(_chained(var, cbs)) for var, cbs in live if cbs]
+            try:
+                await engine.run(
+                    roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False
+                )
+            finally:
+                for handle in handles:
+                    handle.remove()
             updates: list[tuple[Variable, Variable]] = []
-            for var, cbs in live:
+            for var, _ in live:
                 key = var if var.grad_fn is None else (var.grad_fn, var.output_nr)
                 g = engine.captured.get(key)
-                if g is None:
-                    continue
-                for cb in cbs:
-                    result = cb(var, g)
-                    if inspect.isawaitable(result):
-                        result = await result
-                    if result is not None:
-                        g = result if isinstance(result, Variable) else Variable(result)
-                updates.append((var, g))
-            for var, g in updates:  # commit only once every callback succeeded
+                if g is not None:
+                    updates.append((var, g))
+            for var, g in updates:  # commit only once the whole pass succeeded
                 var.grad = g if var.grad is None else sum_grads([var.grad, g], False)
         finally:
             self.release()

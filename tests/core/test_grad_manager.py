@@ -7,7 +7,7 @@ import gc
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import GradManager, GradManagerGroup, Parameter, Variable
+from asyncgraph import BackwardError, Function, GradManager, GradManagerGroup, Parameter, Variable
 
 from ._ops import Add, Mul
 
@@ -149,8 +149,10 @@ async def test_failing_callback_leaves_every_grad_untouched() -> None:
         raise ValueError("clip failed")
 
     gm = GradManager().attach(a).attach(b, callbacks=broken)
-    with gm, pytest.raises(ValueError, match="clip failed"):
+    with gm, pytest.raises(BackwardError, match="clip failed") as info:
         await gm.backward(Mul.apply(a, b))
+    assert "GradManager callbacks [" in str(info.value) and "broken" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
     assert a.grad is None and b.grad is None
     assert not gm.is_recording
 
@@ -215,3 +217,104 @@ def test_record_twice_raises() -> None:
     with pytest.raises(RuntimeError, match="already recording"):
         gm.record()
     gm.release()
+
+
+# --- Recording gates what counts; callbacks run inside the pass (MegEngine's seed) --------
+
+
+@pytest.mark.anyio
+async def test_a_forward_before_record_contributes_no_gradient() -> None:
+    w = Parameter(3.0)
+    gm = GradManager().attach(w)
+    before = Mul.apply(w, Variable(10.0))  # before record(): ignored by gm.backward
+    with gm:
+        after = Mul.apply(w, Variable(2.0))
+        await gm.backward(Add.apply(before, after))
+    assert w.grad is not None and w.grad.data == 2.0  # only the recorded use
+    # Without a GradManager, the same graph gives both uses (the gate is gm's alone).
+    w.grad = None
+    await Add.apply(Mul.apply(w, Variable(10.0)), Mul.apply(w, Variable(2.0))).backward()
+    assert w.grad.data == 12.0
+
+
+@pytest.mark.anyio
+async def test_an_output_computed_entirely_before_record_gives_nothing() -> None:
+    w = Parameter(3.0)
+    gm = GradManager().attach(w)
+    y = Mul.apply(w, w)
+    with gm:
+        await gm.backward(y)
+    assert w.grad is None
+
+
+class Gate(Function):
+    """Backward waits for an event: lets a test observe the pass while it runs."""
+
+    gate: anyio.Event
+
+    @staticmethod
+    def forward(ctx: object, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: object, g: Variable) -> Variable:
+        await Gate.gate.wait()
+        return g
+
+
+@pytest.mark.anyio
+async def test_callbacks_run_during_the_pass_as_each_gradient_is_final() -> None:
+    fast = Parameter(1.0, role="fast")
+    slow = Parameter(1.0, role="slow")
+    Gate.gate = anyio.Event()
+    log: list[str] = []
+
+    def first(var: Variable, g: Variable) -> Variable:
+        log.append(f"first {var.role} {g.data}")
+        return Variable(g.data * 10)
+
+    async def second(var: Variable, g: Variable) -> None:
+        log.append(f"second {var.role} {g.data}")
+        if var.role == "fast":
+            Gate.gate.set()  # the slow branch is still waiting: we run inside the pass
+        return None
+
+    gm = GradManager().attach([fast, slow], callbacks=[first, second])
+    with gm:
+        y = Add.apply(Mul.apply(fast, Variable(2.0)), Gate.apply(Mul.apply(slow, Variable(3.0))))
+        await gm.backward(y)
+    assert log == ["first fast 2.0", "second fast 20.0", "first slow 3.0", "second slow 30.0"]
+    assert fast.grad.data == 20.0 and slow.grad.data == 30.0  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_a_failed_pass_commits_nothing_even_after_callbacks_ran() -> None:
+    ok = Parameter(1.0, role="ok")
+    doomed = Parameter(1.0, role="doomed")
+    ran: list[str] = []
+
+    class Boom(Function):
+        @staticmethod
+        def forward(ctx: object, x: Variable) -> Variable:
+            return Variable(x.data)
+
+        @staticmethod
+        async def backward(ctx: object, g: Variable) -> Variable:
+            await anyio.sleep(0.01)
+            raise RuntimeError("worker lost")
+
+    gm = GradManager().attach([ok, doomed], callbacks=lambda v, g: ran.append(v.role))
+    with gm, pytest.raises(BackwardError, match="worker lost"):
+        await gm.backward(Add.apply(Mul.apply(ok, Variable(2.0)), Boom.apply(doomed)))
+    assert ran == ["ok"]  # the callback ran inside the pass...
+    assert ok.grad is None and doomed.grad is None  # ...but nothing was committed
+
+
+def test_attached_variables_are_held_weakly() -> None:
+    gm = GradManager()
+    p = Parameter(1.0)
+    gm.attach(p)
+    assert gm.attached_variables() == [p]
+    del p
+    gc.collect()
+    assert gm.attached_variables() == []
