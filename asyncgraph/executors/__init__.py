@@ -5,9 +5,9 @@ The engine talks to one small protocol, :class:`Executor`; the in-process
 peers behind it, and tests can plug in a third.
 """
 
-from ._base import Executor, current_executor, more_nodes_coming, use_executor
-from ._local import LocalExecutor
-from ._redis import RedisExecutor, open_redis_executor
+from asyncgraph.executors._base import Executor, current_executor, more_nodes_coming, use_executor
+from asyncgraph.executors._local import LocalExecutor
+from asyncgraph.executors._redis import RedisExecutor, open_redis_executor
 
 __all__ = [
     "Executor",

@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .._exceptions import (
+from asyncgraph._exceptions import (
     BackwardError,
     GraphError,
     RemoteConnectionError,
@@ -47,14 +47,16 @@ from .._exceptions import (
     RemoteTimeoutError,
     WireError,
 )
-from .._function import Function
-from .._grad_mode import is_grad_enabled
-from .._variable import Variable
-from .._yield import let_ready_tasks_run
-from ..models._usage import Usage, meters_for
-from ..wire import _keys as keys
-from ..wire._codec import DEFAULT_LIMITS, Limits
-from ..wire._payload import (
+from asyncgraph._function import Function
+from asyncgraph._grad_mode import is_grad_enabled
+from asyncgraph._variable import Variable
+from asyncgraph._yield import let_ready_tasks_run
+from asyncgraph.executors._base import Executor, more_nodes_coming
+from asyncgraph.executors._local import LocalExecutor
+from asyncgraph.models._usage import Usage, meters_for
+from asyncgraph.wire import _keys as keys
+from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.wire._payload import (
     backward_payload,
     ctx_from_state,
     diagnose_unpackable,
@@ -64,7 +66,7 @@ from ..wire._payload import (
     remote_name,
     var_from_entry,
 )
-from ..wire._resp import (
+from asyncgraph.wire._resp import (
     Connection,
     Oversize,
     Pool,
@@ -72,13 +74,18 @@ from ..wire._resp import (
     ReplyError,
     parse_redis_url,
 )
-from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode, peek_ids
-from ..wire._signing import SECRET_ENV, Signer, secret_from_env
-from ._base import Executor, more_nodes_coming
-from ._local import LocalExecutor
+from asyncgraph.wire._schema import (
+    CancelMessage,
+    ReplyMessage,
+    TaskMessage,
+    decode,
+    encode,
+    peek_ids,
+)
+from asyncgraph.wire._signing import SECRET_ENV, Signer, secret_from_env
 
 if TYPE_CHECKING:
-    from .._graph import Node
+    from asyncgraph._graph import Node
 
 __all__ = ["RedisExecutor", "open_redis_executor"]
 

@@ -12,8 +12,8 @@ and ``asyncgraph.worker`` (the server):
 - ``_resp``: the small async Redis client both sides use (asyncio and trio).
 """
 
-from ._codec import DEFAULT_LIMITS, Limits
-from ._keys import PROTOCOL_VERSION
-from ._payload import fingerprint, remote_name
+from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.wire._keys import PROTOCOL_VERSION
+from asyncgraph.wire._payload import fingerprint, remote_name
 
 __all__ = ["DEFAULT_LIMITS", "PROTOCOL_VERSION", "Limits", "fingerprint", "remote_name"]

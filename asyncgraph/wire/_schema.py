@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 import msgpack
 
-from .._exceptions import WireError
-from ._codec import DEFAULT_LIMITS, Limits, pack, unpack
-from ._keys import PROTOCOL_VERSION, is_client_id
-from ._signing import Signer
+from asyncgraph._exceptions import WireError
+from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits, pack, unpack
+from asyncgraph.wire._keys import PROTOCOL_VERSION, is_client_id
+from asyncgraph.wire._signing import Signer
 
 __all__ = [
     "CancelMessage",

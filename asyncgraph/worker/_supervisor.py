@@ -30,8 +30,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ._health import serve_health
-from ._metrics import Metrics, merge_snapshots, read_health, render
+from asyncgraph.worker._health import serve_health
+from asyncgraph.worker._metrics import Metrics, merge_snapshots, read_health, render
 
 __all__ = ["Supervisor"]
 

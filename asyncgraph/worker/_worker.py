@@ -50,22 +50,22 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._exceptions import WireError
-from .._function import FunctionCtx
-from .._grad_mode import no_grad
-from .._yield import let_ready_tasks_run
-from ..models._spec import normalize_base_url, restrict_base_urls
-from ..models._usage import Usage, track_usage
-from ..wire import _keys as keys
-from ..wire._codec import DEFAULT_LIMITS, Limits
-from ..wire._payload import (
+from asyncgraph._exceptions import WireError
+from asyncgraph._function import FunctionCtx
+from asyncgraph._grad_mode import no_grad
+from asyncgraph._yield import let_ready_tasks_run
+from asyncgraph.models._spec import normalize_base_url, restrict_base_urls
+from asyncgraph.models._usage import Usage, track_usage
+from asyncgraph.wire import _keys as keys
+from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.wire._payload import (
     ctx_from_state,
     ctx_state,
     forward_args,
     grads_from_entries,
     result_entries,
 )
-from ..wire._resp import (
+from asyncgraph.wire._resp import (
     Connection,
     Oversize,
     Pool,
@@ -73,7 +73,7 @@ from ..wire._resp import (
     ReplyError,
     parse_redis_url,
 )
-from ..wire._schema import (
+from asyncgraph.wire._schema import (
     CancelMessage,
     ErrorInfo,
     ReplyMessage,
@@ -82,10 +82,10 @@ from ..wire._schema import (
     encode,
     peek_ids,
 )
-from ..wire._signing import Signer
-from ._health import serve_health
-from ._metrics import Metrics
-from ._registry import RegisteredFunction, Registry
+from asyncgraph.wire._signing import Signer
+from asyncgraph.worker._health import serve_health
+from asyncgraph.worker._metrics import Metrics
+from asyncgraph.worker._registry import RegisteredFunction, Registry
 
 __all__ = ["Worker", "WorkerConfig"]
 
