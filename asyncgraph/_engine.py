@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.lowlevel
 
-from asyncgraph.executors._base import MORE_READY
+from asyncgraph._executor import MORE_READY
 
 from ._accumulate import accumulate
 from ._exceptions import BackwardError, GraphError

@@ -57,7 +57,7 @@ def current_executor() -> Executor:
     """The executor selected by ``use_executor`` in this task, else a LocalExecutor."""
     executor = _CURRENT.get()
     if executor is None:
-        from asyncgraph.executors._local import DEFAULT_EXECUTOR
+        from asyncgraph._local_executor import DEFAULT_EXECUTOR
 
         return DEFAULT_EXECUTOR
     return executor

@@ -1,7 +1,7 @@
 """RedisExecutor: run ``dispatch = "remote"`` backwards on a worker fleet fed through Redis.
 
-Client side of the worker protocol (keys in ``asyncgraph.wire._keys``, messages
-in ``asyncgraph.wire._schema``). One executor owns, in its task group:
+Client side of the worker protocol (keys in ``asyncgraph.distributed.wire._keys``, messages
+in ``asyncgraph.distributed.wire._schema``). One executor owns, in its task group:
 
 - a *flusher*: remote nodes made ready together are XADDed to the task stream
   in one pipelined round trip. The engine's runners start a wide level of ready
@@ -47,16 +47,15 @@ from asyncgraph._exceptions import (
     RemoteTimeoutError,
     WireError,
 )
+from asyncgraph._executor import Executor, more_nodes_coming
 from asyncgraph._function import Function
 from asyncgraph._grad_mode import is_grad_enabled
+from asyncgraph._local_executor import LocalExecutor
 from asyncgraph._variable import Variable
 from asyncgraph._yield import let_ready_tasks_run
-from asyncgraph.executors._base import Executor, more_nodes_coming
-from asyncgraph.executors._local import LocalExecutor
-from asyncgraph.models._usage import Usage, meters_for
-from asyncgraph.wire import _keys as keys
-from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits
-from asyncgraph.wire._payload import (
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._payload import (
     backward_payload,
     ctx_from_state,
     diagnose_unpackable,
@@ -66,15 +65,7 @@ from asyncgraph.wire._payload import (
     remote_name,
     var_from_entry,
 )
-from asyncgraph.wire._resp import (
-    Connection,
-    Oversize,
-    Pool,
-    RedisConnectionLost,
-    ReplyError,
-    parse_redis_url,
-)
-from asyncgraph.wire._schema import (
+from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ReplyMessage,
     TaskMessage,
@@ -82,7 +73,16 @@ from asyncgraph.wire._schema import (
     encode,
     peek_ids,
 )
-from asyncgraph.wire._signing import SECRET_ENV, Signer, secret_from_env
+from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer, secret_from_env
+from asyncgraph.models._usage import Usage, meters_for
+from asyncgraph.resp._client import (
+    Connection,
+    Oversize,
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+)
 
 if TYPE_CHECKING:
     from asyncgraph._graph import Node

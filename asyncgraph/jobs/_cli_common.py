@@ -17,9 +17,9 @@ from types import FrameType
 
 import anyio
 
-from asyncgraph.jobs._fleet import live_workers, no_live_workers_message
-from asyncgraph.wire import _keys as keys
-from asyncgraph.wire._resp import parse_redis_url
+from asyncgraph.distributed._fleet import live_workers, no_live_workers_message
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.resp._client import parse_redis_url
 
 from .._exceptions import AsyncGraphError
 from ._checkpoint import CheckpointError

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from asyncgraph._exceptions import WireError
 from asyncgraph._function import Function, FunctionCtx
 from asyncgraph._variable import Variable
-from asyncgraph.wire._codec import check_packable
+from asyncgraph.distributed.wire._codec import check_packable
 
 if TYPE_CHECKING:
     from asyncgraph._graph import Node

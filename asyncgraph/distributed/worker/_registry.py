@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from asyncgraph._function import Function
-from asyncgraph.wire._payload import fingerprint, remote_name
+from asyncgraph.distributed.wire._payload import fingerprint, remote_name
 
 __all__ = ["Registry", "RegisteredFunction", "build_registry"]
 

@@ -54,26 +54,16 @@ from asyncgraph._exceptions import WireError
 from asyncgraph._function import FunctionCtx
 from asyncgraph._grad_mode import no_grad
 from asyncgraph._yield import let_ready_tasks_run
-from asyncgraph.models._spec import normalize_base_url, restrict_base_urls
-from asyncgraph.models._usage import Usage, track_usage
-from asyncgraph.wire import _keys as keys
-from asyncgraph.wire._codec import DEFAULT_LIMITS, Limits
-from asyncgraph.wire._payload import (
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._payload import (
     ctx_from_state,
     ctx_state,
     forward_args,
     grads_from_entries,
     result_entries,
 )
-from asyncgraph.wire._resp import (
-    Connection,
-    Oversize,
-    Pool,
-    RedisConnectionLost,
-    ReplyError,
-    parse_redis_url,
-)
-from asyncgraph.wire._schema import (
+from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ErrorInfo,
     ReplyMessage,
@@ -82,14 +72,24 @@ from asyncgraph.wire._schema import (
     encode,
     peek_ids,
 )
-from asyncgraph.wire._signing import Signer
-from asyncgraph.worker._health import serve_health
-from asyncgraph.worker._metrics import Metrics
-from asyncgraph.worker._registry import RegisteredFunction, Registry
+from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._health import serve_health
+from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
+from asyncgraph.models._spec import normalize_base_url, restrict_base_urls
+from asyncgraph.models._usage import Usage, track_usage
+from asyncgraph.resp._client import (
+    Connection,
+    Oversize,
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+)
 
 __all__ = ["Worker", "WorkerConfig"]
 
-log = logging.getLogger("asyncgraph.worker")
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 _BLOCK_MS = 2000
 _MAX_ORIGINAL = 65_536
