@@ -5,6 +5,8 @@ starts as soon as its inputs are ready, in-process or on a Redis-fed worker
 fleet, and joins the gradients into the leaves exactly as a sequential run would.
 """
 
+from asyncgraph.executors import Executor, LocalExecutor, current_executor, use_executor
+
 from ._accumulate import accumulate, register_accumulator
 from ._autodiff import backward, grad
 from ._engine import NodeEvent, current_node, observe_nodes
@@ -23,7 +25,6 @@ from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._graph import Node, RemovableHandle, graph_order
 from ._module import IncompatibleKeys, Module
 from ._variable import Parameter, Variable
-from .executors import Executor, LocalExecutor, current_executor, use_executor
 
 __version__ = "0.1.0"
 

@@ -67,6 +67,8 @@ def accumulate(a: Any, b: Any) -> Any:
     if _is_text(a) and _is_text(b):
         return _text(a, b)
     fn = _lookup(ta) or _lookup(tb)
+    if fn is None and (_register_numpy(ta) or _register_numpy(tb)):
+        fn = _lookup(ta) or _lookup(tb)
     if fn is not None:
         return fn(a, b)
     raise TypeError(
@@ -76,15 +78,22 @@ def accumulate(a: Any, b: Any) -> Any:
     )
 
 
-def _register_defaults() -> None:
-    register_accumulator(int, _add)
-    register_accumulator(float, _add)
-    try:
-        import numpy
-    except ImportError:  # numpy is optional
-        return
-    register_accumulator(numpy.ndarray, _add)
-    register_accumulator(numpy.generic, _add)
+def _register_numpy(data_type: type) -> bool:
+    """Register numpy's accumulators the first time a numpy value is summed.
+
+    Lazy, so ``import asyncgraph`` never imports numpy. True if ``data_type`` is a
+    numpy type and the accumulators were registered now.
+    """
+    if data_type.__module__.split(".")[0] != "numpy" or _NUMPY_REGISTERED:
+        return False
+    import numpy
+
+    globals()["_NUMPY_REGISTERED"] = True
+    for klass in (numpy.ndarray, numpy.generic):
+        _ACCUMULATORS.setdefault(klass, _add)  # a user's own registration wins
+    return True
 
 
-_register_defaults()
+_NUMPY_REGISTERED = False
+register_accumulator(int, _add)
+register_accumulator(float, _add)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from asyncgraph.executors import Executor, current_executor
+
 from ._engine import Engine, Listener
 from ._exceptions import GraphError
 from ._graph import Edge, Node
 from ._variable import Variable
-from .executors import Executor, current_executor
 
 __all__ = ["backward", "grad"]
 

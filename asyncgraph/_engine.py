@@ -26,16 +26,17 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.lowlevel
 
+from asyncgraph._executor import MORE_READY
+
 from ._accumulate import accumulate
 from ._exceptions import BackwardError, GraphError
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import Edge, Hook, Node, Seq
 from ._variable import Variable
-from .executors._base import MORE_READY
 
 if TYPE_CHECKING:
-    from .executors import Executor
+    from asyncgraph.executors import Executor
 
 __all__ = ["Engine", "NodeEvent", "current_node", "observe_nodes"]
 

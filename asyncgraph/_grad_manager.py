@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from asyncgraph.executors import Executor, current_executor
+
 from ._autodiff import _as_variables, _roots
 from ._engine import Engine, Listener, sum_grads
 from ._exceptions import GraphError
 from ._graph import Node, next_seq
 from ._variable import Variable
-from .executors import Executor, current_executor
 
 __all__ = ["GradManager", "GradManagerGroup"]
 

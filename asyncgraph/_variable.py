@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 from ._graph import Hook, Node, RemovableHandle, add_hook, new_hook_dict
 
 if TYPE_CHECKING:
+    from asyncgraph.executors import Executor
+
     from ._engine import Listener
-    from .executors import Executor
 
 __all__ = ["Parameter", "Variable"]
 

@@ -3,6 +3,8 @@
 Everything here is also exported from ``asyncgraph``.
 """
 
+from asyncgraph.executors import Executor, LocalExecutor, current_executor, use_executor
+
 from ._accumulate import accumulate, register_accumulator
 from ._autodiff import backward, grad
 from ._engine import NodeEvent
@@ -12,7 +14,6 @@ from ._grad_manager import GradManager, GradManagerGroup
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._graph import Node, RemovableHandle, graph_order
 from ._variable import Parameter, Variable
-from .executors import Executor, LocalExecutor, current_executor, use_executor
 
 __all__ = [
     "BackwardError",

@@ -1,7 +1,7 @@
 """The ``asyncgraph`` command.
 
 Subcommands live next to what they drive and register themselves here:
-``worker`` (asyncgraph.worker), ``demo``, ``run`` and ``ui`` (asyncgraph.jobs).
+``worker`` (asyncgraph.distributed.worker), ``demo``, ``run`` and ``ui`` (asyncgraph.jobs).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["main"]
 # name -> (module, help). Each module defines ``add_arguments(parser)`` and
 # ``run(args) -> int``; only the module of the subcommand being run is imported.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "worker": ("asyncgraph.worker._cli", "serve remote backwards from a Redis queue"),
+    "worker": ("asyncgraph.distributed.worker._cli", "serve remote backwards from a Redis queue"),
     "demo": ("asyncgraph.jobs._demo_cli", "run the shipped prompt-optimization demo"),
     "run": ("asyncgraph.jobs._run_cli", "run a job file"),
     "ui": ("asyncgraph.jobs._ui", "a local web dashboard of job runs (live while they run)"),

@@ -28,9 +28,9 @@ from typing import Any
 
 import anyio
 
+from asyncgraph.distributed._fleet import local_fleet
 from asyncgraph.jobs import _demo
 from asyncgraph.jobs._demo_cli import WORKER_IMPORTS, add_arguments, run_demo
-from asyncgraph.jobs._fleet import local_fleet
 from asyncgraph.text import resolve_model
 
 COMPARED = ("step", "epoch", "train_score", "train_loss", "val_score")

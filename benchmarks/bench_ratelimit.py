@@ -100,7 +100,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 def run_benchmark(args: argparse.Namespace) -> None:
-    from asyncgraph._redis_server import RedisServer
+    from asyncgraph.distributed._redis_server import RedisServer
     from asyncgraph.models import RateLimit
     from asyncgraph.models._testing import OpenAITestServer
 

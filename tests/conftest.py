@@ -19,7 +19,7 @@ def redis_server_url() -> Iterator[str]:
     if env:
         yield env
         return
-    from asyncgraph._redis_server import RedisServer
+    from asyncgraph.distributed._redis_server import RedisServer
 
     with RedisServer() as server:
         yield server.url

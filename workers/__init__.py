@@ -3,6 +3,6 @@
 Settings come from the environment (``workers.settings``); the functions the
 fleet serves by default are in ``workers.functions``. The service is a thin
 shell over ``asyncgraph worker`` (supervision, draining, health and metrics all
-live in ``asyncgraph.worker``, so a plain ``pip install asyncgraph`` has them too).
+live in ``asyncgraph.distributed.worker``, so a plain ``pip install asyncgraph`` has them too).
 This folder is not installed into site-packages: it ships as files (deploy/).
 """

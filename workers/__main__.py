@@ -17,8 +17,8 @@ from workers.settings import Settings
 
 def check(settings: Settings) -> str:
     """Everything ``asyncgraph worker`` would check before serving; a summary, or ``ValueError``."""
-    from asyncgraph.wire._codec import Limits
-    from asyncgraph.worker import WorkerConfig, build_registry
+    from asyncgraph.distributed.wire._codec import Limits
+    from asyncgraph.distributed.worker import WorkerConfig, build_registry
 
     try:
         registry = build_registry(settings.imports)

@@ -58,9 +58,9 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Read and check the settings; ``ValueError`` names the variable that is missing or wrong."""
+        from asyncgraph.distributed.wire._keys import check_queue_name
         from asyncgraph.models._spec import normalize_base_url
-        from asyncgraph.wire._keys import check_queue_name
-        from asyncgraph.wire._resp import parse_redis_url
+        from asyncgraph.resp._client import parse_redis_url
 
         def get(name: str) -> str | None:
             value = env.get(f"ASYNCGRAPH_{name}", "").strip()

@@ -1,13 +1,17 @@
 """Where a node's backward runs.
 
 The engine talks to one small protocol, :class:`Executor`; the in-process
-:class:`LocalExecutor` (the default) and the Redis-fed distributed executor are
-peers behind it, and tests can plug in a third.
+:class:`LocalExecutor` (the default) and the Redis-fed distributed executor
+(``asyncgraph.distributed.RedisExecutor``) are peers behind it, and tests can plug in
+a third. This package is part of the core: ``RedisExecutor`` and
+``open_redis_executor`` are lazy aliases of ``asyncgraph.distributed``'s, loaded only
+when asked for, so ``import asyncgraph`` never loads the distributed half.
 """
 
-from ._base import Executor, current_executor, more_nodes_coming, use_executor
-from ._local import LocalExecutor
-from ._redis import RedisExecutor, open_redis_executor
+from typing import Any
+
+from asyncgraph._executor import Executor, current_executor, more_nodes_coming, use_executor
+from asyncgraph._local_executor import LocalExecutor
 
 __all__ = [
     "Executor",
@@ -18,3 +22,13 @@ __all__ = [
     "open_redis_executor",
     "use_executor",
 ]
+
+_DISTRIBUTED = ("RedisExecutor", "open_redis_executor")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DISTRIBUTED:
+        import asyncgraph.distributed as distributed  # the lazy alias: see the docstring
+
+        return getattr(distributed, name)
+    raise AttributeError(f"module 'asyncgraph.executors' has no attribute {name!r}")

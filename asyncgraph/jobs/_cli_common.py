@@ -17,11 +17,12 @@ from types import FrameType
 
 import anyio
 
+from asyncgraph.distributed._fleet import live_workers, no_live_workers_message
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.resp._client import parse_redis_url
+
 from .._exceptions import AsyncGraphError
-from ..wire import _keys as keys
-from ..wire._resp import parse_redis_url
 from ._checkpoint import CheckpointError
-from ._fleet import live_workers, no_live_workers_message
 
 __all__ = [
     "EXIT_ERROR",

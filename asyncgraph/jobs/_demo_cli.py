@@ -114,7 +114,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     }
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
-            from ._fleet import local_fleet
+            from asyncgraph.distributed._fleet import local_fleet
 
             # The workers build their "demo" model at import, from this variable.
             os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)
@@ -140,7 +140,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
 async def _run_remote(
     job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool
 ) -> JobResult:
-    from ..executors import open_redis_executor
+    from asyncgraph.executors import open_redis_executor
 
     async with open_redis_executor(url, queue=args.queue, timeout_s=120.0) as executor:
         return await run_job(

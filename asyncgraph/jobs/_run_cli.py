@@ -180,7 +180,7 @@ async def run_with_optional_redis(
             trace=trace,
             log_calls=log_calls,
         )
-    from ..executors._redis import open_redis_executor
+    from asyncgraph.distributed._executor import open_redis_executor
 
     async with open_redis_executor(redis, queue=queue) as executor:
         return await run_job(

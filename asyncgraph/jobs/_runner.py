@@ -26,12 +26,12 @@ from typing import Any, Protocol
 import anyio
 
 from asyncgraph import Module
+from asyncgraph.executors import Executor
 
 from .._autodiff import backward
 from .._grad_mode import no_grad
 from .._graph import graph_order
 from .._variable import Parameter, Variable
-from ..executors import Executor
 from ..models._usage import UsageMeter, track_usage
 from ._checkpoint import (
     FORMAT,

@@ -80,7 +80,7 @@ class WorkerProcess:
 
 def wait_for_workers(url: str, queue: str, count: int, timeout_s: float = 15.0) -> None:
     """Block until ``count`` workers of ``queue`` sent a heartbeat."""
-    from asyncgraph.wire._keys import workers_hash
+    from asyncgraph.distributed.wire._keys import workers_hash
 
     client = redis.Redis.from_url(url)
     try:

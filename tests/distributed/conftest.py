@@ -19,7 +19,7 @@ def start_worker() -> Iterator[StartWorker]:
     ) -> WorkerProcess:
         before = 0
         if wait:
-            from asyncgraph.wire._keys import workers_hash
+            from asyncgraph.distributed.wire._keys import workers_hash
 
             client = redis.Redis.from_url(url)
             before = int(client.hlen(workers_hash(queue)))

@@ -14,7 +14,7 @@ import redis
 from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteConnectionError, RemoteTimeoutError, backward
-from asyncgraph._redis_server import RedisServer, free_port
+from asyncgraph.distributed._redis_server import RedisServer, free_port
 from asyncgraph.executors import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -184,7 +184,7 @@ async def test_sigterm_drains_in_flight_tasks(redis_url: str, start_worker: Star
 async def test_deleted_task_held_by_a_dead_worker_is_cleared(
     redis_url: str, start_worker: StartWorker
 ) -> None:
-    from asyncgraph.wire import _keys as keys
+    from asyncgraph.distributed.wire import _keys as keys
 
     client = redis.Redis.from_url(redis_url)
     stream = keys.task_stream("ghost")
@@ -300,7 +300,7 @@ async def test_connect_timeout_ends_the_worker_with_a_clear_error() -> None:
 async def test_idle_consumers_are_deleted_and_a_drained_worker_deletes_its_own(
     redis_url: str, start_worker: StartWorker
 ) -> None:
-    from asyncgraph.wire import _keys as keys
+    from asyncgraph.distributed.wire import _keys as keys
 
     client = redis.Redis.from_url(redis_url)
     stream = keys.task_stream("tidy")

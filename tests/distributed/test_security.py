@@ -13,10 +13,10 @@ import redis
 from agdist_helpers import SECRET, CaptureServer, StartWorker, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, Variable, backward
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._schema import ReplyMessage, TaskMessage, encode
+from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.executors import open_redis_executor
-from asyncgraph.wire import _keys as keys
-from asyncgraph.wire._schema import ReplyMessage, TaskMessage, encode
-from asyncgraph.wire._signing import Signer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -131,7 +131,7 @@ async def test_bad_messages_are_dead_lettered_while_good_tasks_flow(
 async def test_task_past_its_deadline_is_skipped(redis_url: str, start_worker: StartWorker) -> None:
     import urllib.request
 
-    from asyncgraph._redis_server import free_port
+    from asyncgraph.distributed._redis_server import free_port
 
     client = redis.Redis.from_url(redis_url)
     client.xgroup_create(keys.task_stream("late"), keys.GROUP, id="0", mkstream=True)
@@ -294,8 +294,8 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
 
 
 def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
-    from asyncgraph.wire._resp import Oversize
-    from asyncgraph.worker import Worker, WorkerConfig
+    from asyncgraph.distributed.worker import Worker, WorkerConfig
+    from asyncgraph.resp._client import Oversize
 
     worker = Worker(WorkerConfig("redis://127.0.0.1:1/0", batch_size=256), {})
     assert worker._read_count(64) == 64

@@ -62,7 +62,7 @@ def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> No
 
 
 def test_metrics_print_exact_values_and_declare_the_task_seconds_summary() -> None:
-    from asyncgraph.worker._metrics import Metrics, format_value
+    from asyncgraph.distributed.worker._metrics import Metrics, format_value
 
     metrics = Metrics()
     metrics.inc("asyncgraph_worker_tasks_total", 1234567, outcome="ok")

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
+from asyncgraph.distributed._fleet import local_fleet
 from asyncgraph.jobs._demo import INITIAL_PROMPT, INSTRUCTIONS, demo_responder
 from asyncgraph.jobs._demo_cli import WORKER_IMPORTS
-from asyncgraph.jobs._fleet import local_fleet
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 from .jobs_helpers import (
@@ -462,12 +462,12 @@ def test_demo_on_a_redis_without_workers_fails_fast(
 def test_demo_workers_without_a_redis_server_binary_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import asyncgraph._redis_server
+    import asyncgraph.distributed._redis_server
 
     def missing() -> str:
         raise FileNotFoundError("no redis-server found: install one (apt-get install redis-server)")
 
-    monkeypatch.setattr(asyncgraph._redis_server, "find_redis_server", missing)
+    monkeypatch.setattr(asyncgraph.distributed._redis_server, "find_redis_server", missing)
     assert _demo_main("--workers", "1", "--no-progress") == 1
     err = capsys.readouterr().err
     assert err == "error: no redis-server found: install one (apt-get install redis-server)\n"

@@ -12,8 +12,8 @@ import anyio
 import pytest
 import redis
 
-from asyncgraph.jobs._fleet import live_workers, local_fleet
-from asyncgraph.wire import _keys as keys
+from asyncgraph.distributed._fleet import live_workers, local_fleet
+from asyncgraph.distributed.wire import _keys as keys
 
 
 def _children_mentioning(text: str) -> list[int]:
@@ -55,7 +55,7 @@ def test_a_fleet_on_an_existing_redis_leaves_other_workers_entries(redis_url: st
 
 def test_live_workers_of_an_unreachable_redis_raise_a_clear_error() -> None:
     from asyncgraph import RemoteConnectionError
-    from asyncgraph._redis_server import free_port
+    from asyncgraph.distributed._redis_server import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     with pytest.raises(RemoteConnectionError, match=f"cannot reach Redis at {url}"):

@@ -351,7 +351,7 @@ def test_run_on_a_redis_without_live_workers_fails_fast(
 def test_run_on_an_unreachable_redis_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from asyncgraph._redis_server import free_port
+    from asyncgraph.distributed._redis_server import free_port
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     assert _main("run", EXAMPLE, "--redis", url, "--out", str(tmp_path / "o")) == 1
@@ -362,8 +362,8 @@ def test_run_on_an_unreachable_redis_is_one_line(
 def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
     tmp_path: Path, redis_url: str
 ) -> None:
+    from asyncgraph.distributed._fleet import local_fleet
     from asyncgraph.jobs._demo_cli import WORKER_IMPORTS
-    from asyncgraph.jobs._fleet import local_fleet
 
     job_file = str(JOB_FILES / "demo_job.py")
     env = cli_env(ASYNCGRAPH_DEMO_LATENCY_MS="5")

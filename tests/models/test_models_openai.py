@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from asyncgraph._redis_server import free_port
+from asyncgraph.distributed._redis_server import free_port
 from asyncgraph.models import (
     LocalRateLimiter,
     ModelConnectionError,

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import asyncgraph.models
-from asyncgraph._redis_server import free_port
+from asyncgraph.distributed._redis_server import free_port
 from asyncgraph.models import (
     LocalRateLimiter,
     ModelBackendError,

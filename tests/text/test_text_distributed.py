@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 from asyncgraph import Parameter, Variable
+from asyncgraph.distributed.worker import Worker, WorkerConfig, build_registry
 from asyncgraph.executors import open_redis_executor
 from asyncgraph.models import SimulatedModel
 from asyncgraph.text import TextLoss, check_portable, concat, llm_call, unregister_model
-from asyncgraph.worker import Worker, WorkerConfig, build_registry
 
 pytestmark = pytest.mark.anyio
 

@@ -10,10 +10,10 @@ from typing import Any
 import anyio
 
 from asyncgraph._arith import Add
+from asyncgraph.distributed.worker import Worker, WorkerConfig, build_registry
 from asyncgraph.executors import RedisExecutor, open_redis_executor
 from asyncgraph.models import Completion, SimulatedModel
 from asyncgraph.text import DeterministicEvaluator
-from asyncgraph.worker import Worker, WorkerConfig, build_registry
 
 ROLE = re.compile(r"<ROLE>(.*?)</ROLE>", re.DOTALL)
 OUTPUT_ROLE = re.compile(r"The output of this call is (.*?)\.\n")

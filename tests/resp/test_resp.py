@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from asyncgraph.wire._resp import (
+from asyncgraph.resp._client import (
     Oversize,
     Pool,
     RedisConnectionLost,
@@ -100,7 +100,7 @@ async def test_cancelled_blocking_read_discards_the_connection(redis_url: str) -
 
 
 async def test_timeout_and_unreachable_are_connection_errors(redis_url: str) -> None:
-    from asyncgraph._redis_server import free_port
+    from asyncgraph.distributed._redis_server import free_port
 
     pool = Pool(parse_redis_url(redis_url), timeout_s=0.2)
     with pytest.raises(RedisConnectionLost, match="did not answer within"):

@@ -1,7 +1,7 @@
 """What crosses a process boundary: msgpack codec, message schema, signing, key names.
 
 Private modules, shared by ``asyncgraph.executors.RedisExecutor`` (the client)
-and ``asyncgraph.worker`` (the server):
+and ``asyncgraph.distributed.worker`` (the server):
 
 - ``_keys``: every Redis key, stream, group and field name of the protocol;
 - ``_codec``: msgpack with size, length and depth limits (numpy arrays as an
@@ -12,8 +12,8 @@ and ``asyncgraph.worker`` (the server):
 - ``_resp``: the small async Redis client both sides use (asyncio and trio).
 """
 
-from ._codec import DEFAULT_LIMITS, Limits
-from ._keys import PROTOCOL_VERSION
-from ._payload import fingerprint, remote_name
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION
+from asyncgraph.distributed.wire._payload import fingerprint, remote_name
 
 __all__ = ["DEFAULT_LIMITS", "PROTOCOL_VERSION", "Limits", "fingerprint", "remote_name"]

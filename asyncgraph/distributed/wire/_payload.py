@@ -17,13 +17,13 @@ import textwrap
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import WireError
-from .._function import Function, FunctionCtx
-from .._variable import Variable
-from ._codec import check_packable
+from asyncgraph._exceptions import WireError
+from asyncgraph._function import Function, FunctionCtx
+from asyncgraph._variable import Variable
+from asyncgraph.distributed.wire._codec import check_packable
 
 if TYPE_CHECKING:
-    from .._graph import Node
+    from asyncgraph._graph import Node
 
 __all__ = [
     "backward_payload",

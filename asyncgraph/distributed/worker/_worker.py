@@ -50,30 +50,20 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._exceptions import WireError
-from .._function import FunctionCtx
-from .._grad_mode import no_grad
-from .._yield import let_ready_tasks_run
-from ..models._spec import normalize_base_url, restrict_base_urls
-from ..models._usage import Usage, track_usage
-from ..wire import _keys as keys
-from ..wire._codec import DEFAULT_LIMITS, Limits
-from ..wire._payload import (
+from asyncgraph._exceptions import WireError
+from asyncgraph._function import FunctionCtx
+from asyncgraph._grad_mode import no_grad
+from asyncgraph._yield import let_ready_tasks_run
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._payload import (
     ctx_from_state,
     ctx_state,
     forward_args,
     grads_from_entries,
     result_entries,
 )
-from ..wire._resp import (
-    Connection,
-    Oversize,
-    Pool,
-    RedisConnectionLost,
-    ReplyError,
-    parse_redis_url,
-)
-from ..wire._schema import (
+from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ErrorInfo,
     ReplyMessage,
@@ -82,14 +72,24 @@ from ..wire._schema import (
     encode,
     peek_ids,
 )
-from ..wire._signing import Signer
-from ._health import serve_health
-from ._metrics import Metrics
-from ._registry import RegisteredFunction, Registry
+from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._health import serve_health
+from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
+from asyncgraph.models._spec import normalize_base_url, restrict_base_urls
+from asyncgraph.models._usage import Usage, track_usage
+from asyncgraph.resp._client import (
+    Connection,
+    Oversize,
+    Pool,
+    RedisConnectionLost,
+    ReplyError,
+    parse_redis_url,
+)
 
 __all__ = ["Worker", "WorkerConfig"]
 
-log = logging.getLogger("asyncgraph.worker")
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 _BLOCK_MS = 2000
 _MAX_ORIGINAL = 65_536

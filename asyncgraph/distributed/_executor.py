@@ -1,7 +1,7 @@
 """RedisExecutor: run ``dispatch = "remote"`` backwards on a worker fleet fed through Redis.
 
-Client side of the worker protocol (keys in ``asyncgraph.wire._keys``, messages
-in ``asyncgraph.wire._schema``). One executor owns, in its task group:
+Client side of the worker protocol (keys in ``asyncgraph.distributed.wire._keys``, messages
+in ``asyncgraph.distributed.wire._schema``). One executor owns, in its task group:
 
 - a *flusher*: remote nodes made ready together are XADDed to the task stream
   in one pipelined round trip. The engine's runners start a wide level of ready
@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .._exceptions import (
+from asyncgraph._exceptions import (
     BackwardError,
     GraphError,
     RemoteConnectionError,
@@ -47,14 +47,15 @@ from .._exceptions import (
     RemoteTimeoutError,
     WireError,
 )
-from .._function import Function
-from .._grad_mode import is_grad_enabled
-from .._variable import Variable
-from .._yield import let_ready_tasks_run
-from ..models._usage import Usage, meters_for
-from ..wire import _keys as keys
-from ..wire._codec import DEFAULT_LIMITS, Limits
-from ..wire._payload import (
+from asyncgraph._executor import Executor, more_nodes_coming
+from asyncgraph._function import Function
+from asyncgraph._grad_mode import is_grad_enabled
+from asyncgraph._local_executor import LocalExecutor
+from asyncgraph._variable import Variable
+from asyncgraph._yield import let_ready_tasks_run
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._payload import (
     backward_payload,
     ctx_from_state,
     diagnose_unpackable,
@@ -64,7 +65,17 @@ from ..wire._payload import (
     remote_name,
     var_from_entry,
 )
-from ..wire._resp import (
+from asyncgraph.distributed.wire._schema import (
+    CancelMessage,
+    ReplyMessage,
+    TaskMessage,
+    decode,
+    encode,
+    peek_ids,
+)
+from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer, secret_from_env
+from asyncgraph.models._usage import Usage, meters_for
+from asyncgraph.resp._client import (
     Connection,
     Oversize,
     Pool,
@@ -72,13 +83,9 @@ from ..wire._resp import (
     ReplyError,
     parse_redis_url,
 )
-from ..wire._schema import CancelMessage, ReplyMessage, TaskMessage, decode, encode, peek_ids
-from ..wire._signing import SECRET_ENV, Signer, secret_from_env
-from ._base import Executor, more_nodes_coming
-from ._local import LocalExecutor
 
 if TYPE_CHECKING:
-    from .._graph import Node
+    from asyncgraph._graph import Node
 
 __all__ = ["RedisExecutor", "open_redis_executor"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from asyncgraph import Function, FunctionCtx, Variable, WireError
-from asyncgraph.wire._payload import (
+from asyncgraph.distributed.wire._payload import (
     ctx_from_state,
     ctx_state,
     diagnose_unpackable,

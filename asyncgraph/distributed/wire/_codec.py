@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from .._exceptions import WireError
+from asyncgraph._exceptions import WireError
 
 __all__ = ["DEFAULT_LIMITS", "Limits", "check_packable", "pack", "unpack"]
 

@@ -18,16 +18,16 @@ from typing import Any
 
 import anyio
 
-from ..models._spec import ENV_ALLOWED_BASE_URLS
-from ..wire._codec import Limits
-from ..wire._resp import RedisConnectionLost
-from ..wire._signing import SECRET_ENV, secret_from_env
+from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._signing import SECRET_ENV, secret_from_env
+from asyncgraph.models._spec import ENV_ALLOWED_BASE_URLS
+from asyncgraph.resp._client import RedisConnectionLost
 
 __all__ = ["add_arguments", "allowed_base_urls_from_env", "run"]
 
 REDIS_URL_ENV = "ASYNCGRAPH_REDIS_URL"
 
-log = logging.getLogger("asyncgraph.worker")
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     secret = args.secret or secret_from_env()
     allowed = tuple(dict.fromkeys([*args.allowed_base_urls, *allowed_base_urls_from_env()]))
-    from ._registry import build_registry
-    from ._worker import Worker, WorkerConfig
+    from asyncgraph.distributed.worker._registry import build_registry
+    from asyncgraph.distributed.worker._worker import Worker, WorkerConfig
 
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules of the current directory
     try:
@@ -223,7 +223,7 @@ async def _serve(worker: Any) -> None:
 
 
 def _supervise(args: argparse.Namespace, secret: str | None, allowed: tuple[str, ...]) -> int:
-    from ._supervisor import Supervisor, child_command
+    from asyncgraph.distributed.worker._supervisor import Supervisor, child_command
 
     # The Redis URL (it may carry a password) and the secret go through the environment:
     # a command line is visible to every user of the machine (ps, /proc/<pid>/cmdline).

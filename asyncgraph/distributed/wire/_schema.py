@@ -14,7 +14,7 @@ kind ``k`` and its queue ``q``:
 ``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
 
 ``decode`` raises ``WireError`` naming the first field that is missing or of
-the wrong type; the payload's inner structure is checked by ``asyncgraph.wire._payload``.
+the wrong type; the payload's inner structure is checked by ``asyncgraph.distributed.wire._payload``.
 ``peek_ids`` reads just the client and task ids of a message that failed to
 decode, so that its sender can be told at once (see the worker and the client).
 """
@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 import msgpack
 
-from .._exceptions import WireError
-from ._codec import DEFAULT_LIMITS, Limits, pack, unpack
-from ._keys import PROTOCOL_VERSION, is_client_id
-from ._signing import Signer
+from asyncgraph._exceptions import WireError
+from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits, pack, unpack
+from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION, is_client_id
+from asyncgraph.distributed.wire._signing import Signer
 
 __all__ = [
     "CancelMessage",

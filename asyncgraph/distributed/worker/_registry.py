@@ -11,8 +11,8 @@ import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._function import Function
-from ..wire._payload import fingerprint, remote_name
+from asyncgraph._function import Function
+from asyncgraph.distributed.wire._payload import fingerprint, remote_name
 
 __all__ = ["Registry", "RegisteredFunction", "build_registry"]
 

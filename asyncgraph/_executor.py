@@ -6,8 +6,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from .._graph import Node
-    from .._variable import Variable
+    from asyncgraph._graph import Node
+    from asyncgraph._variable import Variable
 
 __all__ = ["Executor", "current_executor", "more_nodes_coming", "use_executor"]
 
@@ -57,7 +57,7 @@ def current_executor() -> Executor:
     """The executor selected by ``use_executor`` in this task, else a LocalExecutor."""
     executor = _CURRENT.get()
     if executor is None:
-        from ._local import DEFAULT_EXECUTOR
+        from asyncgraph._local_executor import DEFAULT_EXECUTOR
 
         return DEFAULT_EXECUTOR
     return executor

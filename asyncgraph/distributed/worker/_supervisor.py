@@ -30,12 +30,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ._health import serve_health
-from ._metrics import Metrics, merge_snapshots, read_health, render
+from asyncgraph.distributed.worker._health import serve_health
+from asyncgraph.distributed.worker._metrics import Metrics, merge_snapshots, read_health, render
 
 __all__ = ["Supervisor"]
 
-log = logging.getLogger("asyncgraph.worker")
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 _REPORT_MAX_AGE_S = 5.0  # a child's health report older than this counts as not ready
 

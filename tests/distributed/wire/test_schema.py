@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from asyncgraph import WireError
-from asyncgraph.wire import _keys as keys
-from asyncgraph.wire._schema import (
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ErrorInfo,
     ReplyMessage,
@@ -18,7 +18,7 @@ from asyncgraph.wire._schema import (
     encode,
     peek_ids,
 )
-from asyncgraph.wire._signing import Signer
+from asyncgraph.distributed.wire._signing import Signer
 
 CLIENT = "ab" * 16
 TASK = TaskMessage("q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [None]})
@@ -91,7 +91,7 @@ def test_invalid_fields_are_named(change: dict[str, Any], reason: str) -> None:
 
 
 def test_too_large_message_is_refused_on_send() -> None:
-    from asyncgraph.wire._codec import Limits
+    from asyncgraph.distributed.wire._codec import Limits
 
     big = TaskMessage("q", CLIENT, "1", "m:F", "0", "backward", 1, {"g": ["x" * 2000]})
     with pytest.raises(WireError, match="max_message_bytes"):

@@ -23,7 +23,7 @@ import anyio.abc
 
 __all__ = ["serve_health"]
 
-log = logging.getLogger("asyncgraph.worker")
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 _REQUEST_TIMEOUT_S = 5.0
 _MAX_REQUEST = 8192

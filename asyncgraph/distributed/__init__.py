@@ -1,0 +1,57 @@
+"""Everything that crosses a process boundary: the Redis-fed worker fleet.
+
+- the client side: ``open_redis_executor`` / ``RedisExecutor``, an ``Executor`` that
+  sends remote nodes' backwards to workers through Redis streams;
+- the wire protocol (``asyncgraph.distributed.wire``: key names, message schema,
+  msgpack codec with limits, signing, how a Function's ctx travels);
+- the worker (``Worker``, ``WorkerConfig``, ``build_registry``) and its ``Supervisor``,
+  health and metrics;
+- fleet helpers: ``RedisServer`` (a throwaway redis-server), ``local_fleet``,
+  ``live_workers``.
+
+Imports go one way: this package uses the core and the leaf Redis client
+(``asyncgraph.resp``); the core never imports it (``asyncgraph.executors``'s
+``RedisExecutor`` is a lazy alias).
+"""
+
+from asyncgraph.distributed._executor import (
+    RedisExecutor,
+    RedisExecutorStats,
+    open_redis_executor,
+)
+from asyncgraph.distributed._fleet import (
+    FleetError,
+    live_workers,
+    local_fleet,
+    no_live_workers_message,
+    wait_for_workers,
+)
+from asyncgraph.distributed._redis_server import RedisServer, find_redis_server, free_port
+from asyncgraph.distributed.worker import (
+    RegisteredFunction,
+    Registry,
+    Supervisor,
+    Worker,
+    WorkerConfig,
+    build_registry,
+)
+
+__all__ = [
+    "FleetError",
+    "RedisExecutor",
+    "RedisExecutorStats",
+    "RedisServer",
+    "RegisteredFunction",
+    "Registry",
+    "Supervisor",
+    "Worker",
+    "WorkerConfig",
+    "build_registry",
+    "find_redis_server",
+    "free_port",
+    "live_workers",
+    "local_fleet",
+    "no_live_workers_message",
+    "open_redis_executor",
+    "wait_for_workers",
+]
