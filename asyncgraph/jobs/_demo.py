@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from asyncgraph import Module
+from asyncgraph import Module, Parameter, Variable
 
-from .._variable import Parameter, Variable
 from ..models import SimulatedModel
 from ..optim import TGD
 from ..text import FormattedLLMCall, LLMCall, TextLoss, register_model

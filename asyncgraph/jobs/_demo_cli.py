@@ -114,7 +114,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     }
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
-            from asyncgraph.distributed._fleet import local_fleet
+            from asyncgraph.distributed import local_fleet
 
             # The workers build their "demo" model at import, from this variable.
             os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)
