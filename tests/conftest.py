@@ -5,7 +5,6 @@ from collections.abc import Iterator
 
 import pytest
 
-
 # The fast tier (`pytest -m "not slow"`) leaves these out: tests with a real redis-server,
 # worker processes or other subprocesses (CLI runs, README snippets, builds, a browser).
 SLOW_PATHS = (
