@@ -270,8 +270,8 @@ class Engine:
         for (target, _), _grad in roots:
             deps[target] = deps.get(target, 0) + 1
             if target.__class__ is Node and target not in seen and not self._cut(target):
-                seen.add(target)  # type: ignore[arg-type]
-                stack.append(target)  # type: ignore[arg-type]
+                seen.add(target)
+                stack.append(target)
         while stack:
             node = stack.pop()
             nodes.append(node)
@@ -281,8 +281,8 @@ class Engine:
                 target = edge[0]
                 deps[target] = deps.get(target, 0) + 1
                 if target.__class__ is Node and target not in seen and not self._cut(target):
-                    seen.add(target)  # type: ignore[arg-type]
-                    stack.append(target)  # type: ignore[arg-type]
+                    seen.add(target)
+                    stack.append(target)
         self._pending = deps
 
         executing: Iterable[Node] = nodes
@@ -323,7 +323,7 @@ class Engine:
         for (target, _), _grad in roots:
             counts[target] -= 1
             if counts[target] == 0 and target.__class__ is Node and not cut(target):
-                queue.append(target)  # type: ignore[arg-type]
+                queue.append(target)
         while queue:
             node = queue.pop()
             order.append(node)
@@ -333,7 +333,7 @@ class Engine:
                 target = edge[0]
                 counts[target] -= 1
                 if counts[target] == 0 and target.__class__ is Node and not cut(target):
-                    queue.append(target)  # type: ignore[arg-type]
+                    queue.append(target)
         execute: set[Node] = set()
         for node in reversed(order):
             for edge in node.next_edges:
@@ -444,7 +444,7 @@ class Engine:
                 else:
                     await self._complete_leaf(leaf, contributions)
                 continue
-            node: Node = target  # type: ignore[assignment]
+            node: Node = target
             if node.output_hooks:
                 self._spawn(self._hooked_node, node, contributions)
                 continue

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from asyncgraph.distributed._fleet import local_fleet
-from asyncgraph.jobs import _demo
+from asyncgraph.jobs import demo as _demo
 from asyncgraph.jobs._demo_cli import WORKER_IMPORTS, add_arguments, run_demo
 from asyncgraph.text import resolve_model
 

@@ -17,7 +17,7 @@ import argparse
 import anyio
 
 from asyncgraph import backward, graph_order
-from asyncgraph.jobs._demo import DEMO_MODEL, build_demo_job, make_demo_model
+from asyncgraph.jobs.demo import DEMO_MODEL, build_demo_job, make_demo_model
 from asyncgraph.observe import GraphPicture, draw_graph, trace_pass
 from asyncgraph.text import register_model, unregister_model
 

@@ -56,7 +56,7 @@ class Settings:
     log_level: str = "INFO"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
+    def from_env(cls, env: Mapping[str, str]) -> Settings:  # noqa: C901 (one check per setting; to be replaced by WorkerConfig.from_env)
         """Read and check the settings; ``ValueError`` names the variable that is missing or wrong."""
         from asyncgraph.distributed.wire._keys import check_queue_name
         from asyncgraph.models._spec import normalize_base_url

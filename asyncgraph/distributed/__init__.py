@@ -27,6 +27,7 @@ from asyncgraph.distributed._fleet import (
     wait_for_workers,
 )
 from asyncgraph.distributed._redis_server import RedisServer, find_redis_server, free_port
+from asyncgraph.distributed.wire._keys import check_queue_name
 from asyncgraph.distributed.worker import (
     RegisteredFunction,
     Registry,
@@ -47,6 +48,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "build_registry",
+    "check_queue_name",
     "find_redis_server",
     "free_port",
     "live_workers",

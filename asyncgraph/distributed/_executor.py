@@ -39,20 +39,18 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from asyncgraph._exceptions import (
+from asyncgraph import (
     BackwardError,
+    Function,
     GraphError,
+    LocalExecutor,
     RemoteConnectionError,
     RemoteError,
     RemoteTimeoutError,
+    Variable,
     WireError,
+    is_grad_enabled,
 )
-from asyncgraph._executor import Executor, more_nodes_coming
-from asyncgraph._function import Function
-from asyncgraph._grad_mode import is_grad_enabled
-from asyncgraph._local_executor import LocalExecutor
-from asyncgraph._variable import Variable
-from asyncgraph._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
@@ -74,8 +72,9 @@ from asyncgraph.distributed.wire._schema import (
     peek_ids,
 )
 from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer, secret_from_env
-from asyncgraph.models._usage import Usage, meters_for
-from asyncgraph.resp._client import (
+from asyncgraph.executors import Executor, let_ready_tasks_run, more_nodes_coming
+from asyncgraph.models import Usage, meters_for
+from asyncgraph.resp import (
     Connection,
     Oversize,
     Pool,
@@ -85,7 +84,7 @@ from asyncgraph.resp._client import (
 )
 
 if TYPE_CHECKING:
-    from asyncgraph._graph import Node
+    from asyncgraph import Node
 
 __all__ = ["RedisExecutor", "open_redis_executor"]
 
@@ -259,7 +258,7 @@ class RedisExecutor:
         return fn._record(ctx, inputs, tuple(outputs) if is_tuple else outputs[0], record)
 
     # -- submitting and waiting -------------------------------------------------------
-    async def _call(
+    async def _call(  # noqa: C901 (one remote call's life (submit, wait, diagnose); to split into a task channel)
         self,
         fn: type[Function],
         op: Literal["backward", "forward"],
@@ -356,7 +355,7 @@ class RedisExecutor:
             f"{describe} failed on worker {pending.reply.worker!r} (queue {self.queue!r}): "
             + (f"{info.type}: {info.message}" if info.kind == "error" else info.message),
             remote_traceback=info.traceback,
-            **where,  # type: ignore[arg-type]
+            **where,
         )
         if info.traceback:
             raise remote from _RemoteTraceback(info.traceback)
@@ -508,7 +507,7 @@ class RedisExecutor:
             self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
             await self._flush()
 
-    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:
+    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:  # noqa: C901 (a batch send and its failure paths; to split into a task channel)
         """Send what is batched (tasks, cancellations) in one round trip.
 
         ``inline``: called from a node's own task, which may be cancelled meanwhile:

@@ -30,10 +30,10 @@ from typing import Any
 import anyio
 import redis
 
-from asyncgraph._exceptions import AsyncGraphError, RemoteConnectionError
+from asyncgraph import AsyncGraphError, RemoteConnectionError
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.resp._client import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
 __all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
 

@@ -12,12 +12,14 @@ from typing import Any
 
 from asyncgraph._executor import Executor, current_executor, more_nodes_coming, use_executor
 from asyncgraph._local_executor import LocalExecutor
+from asyncgraph._yield import let_ready_tasks_run
 
 __all__ = [
     "Executor",
     "LocalExecutor",
     "RedisExecutor",
     "current_executor",
+    "let_ready_tasks_run",
     "more_nodes_coming",
     "open_redis_executor",
     "use_executor",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import AsyncGraphError
+from asyncgraph import AsyncGraphError
 
 __all__ = [
     "CheckpointError",

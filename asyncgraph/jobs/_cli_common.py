@@ -17,11 +17,11 @@ from types import FrameType
 
 import anyio
 
-from asyncgraph.distributed._fleet import live_workers, no_live_workers_message
-from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.resp._client import parse_redis_url
+from asyncgraph import AsyncGraphError
+from asyncgraph.distributed import check_queue_name, live_workers, no_live_workers_message
+from asyncgraph.resp import parse_redis_url
 
-from .._exceptions import AsyncGraphError
+from ..models import ModelError
 from ._checkpoint import CheckpointError
 
 __all__ = [
@@ -37,6 +37,9 @@ __all__ = [
     "run_command",
     "usage_error",
 ]
+
+# The errors reported as one line: asyncgraph's and the model clients' (a separate root).
+_REPORTED = (AsyncGraphError, ModelError)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -109,7 +112,7 @@ def usage_error(message: str) -> int:
 def redis_problem(url: str | None, queue: str) -> str | None:
     """What is wrong with ``--redis URL`` / ``--queue NAME`` before connecting, or None."""
     try:
-        keys.check_queue_name(queue)
+        check_queue_name(queue)
         if url is not None:
             parse_redis_url(url)
     except ValueError as exc:
@@ -139,9 +142,7 @@ def _report(errors: Sequence[BaseException]) -> int:
     """Print one ``error:`` line per distinct error; the exit code for them."""
     seen: set[str] = set()
     for error in errors:
-        text = (
-            str(error) if isinstance(error, AsyncGraphError) else f"{type(error).__name__}: {error}"
-        )
+        text = str(error) if isinstance(error, _REPORTED) else f"{type(error).__name__}: {error}"
         if text not in seen:
             seen.add(text)
             print(f"error: {text}", file=sys.stderr, flush=True)
@@ -162,7 +163,8 @@ def _keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 def run_command(main: Callable[[], Awaitable[int]]) -> int:
     """``anyio.run(main)``, with asyncgraph's errors and Ctrl-C as one line, not a traceback.
 
-    ``AsyncGraphError`` (and subclasses: CheckpointError exits 2, the others 1),
+    ``AsyncGraphError`` and ``ModelError`` (and subclasses: CheckpointError exits 2,
+    the others 1),
     exception groups holding one, and ``KeyboardInterrupt`` (130) are reported
     this way; anything else (a bug, in asyncgraph or in a job file) keeps its
     traceback.
@@ -178,13 +180,13 @@ def run_command(main: Callable[[], Awaitable[int]]) -> int:
         return anyio.run(main)
     except KeyboardInterrupt:
         return _interrupted()
-    except AsyncGraphError as exc:
+    except _REPORTED as exc:
         return _report([exc])
     except BaseExceptionGroup as group:
         leaves = _leaves(group)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return _interrupted()
-        if not any(isinstance(leaf, AsyncGraphError) for leaf in leaves):
+        if not any(isinstance(leaf, _REPORTED) for leaf in leaves):
             raise
         return _report(leaves)
     finally:

@@ -35,7 +35,7 @@ from ._runner import JobResult, run_job
 __all__ = ["add_arguments", "run", "run_demo"]
 
 DEMO_QUEUE = "asyncgraph-demo"
-WORKER_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs._demo")
+WORKER_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs.demo")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
     from ..models import track_usage
     from ..text import register_model
-    from . import _demo
-    from ._demo import build_demo_job
+    from . import demo as _demo
+    from .demo import build_demo_job
 
     simulated = args.model == "demo"
     if simulated:
@@ -114,7 +114,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     }
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
-            from asyncgraph.distributed._fleet import local_fleet
+            from asyncgraph.distributed import local_fleet
 
             # The workers build their "demo" model at import, from this variable.
             os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)

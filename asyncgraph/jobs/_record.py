@@ -23,8 +23,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._engine import observe_nodes
-from .._variable import Parameter
+from asyncgraph import Parameter, observe_nodes
+
 from ..models import ModelCall, observe_calls
 from ..observe import CallLog, Span, Timeline, call_record
 

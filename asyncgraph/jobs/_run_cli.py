@@ -17,7 +17,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .._exceptions import AsyncGraphError
+from asyncgraph import AsyncGraphError
+
+from ..models import ModelError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -143,7 +145,7 @@ async def build(module: ModuleType) -> Job:
         job: Any = factory()
         if inspect.isawaitable(job):
             job = await job
-    except AsyncGraphError:
+    except (AsyncGraphError, ModelError):
         raise
     except Exception as exc:
         raise JobFileError(
@@ -180,7 +182,7 @@ async def run_with_optional_redis(
             trace=trace,
             log_calls=log_calls,
         )
-    from asyncgraph.distributed._executor import open_redis_executor
+    from asyncgraph.distributed import open_redis_executor
 
     async with open_redis_executor(redis, queue=queue) as executor:
         return await run_job(

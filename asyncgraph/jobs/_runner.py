@@ -25,14 +25,10 @@ from typing import Any, Protocol
 
 import anyio
 
-from asyncgraph import Module
+from asyncgraph import Module, Parameter, Variable, backward, graph_order, no_grad
 from asyncgraph.executors import Executor
+from asyncgraph.models import UsageMeter, track_usage
 
-from .._autodiff import backward
-from .._grad_mode import no_grad
-from .._graph import graph_order
-from .._variable import Parameter, Variable
-from ..models._usage import UsageMeter, track_usage
 from ._checkpoint import (
     FORMAT,
     VERSION,
@@ -424,7 +420,7 @@ def _load(job: Job, path: Path, identity: Mapping[str, Any]) -> dict[str, Any]:
     return state
 
 
-async def run_job(
+async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
     job: Job,
     out_dir: str | Path,
     *,

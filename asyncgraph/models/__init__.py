@@ -61,9 +61,23 @@ from asyncgraph.models._simulated import (
     SimulatedModel,
     simulated_reply,
 )
-from asyncgraph.models._spec import model_options_from_env, parse_model_spec
+from asyncgraph.models._spec import (
+    ENV_ALLOWED_BASE_URLS,
+    check_base_url,
+    model_options_from_env,
+    normalize_base_url,
+    parse_model_spec,
+    restrict_base_urls,
+)
 from asyncgraph.models._types import ChatModel, Completion, Message
-from asyncgraph.models._usage import Pricing, Usage, UsageMeter, format_cost, track_usage
+from asyncgraph.models._usage import (
+    Pricing,
+    Usage,
+    UsageMeter,
+    format_cost,
+    meters_for,
+    track_usage,
+)
 
 __all__ = [
     "BaseChatModel",
@@ -73,6 +87,7 @@ __all__ = [
     "Completion",
     "DEFAULT_BASE_URL",
     "DiskCache",
+    "ENV_ALLOWED_BASE_URLS",
     "LocalRateLimiter",
     "MemoryCache",
     "Message",
@@ -105,12 +120,16 @@ __all__ = [
     "SimulatedModel",
     "Usage",
     "UsageMeter",
+    "check_base_url",
     "default_pricing",
     "format_cost",
+    "meters_for",
     "model_options_from_env",
+    "normalize_base_url",
     "observe_calls",
     "parse_model_spec",
     "request_key",
+    "restrict_base_urls",
     "simulated_reply",
     "track_usage",
 ]

@@ -1,8 +1,10 @@
 """Exceptions raised by the model clients (``asyncgraph.models``).
 
-Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
+Hierarchy. ``ModelError`` is the root: the model clients are a standalone package that
+imports nothing else of asyncgraph, so their errors do not derive from the core's
+``AsyncGraphError`` (catch ``(AsyncGraphError, ModelError)`` for both)::
 
-    AsyncGraphError
+    Exception
     └── ModelError                        a model call failed
         ├── ModelStatusError              the server answered with an HTTP error status
         │   ├── ModelRequestError         other 4xx: the request is wrong; never retried
@@ -15,15 +17,13 @@ Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
         ├── ModelRetryError               every attempt failed; ``__cause__`` is the last error
         ├── RateLimitWaitError            the rate limiter's wait would exceed ``max_wait_s``
         ├── ModelBackendError             Redis or disk failed under a limiter or a cache
-        └── ModelConfigError              an ASYNCGRAPH_MODEL_* setting is invalid
+        └── ModelConfigError              a model setting (env, key, base_url) is invalid
 
 ``retryable`` on every ``ModelError`` says whether the retry middleware tries
 again. Cancellation is never wrapped: it propagates untouched.
 """
 
 from __future__ import annotations
-
-from asyncgraph._exceptions import AsyncGraphError
 
 __all__ = [
     "ModelBackendError",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class ModelError(AsyncGraphError):
+class ModelError(Exception):
     """A model call failed. ``model`` names the model, ``retryable`` says if retrying may help."""
 
     retryable: bool = False

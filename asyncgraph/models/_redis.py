@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
 from asyncgraph.models._exceptions import ModelBackendError
-from asyncgraph.resp._client import redact_url
+from asyncgraph.resp import redact_url
 
 __all__ = ["RedisHandle", "redact_url"]
 

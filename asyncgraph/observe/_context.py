@@ -10,8 +10,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
-from .._engine import current_node
-from .._graph import Node
+from asyncgraph import Node, current_node
 
 __all__ = ["PROCESS", "current_labels", "labels", "node_info"]
 

@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .._graph import Node, Seq
-from .._variable import Parameter, Variable
+from asyncgraph import Node, Parameter, Variable
+
 from ._timeline import Span, Timeline
+
+Seq = tuple[int, ...]  # a node's order key (asyncgraph.Node.seq)
 
 __all__ = ["GraphPicture", "PictureBox", "draw_graph"]
 

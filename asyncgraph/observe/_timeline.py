@@ -36,11 +36,12 @@ from typing import Any, Literal, Self
 
 import anyio.to_thread
 
-from .._engine import NodeEvent, current_node, observe_nodes
-from .._graph import Seq
-from .._variable import Variable
+from asyncgraph import NodeEvent, Variable, current_node, observe_nodes
+
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels
+
+Seq = tuple[int, ...]  # a node's order key (asyncgraph.Node.seq)
 
 __all__ = ["Span", "Timeline", "assign_lanes", "current_timeline", "trace_pass"]
 

@@ -17,7 +17,7 @@ failures are ``asyncgraph.models.ModelError`` subclasses and propagate.
 
 from __future__ import annotations
 
-from asyncgraph._exceptions import AsyncGraphError
+from asyncgraph import AsyncGraphError
 
 __all__ = ["NoFeedbackWarning", "OptimizerError", "UpdateParseError"]
 

@@ -8,8 +8,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from asyncgraph import enable_grad
-from asyncgraph._variable import Variable
+from asyncgraph import Variable, enable_grad
 from asyncgraph.optim._exceptions import NoFeedbackWarning
 
 __all__ = ["Closure", "Optimizer", "ParamGroup", "Params"]

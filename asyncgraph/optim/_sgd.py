@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from asyncgraph._variable import Variable
+from asyncgraph import Variable
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 
 __all__ = ["SGD"]

@@ -7,21 +7,24 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from asyncgraph._variable import Variable
+from asyncgraph import Variable
 from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._exceptions import UpdateParseError
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, update_messages
 from asyncgraph.text import (
+    ModelLike,
+    approx_tokens,
     condense_feedback,
     current_models,
+    describe,
     feedback_defaults,
+    feedback_entries,
+    render_feedback,
+    resolve_model,
+    run_all,
     truncate_to_tokens,
 )
-from asyncgraph.text._concurrency import run_all
-from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
-from asyncgraph.text._prompts import describe
-from asyncgraph.text._registry import ModelLike, resolve_model
 
 __all__ = ["TGD", "parse_tagged"]
 

@@ -158,7 +158,7 @@ class _TooLong(Exception):
 _SKIPPED = 63  # "?": not a RESP2 type byte; marks a bulk string skipped in the buffer
 
 
-def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:
+def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:  # noqa: C901 (a RESP parser: one branch per type byte)
     end = buf.find(b"\r\n", pos)
     if end < 0:
         raise _Incomplete(0)

@@ -47,6 +47,7 @@ from asyncgraph.text._budget import (
     truncate_to_tokens,
     use_feedback_budget,
 )
+from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._defaults import (
     ModelDefaults,
     current_models,
@@ -69,6 +70,7 @@ from asyncgraph.text._functions import (
     llm_call,
 )
 from asyncgraph.text._loss import TextLoss
+from asyncgraph.text._prompts import describe
 from asyncgraph.text._pyfunc import (
     REMOTE_FUNCTIONS,
     DeterministicEvaluator,
@@ -105,6 +107,7 @@ __all__ = [
     "condense_feedback",
     "current_feedback_budget",
     "current_models",
+    "describe",
     "deterministic_evaluator",
     "exact_match",
     "feedback_defaults",
@@ -115,6 +118,7 @@ __all__ = [
     "register_model",
     "render_feedback",
     "resolve_model",
+    "run_all",
     "set_default_models",
     "set_feedback_budget",
     "truncate_to_tokens",

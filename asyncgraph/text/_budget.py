@@ -97,9 +97,9 @@ def current_feedback_budget(given: int | Any | None = _UNSET, *, where: str = ""
         return _check_budget(given, where or "feedback_budget")
     scoped = _scoped_budget.get()
     if scoped is not _UNSET:
-        return scoped  # type: ignore[no-any-return]
+        return scoped
     if _process_budget is not _UNSET:
-        return _process_budget  # type: ignore[no-any-return]
+        return _process_budget
     return DEFAULT_FEEDBACK_BUDGET
 
 

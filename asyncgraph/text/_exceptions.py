@@ -13,7 +13,7 @@ option) raises the builtin ``TypeError`` / ``ValueError``; model failures are
 
 from __future__ import annotations
 
-from asyncgraph._exceptions import AsyncGraphError
+from asyncgraph import AsyncGraphError
 
 __all__ = ["UnknownModelError"]
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from asyncgraph._variable import Variable
+from asyncgraph import Variable
 
 __all__ = ["approx_tokens", "feedback_entries", "render_feedback"]
 

@@ -25,8 +25,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
-from asyncgraph._function import Function
-from asyncgraph._variable import Variable
+from asyncgraph import Function, Variable
 from asyncgraph.text._budget import (
     DEFAULT_FEEDBACK_BUDGET,
     current_feedback_budget,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from asyncgraph._variable import Variable
+from asyncgraph import Variable
 from asyncgraph.text._functions import FormattedLLMCall, LLMCall
 from asyncgraph.text._prompts import describe
 from asyncgraph.text._registry import ModelLike, model_ref

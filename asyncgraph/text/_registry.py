@@ -44,8 +44,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from asyncgraph.models import ChatModel, ModelConfigError, parse_model_spec
-from asyncgraph.models._spec import check_base_url
+from asyncgraph.models import ChatModel, ModelConfigError, check_base_url, parse_model_spec
 from asyncgraph.text._exceptions import UnknownModelError
 
 __all__ = [

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from asyncgraph.distributed._fleet import local_fleet
-from asyncgraph.jobs._demo import INITIAL_PROMPT, INSTRUCTIONS, demo_responder
 from asyncgraph.jobs._demo_cli import WORKER_IMPORTS
+from asyncgraph.jobs.demo import INITIAL_PROMPT, INSTRUCTIONS, demo_responder
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 from .jobs_helpers import (
@@ -456,7 +456,7 @@ def test_demo_on_a_redis_without_workers_fails_fast(
     assert _demo_main("--redis", redis_url, "--queue", "nobody-serves-this") == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no worker of queue 'nobody-serves-this' is alive")
-    assert "--import asyncgraph.text --import asyncgraph.jobs._demo" in err
+    assert "--import asyncgraph.text --import asyncgraph.jobs.demo" in err
 
 
 def test_demo_workers_without_a_redis_server_binary_is_one_line(

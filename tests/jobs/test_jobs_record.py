@@ -13,9 +13,9 @@ import pytest
 from observe.observe_helpers import check_chrome_trace
 
 from asyncgraph.jobs import run_job
-from asyncgraph.jobs._demo import DEMO_MODEL, build_demo_job, make_demo_model
 from asyncgraph.jobs._record import json_value
 from asyncgraph.jobs._report import Reporter
+from asyncgraph.jobs.demo import DEMO_MODEL, build_demo_job, make_demo_model
 from asyncgraph.observe import read_call_log
 from asyncgraph.text import register_model, unregister_model
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgpack
 
-from asyncgraph._exceptions import WireError
+from asyncgraph import WireError
 
 __all__ = ["DEFAULT_LIMITS", "Limits", "check_packable", "pack", "unpack"]
 
@@ -79,7 +79,7 @@ def _numpy() -> Any:
     return numpy
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: Any) -> Any:  # noqa: C901 (one branch per msgpack extension type)
     kind = type(obj)
     if kind is tuple:
         return msgpack.ExtType(EXT_TUPLE, _packb(list(obj)))

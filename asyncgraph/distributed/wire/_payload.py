@@ -17,13 +17,11 @@ import textwrap
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from asyncgraph._exceptions import WireError
-from asyncgraph._function import Function, FunctionCtx
-from asyncgraph._variable import Variable
+from asyncgraph import Function, FunctionCtx, Variable, WireError
 from asyncgraph.distributed.wire._codec import check_packable
 
 if TYPE_CHECKING:
-    from asyncgraph._graph import Node
+    from asyncgraph import Node
 
 __all__ = [
     "backward_payload",

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from asyncgraph._exceptions import WireError
+from asyncgraph import WireError
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits, pack, unpack
 from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION, is_client_id
 from asyncgraph.distributed.wire._signing import Signer
@@ -153,7 +153,7 @@ def encode(
     return packed, signer.sign(packed)
 
 
-def decode(
+def decode(  # noqa: C901 (one check per message field, in the schema's order)
     packed: Any, signature: Any, signer: Signer, queue: str, limits: Limits = DEFAULT_LIMITS
 ) -> Message:
     """Verify, unpack and validate one message of ``queue``; ``WireError`` says why not."""

@@ -20,8 +20,8 @@ import anyio
 
 from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._signing import SECRET_ENV, secret_from_env
-from asyncgraph.models._spec import ENV_ALLOWED_BASE_URLS
-from asyncgraph.resp._client import RedisConnectionLost
+from asyncgraph.models import ENV_ALLOWED_BASE_URLS
+from asyncgraph.resp import RedisConnectionLost
 
 __all__ = ["add_arguments", "allowed_base_urls_from_env", "run"]
 

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from asyncgraph._function import Function
+from asyncgraph import Function
 from asyncgraph.distributed.wire._payload import fingerprint, remote_name
 
 __all__ = ["Registry", "RegisteredFunction", "build_registry"]

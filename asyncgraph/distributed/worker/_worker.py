@@ -50,10 +50,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from asyncgraph._exceptions import WireError
-from asyncgraph._function import FunctionCtx
-from asyncgraph._grad_mode import no_grad
-from asyncgraph._yield import let_ready_tasks_run
+from asyncgraph import FunctionCtx, WireError, no_grad
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
@@ -76,9 +73,9 @@ from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._health import serve_health
 from asyncgraph.distributed.worker._metrics import Metrics
 from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
-from asyncgraph.models._spec import normalize_base_url, restrict_base_urls
-from asyncgraph.models._usage import Usage, track_usage
-from asyncgraph.resp._client import (
+from asyncgraph.executors import let_ready_tasks_run
+from asyncgraph.models import Usage, normalize_base_url, restrict_base_urls, track_usage
+from asyncgraph.resp import (
     Connection,
     Oversize,
     Pool,
@@ -463,7 +460,7 @@ class Worker:
             self._capacity = anyio.Event()
             await self._capacity.wait()
 
-    async def _reader(self) -> None:
+    async def _reader(self) -> None:  # noqa: C901 (the read loop; to split into intake and admission)
         conn: Connection | None = None
         backoff = 0.05
         try:

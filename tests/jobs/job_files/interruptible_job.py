@@ -25,7 +25,7 @@ import anyio
 
 from asyncgraph import is_grad_enabled
 from asyncgraph.jobs import Evaluation, Job
-from asyncgraph.jobs._demo import build_demo_job, demo_responder
+from asyncgraph.jobs.demo import build_demo_job, demo_responder
 from asyncgraph.models import SimulatedModel
 from asyncgraph.text import register_model
 

@@ -12,7 +12,7 @@ checkpoints), and the output says so. ``--model openai:MODEL`` runs the same
 job against a real endpoint.
 
 Importing this module registers the model name ``"demo"``, so workers started
-with ``--import asyncgraph.jobs._demo`` resolve it too.
+with ``--import asyncgraph.jobs.demo`` resolve it too.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from asyncgraph import Module
+from asyncgraph import Module, Parameter, Variable
 
-from .._variable import Parameter, Variable
 from ..models import SimulatedModel
 from ..optim import TGD
 from ..text import FormattedLLMCall, LLMCall, TextLoss, register_model
@@ -157,7 +156,7 @@ register_model(DEMO_MODEL, make_demo_model())
 class DemoAnswer(LLMCall):
     """The demo's solver call: an :class:`LLMCall` of its own, so this module serves something.
 
-    ``asyncgraph worker --import asyncgraph.jobs._demo`` accepts only modules that
+    ``asyncgraph worker --import asyncgraph.jobs.demo`` accepts only modules that
     define remote Functions; importing this one there also registers the
     ``"demo"`` model the backward's feedback requests resolve.
     """

@@ -1,0 +1,107 @@
+"""The layer map of DESIGN.md holds in the imports.
+
+``lint-imports`` (import-linter, contracts in pyproject.toml) checks which package may
+import which, in .ci/run. These tests check what it cannot say: that no package reaches
+into another's underscore modules, and that ``import asyncgraph`` loads the core only.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "asyncgraph"
+HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
+
+
+def owner(module: str) -> str:
+    """The package a module belongs to: ``asyncgraph.<sub>``, or ``asyncgraph`` for the
+    core (its private modules and ``asyncgraph.executors``)."""
+    parts = module.split(".")
+    if len(parts) >= 2 and not parts[1].startswith("_") and parts[1] != "executors":
+        return ".".join(parts[:2])
+    return "asyncgraph"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    me = ".".join(parts)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return found
+
+
+def private_reaches(path: Path) -> list[str]:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    me = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    bad = []
+    for line, target in imports_of(path):
+        if not target.startswith("asyncgraph") or owner(target) == owner(me):
+            continue
+        rest = target[len(owner(target)) :].lstrip(".").split(".")
+        if any(p.startswith("_") and not p.startswith("__") for p in rest if p):
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    return bad
+
+
+def test_no_package_imports_another_packages_underscore_modules() -> None:
+    bad = [b for path in sorted(PACKAGE.rglob("*.py")) for b in private_reaches(path)]
+    assert bad == [], "\n".join(bad)
+
+
+def test_the_checker_finds_a_reach_into_a_private_module(tmp_path: Path) -> None:
+    # The same walk over a file that does it: what a regression would look like.
+    offender = PACKAGE / "optim" / "_layer_probe_tmp.py"
+    offender.write_text("from asyncgraph.text._feedback import render_feedback\n")
+    try:
+        assert private_reaches(offender) == [
+            "asyncgraph/optim/_layer_probe_tmp.py:1 imports asyncgraph.text._feedback",
+            "asyncgraph/optim/_layer_probe_tmp.py:1 imports "
+            "asyncgraph.text._feedback.render_feedback",
+        ]
+    finally:
+        offender.unlink()
+
+
+def test_import_asyncgraph_loads_the_core_only() -> None:
+    code = (
+        "import asyncgraph, sys; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
+        "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    heavy, ours = done.stdout.splitlines()
+    assert heavy == "[]"
+    for name in ("distributed", "models", "text", "optim", "jobs", "observe", "resp", "cli"):
+        assert f"'asyncgraph.{name}" not in ours, ours
+
+
+def test_numpy_is_summed_once_it_is_used() -> None:
+    code = (
+        "import asyncgraph, sys; assert 'numpy' not in sys.modules; import numpy as np; "
+        "print(asyncgraph.accumulate(np.ones(2), np.ones(2)).tolist())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[2.0, 2.0]"
