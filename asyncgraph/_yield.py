@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import sys
 
 import anyio.lowlevel
 
@@ -10,6 +10,9 @@ __all__ = ["let_ready_tasks_run"]
 
 
 def _running_on_asyncio() -> bool:
+    asyncio = sys.modules.get("asyncio")  # not imported: not running on it (and no import)
+    if asyncio is None:
+        return False
     try:
         asyncio.get_running_loop()
     except RuntimeError:
