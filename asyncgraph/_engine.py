@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.lowlevel
 
-from asyncgraph._executor import MORE_READY
-
 from ._accumulate import accumulate
 from ._exceptions import BackwardError, GraphError
 from ._function import Function
@@ -228,6 +226,7 @@ class Engine:
         since: int | None = None,
     ) -> None:
         self.executor = executor
+        self._batched = getattr(executor, "run_backward_batched", None)
         # GradManager's recording window: nodes created before sequence number ``since``
         # are not differentiated through (their gradients may still be captured).
         self._since = since
@@ -355,7 +354,6 @@ class Engine:
         self._plan(roots, capture_leaves, capture_outputs)
         self._accumulate = accumulate
         token = _GRAD_ENABLED.set(self.create_graph)
-        more_token = MORE_READY.set(self._more_ready)
         cell: list[Node | None] = [None]  # this task's: see NOTE [Current node]
         cell_token = _CURRENT_NODE.set(cell)
         try:
@@ -383,7 +381,6 @@ class Engine:
                     await anyio.lowlevel.checkpoint()
         finally:
             _CURRENT_NODE.reset(cell_token)
-            MORE_READY.reset(more_token)
             _GRAD_ENABLED.reset(token)
             self._tg = None
         if self._error is not None:
@@ -466,7 +463,7 @@ class Engine:
         return keep if self._error is None else None
 
     def _more_ready(self) -> bool:
-        """Ready slow nodes not yet taken by a task (see ``executors.more_nodes_coming``)."""
+        """Ready slow nodes not yet taken by a task (``BatchingExecutor``'s ``more_coming``)."""
         return bool(self._slow)
 
     def _grow(self) -> None:
@@ -555,7 +552,11 @@ class Engine:
             self._suspended = True
             cell[0] = node
             try:
-                grads_in = normalize_grads(node, await self.executor.run_backward(node, grads))
+                if self._batched is not None:  # the protocol's optional batching method
+                    result = await self._batched(node, grads, self._more_ready)
+                else:
+                    result = await self.executor.run_backward(node, grads)
+                grads_in = normalize_grads(node, result)
             except Exception as exc:
                 self._fail(node, exc)
                 return None

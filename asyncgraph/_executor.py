@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from asyncgraph._graph import Node
     from asyncgraph._variable import Variable
 
-__all__ = ["Executor", "current_executor", "more_nodes_coming", "use_executor"]
+__all__ = ["BatchingExecutor", "Executor", "current_executor", "use_executor"]
 
 
 @runtime_checkable
@@ -28,24 +28,25 @@ class Executor(Protocol):
     async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any: ...
 
 
-# Set by the engine for the tasks of a backward pass: says whether that pass still holds
-# ready nodes that its tasks have not handed to the executor yet.
-MORE_READY: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "asyncgraph_more_ready", default=None
-)
+@runtime_checkable
+class BatchingExecutor(Executor, Protocol):
+    """An ``Executor`` that sends nodes in batches: the optional method of the protocol.
 
-
-def more_nodes_coming() -> bool:
-    """For executors that send nodes in batches, called from ``run_backward``.
-
-    True while the backward pass that called it still holds ready nodes that its
-    tasks will hand to the executor within a few event-loop ticks (a wide level
-    is started by a pool of tasks that grows each tick): worth waiting for, to
-    send them together. False once every node the pass has made ready so far was
-    handed over, and outside a backward pass: send what is batched now.
+    When an executor has ``run_backward_batched``, the engine calls it instead of
+    ``run_backward``, with ``more_coming``: a callable answering True while the pass
+    still holds ready nodes that its tasks will hand to the executor within a few
+    event-loop ticks (a wide level is started by a pool of tasks that grows each tick),
+    worth waiting for to send them together; False once every node the pass has made
+    ready so far was handed over: send what is batched now. A chain answers False at
+    every node, so a lone node never waits.
     """
-    probe = MORE_READY.get()
-    return probe is not None and probe()
+
+    async def run_backward_batched(
+        self,
+        node: Node,
+        grad_outputs: tuple[Variable | None, ...],
+        more_coming: Callable[[], bool],
+    ) -> Any: ...
 
 
 _CURRENT: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(

@@ -5,8 +5,9 @@ in ``asyncgraph.distributed.wire._schema``). One executor owns, in its task grou
 
 - a *flusher*: remote nodes made ready together are XADDed to the task stream
   in one pipelined round trip. The engine's runners start a wide level of ready
-  nodes over a few ticks and say when the last one is submitted
-  (``more_nodes_coming()``): that submission sends the batch at once, from its
+  nodes over a few ticks and say when the last one is submitted (the
+  ``more_coming`` probe of ``run_backward_batched``, the Executor protocol's optional
+  batching method): that submission sends the batch at once, from its
   own task, unless other waiters woken with it have yet to resume (their next
   nodes join the batch) or a flush is already on its way. Then the flusher sends
   what gathered once submissions stop arriving for two event-loop checkpoints; at
@@ -27,6 +28,7 @@ Cancelling the caller cancels its tasks on the workers.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import uuid
@@ -72,7 +74,7 @@ from asyncgraph.distributed.wire._schema import (
     peek_ids,
 )
 from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer, secret_from_env
-from asyncgraph.executors import Executor, let_ready_tasks_run, more_nodes_coming
+from asyncgraph.executors import Executor, let_ready_tasks_run
 from asyncgraph.models import Usage, meters_for
 from asyncgraph.resp import (
     Connection,
@@ -99,6 +101,18 @@ _DIAGNOSIS_MAX_BULK = 40_000
 _SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
 _IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
 _MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
+
+
+# The probe of the node this task submits (run_backward_batched): per task, since one
+# executor serves many passes and many nodes at once.
+_MORE_COMING: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "asyncgraph_redis_more_coming", default=None
+)
+
+
+def _more_coming() -> bool:
+    probe = _MORE_COMING.get()
+    return probe is not None and probe()
 
 
 class _RemoteTraceback(Exception):
@@ -191,6 +205,20 @@ class RedisExecutor:
         if node.function.dispatch == "remote":
             return False
         return self.local.inline(node)
+
+    async def run_backward_batched(
+        self,
+        node: Node,
+        grad_outputs: tuple[Variable | None, ...],
+        more_coming: Callable[[], bool],
+    ) -> Any:
+        """``run_backward``, told by the engine whether more ready nodes are on their way
+        (``asyncgraph.executors.BatchingExecutor``): the last one sends the batch."""
+        token = _MORE_COMING.set(more_coming)
+        try:
+            return await self.run_backward(node, grad_outputs)
+        finally:
+            _MORE_COMING.reset(token)
 
     async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
         fn = node.function
@@ -299,7 +327,7 @@ class RedisExecutor:
         # No cancel scope per node: the deadline watcher expires waits in submission order.
         self._submitted.set()
         try:
-            if more_nodes_coming() or self._waking or self._flushing:
+            if _more_coming() or self._waking or self._flushing:
                 # More submissions are on their way: nodes of the same ready level, or
                 # the next nodes of other waiters woken with this one (they resume in
                 # this tick), or a flush is already out. The flusher sends them together.

@@ -10,17 +10,17 @@ when asked for, so ``import asyncgraph`` never loads the distributed half.
 
 from typing import Any
 
-from asyncgraph._executor import Executor, current_executor, more_nodes_coming, use_executor
+from asyncgraph._executor import BatchingExecutor, Executor, current_executor, use_executor
 from asyncgraph._local_executor import LocalExecutor
 from asyncgraph._yield import let_ready_tasks_run
 
 __all__ = [
+    "BatchingExecutor",
     "Executor",
     "LocalExecutor",
     "RedisExecutor",
     "current_executor",
     "let_ready_tasks_run",
-    "more_nodes_coming",
     "open_redis_executor",
     "use_executor",
 ]
