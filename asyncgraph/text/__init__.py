@@ -85,6 +85,7 @@ from asyncgraph.text._registry import (
     resolve_model,
     unregister_model,
 )
+from asyncgraph.text._structured import StructuredOutputError, json_schema_of, schema_errors
 
 __all__ = [
     "Concat",
@@ -99,6 +100,7 @@ __all__ = [
     "ModelRef",
     "PythonCall",
     "REMOTE_FUNCTIONS",
+    "StructuredOutputError",
     "TextLoss",
     "UnknownModelError",
     "approx_tokens",
@@ -113,12 +115,14 @@ __all__ = [
     "feedback_defaults",
     "feedback_entries",
     "formatted_llm_call",
+    "json_schema_of",
     "llm_call",
     "python_call",
     "register_model",
     "render_feedback",
     "resolve_model",
     "run_all",
+    "schema_errors",
     "set_default_models",
     "set_feedback_budget",
     "truncate_to_tokens",

@@ -3,7 +3,9 @@
 Hierarchy (``AsyncGraphError`` is the root of every asyncgraph error)::
 
     AsyncGraphError
-    └── UnknownModelError (also LookupError)   a model spec names no model in this process
+    ├── UnknownModelError (also LookupError)   a model spec names no model in this process
+    └── StructuredOutputError (also ValueError) a reply never followed its response_format
+        (defined in ``asyncgraph.text._structured``)
 
 Misuse of the Python API (a missing template field, a Variable passed as an
 option) raises the builtin ``TypeError`` / ``ValueError``; model failures are

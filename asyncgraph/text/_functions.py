@@ -35,6 +35,14 @@ from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._defaults import with_defaults
 from asyncgraph.text._prompts import describe, llm_feedback_messages
 from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
+from asyncgraph.text._structured import (
+    DEFAULT_STRUCTURED_ATTEMPTS,
+    StructuredOutputError,
+    json_schema_of,
+    parse_structured,
+    response_format_param,
+    retry_message,
+)
 
 __all__ = [
     "Concat",
@@ -52,7 +60,17 @@ __all__ = [
 
 _OUTPUT_ROLE = "response from the language model"
 _LLM_OPTIONS = frozenset(
-    {"model", "base_url", "params", "feedback_model", "feedback_params", "role", "feedback_budget"}
+    {
+        "model",
+        "base_url",
+        "params",
+        "feedback_model",
+        "feedback_params",
+        "role",
+        "feedback_budget",
+        "response_format",
+        "format_attempts",
+    }
 )
 
 
@@ -97,7 +115,16 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if "feedback_budget" in options
         else current_feedback_budget()
     )
-    options = {k: v for k, v in options.items() if k != "feedback_budget"}
+    schema = (
+        None
+        if options.get("response_format") is None
+        else json_schema_of(options["response_format"])
+    )
+    attempts = options.get("format_attempts", DEFAULT_STRUCTURED_ATTEMPTS)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise TypeError(f"{function}: format_attempts must be an int >= 1, got {attempts!r}")
+    structured = {"feedback_budget", "response_format", "format_attempts"}
+    options = {k: v for k, v in options.items() if k not in structured}
     options = with_defaults(function, options)  # use_models / set_default_models
     base_url = options.get("base_url")
     if base_url is not None and not isinstance(base_url, str):
@@ -126,6 +153,8 @@ def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
         else _params(feedback_params, "feedback_params", function),
         "role": role,
         "feedback_budget": budget,
+        "response_format": schema,
+        "format_attempts": attempts,
     }
 
 
@@ -149,7 +178,12 @@ async def _llm_forward(
     if system_prompt is not None:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": user_prompt})
-    output = await _complete(options["model"], messages, options["params"])
+    schema = options["response_format"]
+    if schema is None:
+        output = await _complete(options["model"], messages, options["params"])
+        value: Any = output
+    else:
+        output, value = await _structured_reply(ctx, options, messages, schema)
     ctx._model_objects = options["objects"]
     ctx.model = options["model"]
     ctx.feedback_model = options["feedback_model"]
@@ -160,7 +194,35 @@ async def _llm_forward(
     ctx.output = output
     ctx.output_role = describe(options["role"], _OUTPUT_ROLE)
     ctx.slots = slots
-    return Variable(output, role=options["role"])
+    return Variable(value, role=options["role"])
+
+
+async def _structured_reply(
+    ctx: Any, options: dict[str, Any], messages: list[dict[str, Any]], schema: dict[str, Any]
+) -> tuple[str, Any]:
+    """The reply's text and its data, asked again with the errors until it follows
+    ``schema`` (``format_attempts`` replies in all); ``StructuredOutputError`` then."""
+    params = {**options["params"], "response_format": response_format_param(schema)}
+    attempts: int = options["format_attempts"]
+    for attempt in range(1, attempts + 1):
+        output = await _complete(options["model"], messages, params)
+        data, errors = parse_structured(output, schema)
+        if not errors:
+            return output, data
+        if attempt == attempts:
+            path = errors[0].split(":", 1)[0]
+            raise StructuredOutputError(
+                f"{ctx._function_name}: the model's reply did not follow the response_format "
+                f"schema {schema.get('title', '')!r} after {attempts} attempt(s); at {path}: "
+                f"{errors[0].split(': ', 1)[-1]} ({len(errors)} error(s) in all). Last reply: "
+                f"{output[:200]!r}. Raise format_attempts, simplify the schema, or use a "
+                f"model that supports structured outputs",
+                path=path,
+                reply=output,
+                attempts=attempts,
+            )
+        messages = [*messages, {"role": "assistant", "content": output}, retry_message(errors)]
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
@@ -529,6 +591,7 @@ def _given(
     feedback_model: ModelLike | None,
     feedback_params: Mapping[str, Any] | None,
     role: str,
+    response_format: Any = None,
 ) -> dict[str, Any]:
     """The options worth passing (each one becomes an input of the recorded node)."""
     options: dict[str, Any] = {}
@@ -538,6 +601,7 @@ def _given(
         ("params", params),
         ("feedback_model", feedback_model),
         ("feedback_params", feedback_params),
+        ("response_format", response_format),
     ):
         if value is not None:
             options[name] = value
@@ -555,9 +619,16 @@ async def llm_call(
     feedback_model: ModelLike | None = None,
     feedback_params: Mapping[str, Any] | None = None,
     role: str = _OUTPUT_ROLE,
+    response_format: Any = None,
 ) -> Variable:
-    """``await LLMCall.apply(...)`` with a typed signature; see :class:`LLMCall`."""
-    options = _given(model, base_url, params, feedback_model, feedback_params, role)
+    """``await LLMCall.apply(...)`` with a typed signature; see :class:`LLMCall`.
+
+    ``response_format``: a JSON schema, dataclass or TypedDict; the output is then the
+    reply parsed into data (see ``asyncgraph.text.StructuredOutputError``).
+    """
+    options = _given(
+        model, base_url, params, feedback_model, feedback_params, role, response_format
+    )
     out: Variable = await LLMCall.apply(system_prompt, *inputs, **options)
     return out
 
@@ -573,6 +644,7 @@ async def formatted_llm_call(
     feedback_model: ModelLike | None = None,
     feedback_params: Mapping[str, Any] | None = None,
     role: str = _OUTPUT_ROLE,
+    response_format: Any = None,
 ) -> Variable:
     """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there."""
     clash = sorted((set(_LLM_OPTIONS) | {"system_prompt"}) & set(fields))
@@ -581,7 +653,9 @@ async def formatted_llm_call(
             f"formatted_llm_call: field name(s) {clash!r} are option names; rename them in "
             f"the template"
         )
-    options = _given(model, base_url, params, feedback_model, feedback_params, role)
+    options = _given(
+        model, base_url, params, feedback_model, feedback_params, role, response_format
+    )
     out: Variable = await FormattedLLMCall.apply(template, system_prompt, **options, **fields)
     return out
 

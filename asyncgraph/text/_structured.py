@@ -1,0 +1,254 @@
+"""Structured outputs: ``response_format=`` a JSON schema, a dataclass or a TypedDict.
+
+An LLM call given ``response_format`` asks an OpenAI-compatible endpoint for JSON that
+follows the schema (``response_format: {"type": "json_schema", ...}``), validates the
+reply, and returns the parsed data (a dict) as its output. A reply that is not valid
+JSON or does not follow the schema is sent back to the model with the validation
+error, up to ``max_attempts`` in all; then ``StructuredOutputError`` names the schema
+path that failed. The node's feedback still flows as text (the reply's JSON).
+
+The validator covers the part of JSON Schema structured outputs use: ``type`` (object,
+array, string, integer, number, boolean, null, or a list of them), ``properties``,
+``required``, ``additionalProperties`` (false or a schema), ``items``, ``enum``,
+``const``, ``anyOf``, ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
+``minimum`` / ``maximum``. Other keywords are sent to the model but not checked here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from asyncgraph import AsyncGraphError
+
+__all__ = ["StructuredOutputError", "json_schema_of", "parse_structured", "schema_errors"]
+
+DEFAULT_STRUCTURED_ATTEMPTS = 3
+
+
+class StructuredOutputError(AsyncGraphError, ValueError):
+    """A reply never followed its ``response_format`` schema.
+
+    ``path`` is where the last reply failed (``$`` the whole reply, ``$.steps[2]`` ...),
+    ``reply`` its text, ``attempts`` how many replies were tried.
+    """
+
+    def __init__(self, message: str, *, path: str, reply: str, attempts: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reply = reply
+        self.attempts = attempts
+
+
+_SCALARS: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _type_schema(hint: Any, where: str) -> dict[str, Any]:
+    """The JSON schema of a type hint (for dataclass and TypedDict fields)."""
+    if hint in _SCALARS:
+        return {"type": _SCALARS[hint]}
+    if hint is Any:
+        return {}
+    origin = get_origin(hint)
+    if origin is Literal:
+        return {"enum": list(get_args(hint))}
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple):
+        args: list[Any] = [a for a in get_args(hint) if a is not Ellipsis]
+        return {"type": "array", **({"items": _type_schema(args[0], where)} if args else {})}
+    if origin in (dict, Mapping) or hint is dict:
+        pair = get_args(hint)
+        return {
+            "type": "object",
+            **({"additionalProperties": _type_schema(pair[1], where)} if len(pair) == 2 else {}),
+        }
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_type_schema(a, where) for a in get_args(hint)]}
+    if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or _is_typeddict(hint)):
+        return json_schema_of(hint)
+    raise TypeError(
+        f"response_format: cannot describe {where} of type {hint!r} as JSON; use str, int, "
+        f"float, bool, None, list[...], dict[str, ...], Literal[...], unions, nested "
+        f"dataclasses or TypedDicts, or pass a JSON schema dict"
+    )
+
+
+def _is_typeddict(cls: type) -> bool:
+    return typing.is_typeddict(cls)
+
+
+def json_schema_of(spec: Any) -> dict[str, Any]:
+    """The JSON schema ``response_format`` stands for: a schema dict as is (checked to be
+    JSON), or the object schema of a dataclass or TypedDict (every field, required unless
+    it has a default / is ``NotRequired``; no other properties)."""
+    if isinstance(spec, Mapping):
+        try:
+            schema: dict[str, Any] = json.loads(json.dumps(dict(spec)))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"response_format: a JSON schema must be JSON data ({exc})") from None
+        return schema
+    if isinstance(spec, type) and dataclasses.is_dataclass(spec):
+        hints = get_type_hints(spec)
+        fields = dataclasses.fields(spec)
+        required = [
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        properties = {f.name: _type_schema(hints[f.name], f"field {f.name!r}") for f in fields}
+        return _object(spec.__name__, properties, required)
+    if isinstance(spec, type) and _is_typeddict(spec):
+        # include_extras keeps Required / NotRequired, which the class may not have
+        # applied when its annotations are strings (``from __future__ import annotations``).
+        hints = get_type_hints(spec, include_extras=True)
+        declared = getattr(spec, "__required_keys__", frozenset(hints))
+        properties, required = {}, []
+        for key, hint in hints.items():
+            origin = get_origin(hint)
+            if origin in (typing.Required, typing.NotRequired):
+                hint = get_args(hint)[0]
+            if origin is typing.Required or (origin is not typing.NotRequired and key in declared):
+                required.append(key)
+            properties[key] = _type_schema(hint, f"key {key!r}")
+        return _object(spec.__name__, properties, required)
+    raise TypeError(
+        f"response_format must be a JSON schema (a dict), a dataclass or a TypedDict, got "
+        f"{spec!r:.80}"
+    )
+
+
+def _object(title: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "title": title,
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_JSON_TYPES: dict[str, Any] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "null": type(None),
+}
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    kind = _JSON_TYPES.get(name)
+    return (
+        kind is not None
+        and isinstance(value, kind)
+        and not (kind is not bool and isinstance(value, bool))
+    )
+
+
+def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> list[str]:
+    """Where ``value`` breaks ``schema``: ``"$.a[0].b: expected integer, got 'x'"`` lines,
+    in document order (empty when it follows it)."""
+    errors: list[str] = []
+    _check(value, schema, path, errors)
+    return errors
+
+
+def _check(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:  # noqa: C901 (one branch per keyword of the schema subset)
+    if "anyOf" in schema:
+        options = schema["anyOf"]
+        if not any(not schema_errors(value, option, path) for option in options):
+            errors.append(f"{path}: matches none of the {len(options)} allowed forms")
+        return
+    wanted = schema.get("type")
+    if wanted is not None:
+        names = wanted if isinstance(wanted, list) else [wanted]
+        if not any(_is_type(value, n) for n in names):
+            errors.append(f"{path}: expected {' or '.join(names)}, got {_short(value)}")
+            return
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{path}: expected {schema['const']!r}, got {_short(value)}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: expected one of {schema['enum']!r}, got {_short(value)}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{path}: shorter than {schema['minLength']} characters")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{path}: longer than {schema['maxLength']} characters")
+    if _is_type(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: {value} is below the minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: {value} is above the maximum {schema['maximum']}")
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append(f"{path}: missing required property {key!r}")
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in properties:
+                _check(item, properties[key], f"{path}.{key}", errors)
+            elif extra is False:
+                errors.append(f"{path}: unexpected property {key!r}")
+            elif isinstance(extra, Mapping):
+                _check(item, extra, f"{path}.{key}", errors)
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{path}: fewer than {schema['minItems']} items")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{path}: more than {schema['maxItems']} items")
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            for i, item in enumerate(value):
+                _check(item, items, f"{path}[{i}]", errors)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_structured(reply: str, schema: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """The reply's JSON data and the schema errors (``["$: not valid JSON: ..."]`` when it
+    does not parse). A reply fenced in a markdown code block is read inside the fence."""
+    text = reply.strip()
+    if text.startswith("```"):
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+        text = text.rsplit("```", 1)[0]
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return None, [f"$: not valid JSON: {exc}"]
+    return data, schema_errors(data, schema)
+
+
+def response_format_param(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI ``response_format`` request parameter for ``schema``."""
+    name = str(schema.get("title") or "response")
+    name = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64] or "response"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema)}}
+
+
+def retry_message(errors: list[str]) -> dict[str, Any]:
+    """The request to try again, saying what was wrong with the last reply."""
+    listed = "\n".join(f"- {e}" for e in errors[:20])
+    return {
+        "role": "user",
+        "content": (
+            "Your reply does not follow the required JSON schema:\n"
+            f"{listed}\nReply again with only the corrected JSON."
+        ),
+    }
