@@ -58,11 +58,13 @@ from asyncgraph.text._defaults import (
 from asyncgraph.text._exceptions import UnknownModelError
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._functions import (
+    ChatCall,
     Concat,
     ExactMatch,
     FormattedLLMCall,
     LLMCall,
     Metric,
+    chat_call,
     check_portable,
     concat,
     exact_match,
@@ -88,6 +90,7 @@ from asyncgraph.text._registry import (
 from asyncgraph.text._structured import StructuredOutputError, json_schema_of, schema_errors
 
 __all__ = [
+    "ChatCall",
     "Concat",
     "DEFAULT_FEEDBACK_BUDGET",
     "DeterministicEvaluator",
@@ -104,6 +107,7 @@ __all__ = [
     "TextLoss",
     "UnknownModelError",
     "approx_tokens",
+    "chat_call",
     "check_portable",
     "concat",
     "condense_feedback",

@@ -22,7 +22,7 @@ import copy
 import functools
 import inspect
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Function, Variable
@@ -45,12 +45,14 @@ from asyncgraph.text._structured import (
 )
 
 __all__ = [
+    "ChatCall",
     "Concat",
     "ExactMatch",
     "FormattedLLMCall",
     "LLMCall",
     "Metric",
     "REMOTE_FUNCTIONS",
+    "chat_call",
     "check_portable",
     "concat",
     "exact_match",
@@ -173,11 +175,17 @@ async def _llm_forward(
     system_prompt: str | None,
     user_prompt: str,
     slots: list[dict[str, Any]],
+    conversation: list[dict[str, Any]] | None = None,
 ) -> Variable:
+    """Send the request (``conversation`` as is, or the system and user messages) and
+    keep in ``ctx`` what the backward's feedback requests show of it."""
     messages: list[dict[str, Any]] = []
-    if system_prompt is not None:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": user_prompt})
+    if conversation is not None:
+        messages = list(conversation)
+    else:
+        if system_prompt is not None:
+            messages.append({"role": "system", "content": system_prompt})
+        messages.append({"role": "user", "content": user_prompt})
     schema = options["response_format"]
     if schema is None:
         output = await _complete(options["model"], messages, options["params"])
@@ -321,6 +329,67 @@ class LLMCall(_TextFunction):
         system_text = None if system is None else _text(system)
         user_prompt = "\n\n".join(_text(item) for item in inputs)
         return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
+
+    @staticmethod
+    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        return await _llm_backward(ctx, grad_output)
+
+
+_CHAT_ROLES = ("system", "user", "assistant", "developer")
+
+
+class ChatCall(_TextFunction):
+    """An LLM call built from a list of messages (afnio's ChatCompletion shape).
+
+    ``await ChatCall.apply(roles, *contents, model=...)``: ``roles[i]`` (``"system"``,
+    ``"user"``, ``"assistant"`` or ``"developer"``) is the role of message ``i``,
+    ``contents[i]`` its content, a str or a Variable. Every Variable content that needs a
+    gradient gets its own feedback (one request each, all at once), naming its turn, so
+    a system prompt, a few-shot assistant turn and the last user turn can all be
+    optimized. ``chat_call(messages, ...)`` takes ``[{"role": ..., "content": ...}]``
+    directly. Options as ``LLMCall`` (``response_format`` included); ``dispatch =
+    "remote"``.
+
+    Example::
+
+        system = Parameter("You are a terse assistant.", role="system prompt")
+        shot = Parameter("4", role="example answer")
+        reply = await chat_call(
+            [{"role": "system", "content": system},
+             {"role": "user", "content": "2 + 2?"},
+             {"role": "assistant", "content": shot},
+             {"role": "user", "content": question}],
+            model="openai:gpt-4o-mini",
+        )
+    """
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+    remote_name: ClassVar[str | None] = "asyncgraph.text.ChatCall"
+
+    @staticmethod
+    async def forward(ctx: Any, roles: Any, *contents: Any, **options: Any) -> Variable:
+        if not isinstance(roles, (list, tuple)) or not all(r in _CHAT_ROLES for r in roles):
+            raise TypeError(
+                f"ChatCall.apply(roles, *contents): roles must be a list of {_CHAT_ROLES!r}, "
+                f"one per message, got {roles!r:.80}"
+            )
+        if len(roles) != len(contents) or not contents:
+            raise TypeError(
+                f"ChatCall.apply(roles, *contents): {len(roles)} role(s) for "
+                f"{len(contents)} message content(s); give one role per message"
+            )
+        opts = _llm_options("ChatCall", options)
+        turns = [{"role": r, "content": _text(c)} for r, c in zip(roles, contents, strict=True)]
+        slots = [
+            _slot(i, c, f"{r} message {i + 1} of the conversation")
+            for i, (r, c) in enumerate(zip(roles, contents, strict=True), 1)
+            if isinstance(c, Variable)
+        ]
+        transcript = "\n\n".join(
+            f"<{t['role'].upper()}_MESSAGE>\n{t['content']}\n</{t['role'].upper()}_MESSAGE>"
+            for t in turns
+        )
+        return await _llm_forward(ctx, opts, None, transcript, slots, conversation=turns)
 
     @staticmethod
     async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
@@ -529,10 +598,10 @@ class Metric(_TextFunction):
         return (None,) * len(ctx.needs_input_grad)
 
 
-for _cls in (LLMCall, FormattedLLMCall, Concat, ExactMatch, Metric):
+for _cls in (LLMCall, FormattedLLMCall, ChatCall, Concat, ExactMatch, Metric):
     _cls.__module__ = "asyncgraph.text"  # the public home: what worker registries match
 
-REMOTE_FUNCTIONS: tuple[type[Function], ...] = (LLMCall, FormattedLLMCall)
+REMOTE_FUNCTIONS: tuple[type[Function], ...] = (LLMCall, FormattedLLMCall, ChatCall)
 """The text Functions whose backward may run on a worker (for a worker's registry)."""
 
 
@@ -657,6 +726,32 @@ async def formatted_llm_call(
         model, base_url, params, feedback_model, feedback_params, role, response_format
     )
     out: Variable = await FormattedLLMCall.apply(template, system_prompt, **options, **fields)
+    return out
+
+
+async def chat_call(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    model: ModelLike | None = None,
+    base_url: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    feedback_model: ModelLike | None = None,
+    feedback_params: Mapping[str, Any] | None = None,
+    role: str = _OUTPUT_ROLE,
+    response_format: Any = None,
+) -> Variable:
+    """``await ChatCall.apply(...)`` from ``[{"role": ..., "content": str | Variable}]``."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+            raise TypeError(
+                f"chat_call: message {i} must be a dict with 'role' and 'content', got "
+                f"{message!r:.80}"
+            )
+    roles = tuple(m["role"] for m in messages)
+    options = _given(
+        model, base_url, params, feedback_model, feedback_params, role, response_format
+    )
+    out: Variable = await ChatCall.apply(roles, *(m["content"] for m in messages), **options)
     return out
 
 
