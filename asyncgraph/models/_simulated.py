@@ -62,6 +62,20 @@ def _snippet(text: str, limit: int = 60) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as is; OpenAI content parts joined, an image
+    part read as ``[image]`` (so the simulated model answers image requests offline)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", "")) if part.get("type") == "text" else "[image]"
+            for part in content
+            if isinstance(part, Mapping)
+        )
+    return str(content)
+
+
 def simulated_reply(messages: Sequence[Mapping[str, Any]]) -> str:
     """The built-in simulated reply to ``messages`` (deterministic, untagged).
 
@@ -77,8 +91,8 @@ def simulated_reply(messages: Sequence[Mapping[str, Any]]) -> str:
 
     Which edit or feedback line is chosen depends on a sha256 of the messages.
     """
-    everything = "\n".join(str(m.get("content", "")) for m in messages)
-    last = str(messages[-1].get("content", "")) if messages else ""
+    everything = "\n".join(content_text(m.get("content", "")) for m in messages)
+    last = content_text(messages[-1].get("content", "")) if messages else ""
     seed = _digest(messages)
     variables = _VARIABLE.findall(everything)
     target = variables[-1].strip() if variables else last
@@ -176,7 +190,7 @@ class SimulatedModel(BaseChatModel):
                 raise TypeError(f"SimulatedModel responder must return str, got {text!r}")
         if self.tag_replies:
             text = f"{SIMULATED_TAG} {text}"
-        prompt = sum(len(str(m.get("content", "")).split()) for m in messages)
+        prompt = sum(len(content_text(m.get("content", "")).split()) for m in messages)
         return Completion(
             text=text,
             model=SIMULATED_MODEL_NAME,

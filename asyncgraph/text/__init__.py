@@ -48,6 +48,7 @@ from asyncgraph.text._budget import (
     use_feedback_budget,
 )
 from asyncgraph.text._concurrency import run_all
+from asyncgraph.text._content import describe_content, image, is_image
 from asyncgraph.text._defaults import (
     ModelDefaults,
     current_models,
@@ -114,11 +115,14 @@ __all__ = [
     "current_feedback_budget",
     "current_models",
     "describe",
+    "describe_content",
     "deterministic_evaluator",
     "exact_match",
     "feedback_defaults",
     "feedback_entries",
     "formatted_llm_call",
+    "image",
+    "is_image",
     "json_schema_of",
     "llm_call",
     "python_call",

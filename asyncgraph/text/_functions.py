@@ -32,6 +32,7 @@ from asyncgraph.text._budget import (
     feedback_within_budget,
 )
 from asyncgraph.text._concurrency import run_all
+from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
 from asyncgraph.text._defaults import with_defaults
 from asyncgraph.text._prompts import describe, llm_feedback_messages
 from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
@@ -87,7 +88,19 @@ class _TextFunction(Function):
 
 def _text(value: Any) -> str:
     data = value.data if isinstance(value, Variable) else value
-    return data if isinstance(data, str) else str(data)
+    if isinstance(data, str):
+        return data
+    return describe_content(data) if is_image(data) else str(data)
+
+
+def _images(values: Any) -> list[dict[str, Any]]:
+    """The images among ``values`` (Variables or plain), as ctx data (``wire_image``)."""
+    found = []
+    for value in values:
+        data = value.data if isinstance(value, Variable) else value
+        if is_image(data):
+            found.append(wire_image(data))
+    return found
 
 
 def _params(value: Any, name: str, function: str) -> dict[str, Any]:
@@ -180,12 +193,13 @@ async def _llm_forward(
     """Send the request (``conversation`` as is, or the system and user messages) and
     keep in ``ctx`` what the backward's feedback requests show of it."""
     messages: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = options.get("images", [])
     if conversation is not None:
         messages = list(conversation)
     else:
         if system_prompt is not None:
             messages.append({"role": "system", "content": system_prompt})
-        messages.append({"role": "user", "content": user_prompt})
+        messages.append({"role": "user", "content": with_images(user_prompt, images)})
     schema = options["response_format"]
     if schema is None:
         output = await _complete(options["model"], messages, options["params"])
@@ -202,6 +216,7 @@ async def _llm_forward(
     ctx.output = output
     ctx.output_role = describe(options["role"], _OUTPUT_ROLE)
     ctx.slots = slots
+    ctx.images = images  # msgpack bytes when the backward runs on a worker
     return Variable(value, role=options["role"])
 
 
@@ -258,6 +273,9 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
             variable_role=slot["role"],
             feedback=feedback,
         )
+        images = getattr(ctx, "images", [])
+        if images:  # the feedback model sees what the forward saw
+            messages[-1] = {**messages[-1], "content": with_images(messages[-1]["content"], images)}
         text = await _complete(ref, messages, params)
         if note is not None:  # the gradient says what it was built from
             text = f"{note}\n{text}"
@@ -328,6 +346,7 @@ class LLMCall(_TextFunction):
                 slots.append(_slot(i, item, "input to the language model"))
         system_text = None if system is None else _text(system)
         user_prompt = "\n\n".join(_text(item) for item in inputs)
+        opts["images"] = _images(inputs)
         return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
 
     @staticmethod
@@ -456,6 +475,7 @@ class FormattedLLMCall(_TextFunction):
             if isinstance(value, Variable):
                 slots.append(_slot(positions[name], value, f"'{name}' field of the prompt"))
         user_prompt = template.format(**{name: _text(value) for name, value in fields.items()})
+        opts["images"] = _images(fields.values())
         system_text = None if system is None else _text(system)
         ctx.template = template
         return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
