@@ -73,3 +73,30 @@ def test_a_bad_flag_after_a_subcommand_prints_that_subcommands_usage() -> None:
         assert done.returncode == 2
         assert usage in done.stderr, done.stderr
         assert "unrecognized arguments: --bogus" in done.stderr
+
+
+def test_worker_log_level_is_checked_and_documented() -> None:
+    import os
+
+    for argv, env in (
+        (["worker", "--log-level", "LOUD"], {}),
+        (["worker", "--import", "asyncgraph.text"], {"ASYNCGRAPH_LOG_LEVEL": "LOUD"}),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "asyncgraph", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **env},
+        )
+        assert done.returncode == 2
+        assert "usage: asyncgraph worker" in done.stderr
+        assert "must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'" in done.stderr
+        assert "Traceback" not in done.stderr
+    helped = subprocess.run(
+        [sys.executable, "-m", "asyncgraph", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "--log-level LEVEL" in helped.stdout and "DEBUG, INFO, WARNING" in helped.stdout

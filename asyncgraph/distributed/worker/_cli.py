@@ -143,10 +143,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="asyncio",
         help="event loop that runs async backwards (default: %(default)s)",
     )
-    parser.add_argument("--log-level", default=env("ASYNCGRAPH_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=env("ASYNCGRAPH_LOG_LEVEL", "INFO"),
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default: ASYNCGRAPH_LOG_LEVEL or INFO); "
+        "INFO shows reclaims and dead letters, DEBUG every task",
+    )
     # Set by the supervisor for its children.
     parser.add_argument("--metrics-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(text: str) -> str:
+    """argparse type: a logging level name, any case (argparse applies it to the
+    environment default too, so a bad ASYNCGRAPH_LOG_LEVEL is a usage error as well)."""
+    level = str(text).strip().upper()
+    if level not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LEVELS)}, got {text!r}")
+    return level
 
 
 def run(args: argparse.Namespace) -> int:
