@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("asyncgraph.distributed.worker._cli", "serve remote backwards from a Redis queue"),
     "demo": ("asyncgraph.jobs._demo_cli", "run the shipped prompt-optimization demo"),
     "run": ("asyncgraph.jobs._run_cli", "run a job file"),
+    "status": ("asyncgraph.distributed._status", "show a fleet: workers, queue, dead letters"),
     "ui": ("asyncgraph.jobs._ui", "a local web dashboard of job runs (live while they run)"),
 }
 

@@ -117,3 +117,9 @@ def dead_stream(queue: str) -> str:
 
 def workers_hash(queue: str) -> str:
     return f"{_base(queue)}:workers"
+
+
+def workers_info_hash(queue: str) -> str:
+    """Each live worker's self-description (JSON: host, pid, concurrency, in flight,
+    version, draining, started), written with its heartbeat, read by ``asyncgraph status``."""
+    return f"{_base(queue)}:workers:info"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import os
 import signal
@@ -50,6 +51,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
+import asyncgraph
 from asyncgraph import FunctionCtx, WireError, no_grad
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
@@ -216,6 +218,7 @@ class Worker:
         self._reading = False
         self._flushing = 0
         self._draining = False
+        self._started_at = time.time()
         self._drained = False
         self._tick_ms = max(50, config.lease_ms // 4)
         self._beat_s = min(config.lease_ms / 3000, 5.0)
@@ -307,12 +310,29 @@ class Worker:
         await self._release_unfinished()
         services.cancel_scope.cancel()
 
+    def _info_json(self) -> str:
+        """What ``asyncgraph status`` shows of this worker (plain JSON, never code)."""
+        return json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "concurrency": self.config.concurrency,
+                "in_flight": len(self._held),
+                "version": asyncgraph.__version__,
+                "draining": self._draining,
+                "started": self._started_at,
+            }
+        )
+
     async def _leave(self) -> None:
         """On the way out: drop the heartbeat; after a full drain, the consumer too (bounded)."""
         with anyio.move_on_after(self.config.redis_timeout_s):
             try:
-                await self._pool.execute(
-                    "HDEL", keys.workers_hash(self.config.queue), self.consumer
+                await self._pool.pipeline(
+                    [
+                        ["HDEL", keys.workers_hash(self.config.queue), self.consumer],
+                        ["HDEL", keys.workers_info_hash(self.config.queue), self.consumer],
+                    ]
                 )
                 if self._drained and await self._delete_consumer(self.consumer):
                     log.info("worker %s: left the consumer group (nothing pending)", self.consumer)
@@ -1119,7 +1139,17 @@ class Worker:
             try:
                 await self._sync_clock()
                 expiry = int(self._redis_now_ms() + 3 * period * 1000 + 1000)
-                await self._pool.execute("HSET", workers, self.consumer, expiry)
+                await self._pool.pipeline(
+                    [
+                        ["HSET", workers, self.consumer, expiry],
+                        [
+                            "HSET",
+                            keys.workers_info_hash(self.config.queue),
+                            self.consumer,
+                            self._info_json(),
+                        ],
+                    ]
+                )
                 self._redis_ok()
                 now = time.monotonic()
                 if now - last_housekeeping >= housekeeping_s:
@@ -1150,7 +1180,12 @@ class Worker:
             beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) < now_ms - _STALE_BEAT_MS
         ]
         if stale:
-            await self._pool.execute("HDEL", workers, *stale)
+            await self._pool.pipeline(
+                [
+                    ["HDEL", workers, *stale],
+                    ["HDEL", keys.workers_info_hash(self.config.queue), *stale],
+                ]
+            )
         idle_limit_ms = _CONSUMER_IDLE_LEASES * self.config.lease_ms
         for info in await self._pool.execute("XINFO", "CONSUMERS", self._tasks, keys.GROUP):
             fields = dict(zip(info[::2], info[1::2], strict=False))

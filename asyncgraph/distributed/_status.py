@@ -1,0 +1,200 @@
+"""``asyncgraph status --redis URL [--queue Q] [--watch] [--json]``: the fleet at a glance.
+
+Reads only what the protocol already keeps in Redis (no worker is asked anything):
+the heartbeat and info hashes (workers: host, pid, concurrency, in flight, last
+heartbeat, version, draining), the task stream and its consumer group (depth, pending,
+the oldest pending entry's idle time, tasks per second between two reads), and the
+dead-letter stream (count and the latest reasons). Every value is parsed as data
+(integers, JSON); nothing read is ever imported or unpickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from asyncgraph._exceptions import RemoteConnectionError
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+
+__all__ = ["add_arguments", "fleet_status", "format_status", "run"]
+
+_LATEST_DEAD = 5
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Any) -> dict[str, Any]:
+    if not isinstance(flat, list):
+        return {}
+    return {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=False)}
+
+
+async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[str, Any]:
+    """One reading of the fleet serving ``queue`` at ``url`` (JSON data).
+
+    Raises ``RemoteConnectionError`` when Redis does not answer within ``timeout_s``,
+    ``ValueError`` for a bad URL or queue name.
+    """
+    keys.check_queue_name(queue)
+    address = parse_redis_url(url)
+    pool = Pool(address, timeout_s=timeout_s)
+    tasks, dead = keys.task_stream(queue), keys.dead_stream(queue)
+    try:
+        with anyio.fail_after(timeout_s):
+            now, beats, infos, exists, dead_len, latest = await pool.pipeline(
+                [
+                    ["TIME"],
+                    ["HGETALL", keys.workers_hash(queue)],
+                    ["HGETALL", keys.workers_info_hash(queue)],
+                    ["EXISTS", tasks],
+                    ["XLEN", dead],
+                    ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
+                ]
+            )
+            group: dict[str, Any] = {}
+            oldest_ms: int | None = None
+            length = 0
+            if exists == 1:
+                length, groups, oldest = await pool.pipeline(
+                    [
+                        ["XLEN", tasks],
+                        ["XINFO", "GROUPS", tasks],
+                        ["XPENDING", tasks, keys.GROUP, "-", "+", 1],
+                    ]
+                )
+                for entry in groups if isinstance(groups, list) else []:
+                    fields = _pairs(entry)
+                    if _text(fields.get("name", b"")) == keys.GROUP:
+                        group = fields
+                if isinstance(oldest, list) and oldest:
+                    oldest_ms = int(oldest[0][2])
+    except (RedisConnectionLost, TimeoutError) as exc:
+        raise RemoteConnectionError(
+            f"{exc or f'no answer from Redis at {address.display}'} (waited up to "
+            f"{timeout_s:g} s); check --redis and that Redis is up"
+        ) from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await pool.aclose()
+    for reply in (now, beats, infos, exists, dead_len, latest):
+        if isinstance(reply, ReplyError):
+            raise RemoteConnectionError(f"Redis at {address.display} refused: {reply}")
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    workers = []
+    info_by_name = _pairs(infos)
+    for name, expiry in _pairs(beats).items():
+        try:
+            info = json.loads(_text(info_by_name.get(name, b"{}")))
+        except ValueError:
+            info = {}
+        workers.append(
+            {
+                "name": name,
+                "alive": int(expiry) >= now_ms,
+                "expires_in_s": round((int(expiry) - now_ms) / 1000, 1),
+                **{k: info.get(k) for k in ("host", "pid", "concurrency", "in_flight")},
+                **{k: info.get(k) for k in ("version", "draining", "started")},
+            }
+        )
+    dead_letters = []
+    for entry_id, fields in latest if isinstance(latest, list) else []:
+        data = _pairs(fields)
+        dead_letters.append(
+            {
+                "id": _text(entry_id),
+                "reason": _text(data.get("reason", b"")),
+                "error": _text(data.get("error", b""))[:200],
+                "worker": _text(data.get("worker", b"")),
+            }
+        )
+    return {
+        "redis": address.display,
+        "queue": queue,
+        "known": exists == 1 or bool(workers),
+        "time_ms": now_ms,
+        "workers": sorted(workers, key=lambda w: w["name"]),
+        "alive": sum(w["alive"] for w in workers),
+        "depth": int(length) if exists == 1 else 0,
+        "entries_read": int(group.get("entries-read") or 0) if group else 0,
+        "pending": int(group.get("pending") or 0) if group else 0,
+        "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
+        "dead_letters": int(dead_len),
+        "latest_dead_letters": dead_letters,
+    }
+
+
+def format_status(status: dict[str, Any], rate: float | None = None) -> str:
+    """The reading as a few lines for a terminal."""
+    if not status["known"]:
+        return (
+            f"queue {status['queue']!r} at {status['redis']}: unknown (no task stream and no "
+            f"worker has ever served it; check --queue)"
+        )
+    lines = [
+        f"queue {status['queue']!r} at {status['redis']}: {status['alive']} worker(s) alive, "
+        f"depth {status['depth']}, pending {status['pending']}"
+        + (
+            f" (oldest idle {status['oldest_pending_s']} s)"
+            if status["oldest_pending_s"] is not None
+            else ""
+        )
+        + (f", {rate:.1f} tasks/s" if rate is not None else ""),
+    ]
+    for w in status["workers"]:
+        state = "draining" if w.get("draining") else ("alive" if w["alive"] else "silent")
+        lines.append(
+            f"  {w['name']}: {state}, host {w.get('host')}, pid {w.get('pid')}, "
+            f"{w.get('in_flight')}/{w.get('concurrency')} in flight, "
+            f"heartbeat expires in {w['expires_in_s']} s, version {w.get('version')}"
+        )
+    lines.append(f"dead letters: {status['dead_letters']}")
+    for d in status["latest_dead_letters"]:
+        lines.append(f"  {d['id']} {d['reason']}: {d['error'][:100]}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis", metavar="URL", required=True, help="the fleet's Redis")
+    parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
+    parser.add_argument(
+        "--watch", action="store_true", help="read again every --interval seconds (Ctrl-C stops)"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="seconds between readings"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (one object per reading)")
+
+
+def run(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        previous: tuple[float, int] | None = None
+        while True:
+            status = await fleet_status(args.redis, args.queue)
+            rate = None
+            if previous is not None:
+                elapsed = time.monotonic() - previous[0]
+                rate = max(0.0, (status["entries_read"] - previous[1]) / elapsed)
+            previous = (time.monotonic(), status["entries_read"])
+            if args.json:
+                print(json.dumps({**status, "tasks_per_s": rate}), flush=True)
+            else:
+                print(format_status(status, rate), flush=True)
+            if not args.watch:
+                return 0 if status["known"] else 1
+            await anyio.sleep(args.interval)
+
+    try:
+        return anyio.run(main)
+    except KeyboardInterrupt:
+        return 130
+    except (RemoteConnectionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
