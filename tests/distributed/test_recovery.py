@@ -73,7 +73,7 @@ async def test_stalled_worker_task_runs_twice_and_is_joined_once(
 
 
 async def test_redis_restart_mid_pass_is_a_clear_error_then_workers_recover(
-    start_worker: StartWorker,
+    start_worker: StartWorker, redis_server_binary: None
 ) -> None:
     with RedisServer() as server:
         start_worker(server.url, "restart", *FAST)

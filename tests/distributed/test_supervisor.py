@@ -101,7 +101,7 @@ async def test_supervisor_restarts_workers_and_poison_task_is_dead_lettered(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_supervisor_readiness_follows_the_children_and_argv_holds_no_url(
-    start_worker: StartWorker,
+    start_worker: StartWorker, redis_server_binary: None
 ) -> None:
     port = free_port()
     with RedisServer() as server:

@@ -147,7 +147,7 @@ def test_demo_local_run_learns_every_instruction(local_run: dict[str, Any]) -> N
 
 
 def test_demo_on_two_local_workers_matches_the_local_run(
-    tmp_path: Path, local_run: dict[str, Any]
+    tmp_path: Path, local_run: dict[str, Any], redis_server_binary: None
 ) -> None:
     queue = f"ag-demo-test-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
@@ -337,7 +337,7 @@ def _descendants(pid: int) -> dict[int, str]:
     return found
 
 
-def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path) -> None:
+def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path, redis_server_binary: None) -> None:
     queue = f"ag-demo-kill-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
     args = ("--workers", "2", "--queue", queue, "--latency-ms", "50", "--out", str(out))
@@ -362,7 +362,9 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path) -> None:
     assert not left, {pid: fleet[pid] for pid in left}
 
 
-def test_ctrl_c_while_the_fleet_starts_stops_it_cleanly(tmp_path: Path) -> None:
+def test_ctrl_c_while_the_fleet_starts_stops_it_cleanly(
+    tmp_path: Path, redis_server_binary: None
+) -> None:
     queue = f"ag-demo-start-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
     with _demo_process(
