@@ -115,10 +115,13 @@ async def backward(
     create_graph: bool = False,
     inputs: Variables | None = None,
     *,
+    grad_tensors: Any = None,
     executor: Executor | None = None,
     listeners: Iterable[Listener] = (),
 ) -> None:
     """Accumulate the gradients of ``variables`` into the ``.grad`` of the leaves.
+
+    ``grad_tensors=`` is PyTorch's name for ``grad_variables`` (give one of them).
 
     ``grad_variables``: one gradient per variable (Variable, raw data or None);
     None is allowed for scalar outputs only (1 for a number, ``""`` for text).
@@ -132,6 +135,10 @@ async def backward(
     Raises ``BackwardError`` naming the failing node (others are cancelled and
     no ``.grad`` is changed), ``GraphError`` for a freed graph or bad inputs.
     """
+    if grad_tensors is not None:
+        if grad_variables is not None:
+            raise TypeError("backward() got both grad_variables and grad_tensors: pass one")
+        grad_variables = grad_tensors
     outputs = _as_variables(variables, "variables")
     if not outputs:
         raise GraphError("backward() got no variables to differentiate")

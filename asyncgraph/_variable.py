@@ -180,15 +180,21 @@ class Variable:
         create_graph: bool = False,
         inputs: Variable | Sequence[Variable] | None = None,
         *,
+        gradient: Any = None,
         executor: Executor | None = None,
         listeners: Iterable[Listener] = (),
     ) -> None:
         """``await y.backward()``: accumulate d(y)/d(leaf) into every leaf's ``.grad``.
 
-        Same as ``await asyncgraph.backward(self, grad, ...)``; see there.
+        Same as ``await asyncgraph.backward(self, grad, ...)``; see there. ``gradient=``
+        is PyTorch's name for ``grad`` (``Tensor.backward(gradient=...)``).
         """
         from ._autodiff import backward
 
+        if gradient is not None:
+            if grad is not None:
+                raise TypeError("backward() got both grad and gradient: pass one of them")
+            grad = gradient
         await backward(
             self,
             None if grad is None else (grad,),

@@ -446,3 +446,22 @@ async def test_requires_grad_underscore_follows_pytorch() -> None:
         y.requires_grad_(False)
     await y.backward()
     assert x.grad is not None and x.grad.data == 4.0
+
+
+@pytest.mark.anyio
+async def test_backward_takes_pytorchs_gradient_keyword() -> None:
+    x = Variable(np.array([1.0, 2.0]), requires_grad=True)
+    y = Mul.apply(x, Variable(np.array([3.0, 3.0])))
+    await y.backward(gradient=np.array([1.0, 2.0]))
+    assert x.grad is not None and list(x.grad.data) == [3.0, 6.0]
+    with pytest.raises(TypeError, match="both grad and gradient"):
+        await y.backward(1.0, gradient=1.0)
+
+
+@pytest.mark.anyio
+async def test_backward_takes_pytorchs_grad_tensors_keyword() -> None:
+    a = Variable(2.0, requires_grad=True)
+    await backward([Mul.apply(a, a)], grad_tensors=[3.0])
+    assert a.grad is not None and a.grad.data == 12.0
+    with pytest.raises(TypeError, match="both grad_variables and grad_tensors"):
+        await backward([Mul.apply(a, a)], [1.0], grad_tensors=[1.0])
