@@ -29,7 +29,7 @@ from ._cli_common import (
     run_command,
     usage_error,
 )
-from ._run_cli import add_max_attempts, apply_max_attempts, outputs
+from ._run_cli import add_logging, add_max_attempts, apply_logging, apply_max_attempts, outputs
 from ._runner import JobResult, run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="passes over the 24 training questions, 3 steps each (default: 2)",
     )
     add_max_attempts(parser)
+    add_logging(parser)
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -223,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         return usage_error(problem)
     apply_max_attempts(args)
+    apply_logging(args)
     where = (
         f"{args.workers} local worker processes via an embedded redis-server"
         if args.workers

@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"checkpoint/metrics directory (default: {DEFAULT_RUNS_DIR}/<job name>, announced)",
     )
     add_max_attempts(parser)
+    add_logging(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     add_observe_arguments(parser)
 
@@ -205,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         return usage_error(problem)
     apply_max_attempts(args)
+    apply_logging(args)
     used_out: list[Path] = []  # the run directory, once the job is built
 
     async def main() -> int:
@@ -254,6 +256,47 @@ def add_max_attempts(parser: argparse.ArgumentParser) -> None:
         help="attempts per model call before it fails (1: no retries; default 4, or "
         "ASYNCGRAPH_MODEL_MAX_ATTEMPTS); workers started by this command inherit it",
     )
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LEVELS)}, got {text!r}")
+    return level
+
+
+def add_logging(parser: argparse.ArgumentParser) -> None:
+    """``-v`` / ``-vv`` / ``--log-level LEVEL``: see model retries, 429s, reclaims."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more on stderr: -v model retries and rate limits (INFO), -vv everything",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=_level,
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL; overrides -v",
+    )
+
+
+def apply_logging(args: argparse.Namespace) -> None:
+    """Configure asyncgraph's loggers on stderr from ``-v`` / ``--log-level``."""
+    import logging
+
+    level = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose else None)
+    if level is None:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("asyncgraph")
+    logger.addHandler(handler)
+    logger.setLevel(level)
 
 
 def apply_max_attempts(args: argparse.Namespace) -> None:

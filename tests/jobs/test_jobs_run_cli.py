@@ -548,3 +548,55 @@ def test_demo_help_explains_every_option() -> None:
     assert proc.returncode == 0
     assert "passes over the 24 training questions" in proc.stdout
     assert "--max-attempts N" in proc.stdout
+
+
+FLAKY_JOB = """
+from asyncgraph import Parameter
+from asyncgraph.jobs import Evaluation, Job
+from asyncgraph.models import BaseChatModel, Completion, ModelConnectionError, Retry
+from asyncgraph.optim import SGD
+
+
+class Flaky(BaseChatModel):
+    def __init__(self):
+        super().__init__("flaky", retry=Retry(backoff_base_s=0.001, backoff_max_s=0.001))
+        self.calls = 0
+
+    async def _complete_once(self, messages, params):
+        self.calls += 1
+        if self.calls == 1:
+            raise ModelConnectionError("connection reset by the test", model="flaky")
+        return Completion("ok", model="flaky")
+
+
+MODEL = Flaky()
+
+
+def build_job():
+    w = Parameter(0.0, role="w")
+
+    async def forward(example):
+        await MODEL.complete([{"role": "user", "content": "hi"}])
+        return Evaluation(loss=w, score=1.0)
+
+    return Job(name="flaky", parameters=[w], optimizer=SGD([w]), forward=forward,
+               train_set=[{"x": 1}], batch_size=1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"), [((), False), (("-v",), True), (("--log-level", "info"), True)]
+)
+def test_verbose_shows_model_retries(tmp_path: Path, flags: tuple[str, ...], shown: bool) -> None:
+    job_file = tmp_path / "flaky_job.py"
+    job_file.write_text(FLAKY_JOB)
+    proc = run_cli("run", str(job_file), "--out", str(tmp_path / "o"), "--no-progress", *flags)
+    assert proc.returncode == 0, describe(proc)
+    line = "flaky: attempt 1 failed (ModelConnectionError: connection reset by the test)"
+    assert (line in proc.stderr) is shown, proc.stderr
+
+
+def test_a_bad_log_level_is_a_usage_error() -> None:
+    proc = run_cli("demo", "--log-level", "LOUD")
+    assert proc.returncode == 2
+    assert "usage: asyncgraph demo" in proc.stderr and "got 'LOUD'" in proc.stderr
