@@ -36,6 +36,7 @@ from asyncgraph.distributed.worker import (
     WorkerConfig,
     build_registry,
 )
+from asyncgraph.distributed.worker._cli import log_level
 
 __all__ = [
     "FleetError",
@@ -53,6 +54,7 @@ __all__ = [
     "free_port",
     "live_workers",
     "local_fleet",
+    "log_level",
     "no_live_workers_message",
     "open_redis_executor",
     "wait_for_workers",

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from asyncgraph import AsyncGraphError
+from asyncgraph.distributed import log_level
 
 from ..models import ModelError
 from ._cli_common import (
@@ -258,16 +259,6 @@ def add_max_attempts(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def _level(text: str) -> str:
-    level = text.strip().upper()
-    if level not in _LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LEVELS)}, got {text!r}")
-    return level
-
-
 def add_logging(parser: argparse.ArgumentParser) -> None:
     """``-v`` / ``-vv`` / ``--log-level LEVEL``: see model retries, 429s, reclaims."""
     parser.add_argument(
@@ -279,7 +270,7 @@ def add_logging(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level",
-        type=_level,
+        type=log_level,
         metavar="LEVEL",
         help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL; overrides -v",
     )

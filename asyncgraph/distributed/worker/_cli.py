@@ -145,7 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level",
-        type=_log_level,
+        type=log_level,
         default=env("ASYNCGRAPH_LOG_LEVEL", "INFO"),
         metavar="LEVEL",
         help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default: ASYNCGRAPH_LOG_LEVEL or INFO); "
@@ -159,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def _log_level(text: str) -> str:
+def log_level(text: str) -> str:
     """argparse type: a logging level name, any case (argparse applies it to the
     environment default too, so a bad ASYNCGRAPH_LOG_LEVEL is a usage error as well)."""
     level = str(text).strip().upper()
