@@ -131,6 +131,6 @@ async def test_images_cross_to_workers_as_bytes_and_a_too_big_one_names_the_limi
                 assert prompt.grad is not None and local_prompt.grad is not None
                 assert prompt.grad.data == local_prompt.grad.data
                 _, big_loss = await graph(b"\x00" * (200 * 1024))
-                with pytest.raises(Exception, match="max_message_bytes") as info:
+                with pytest.raises(Exception, match="max_message_bytes"):
                     await big_loss.backward(executor=ex)
             worker.drain()
