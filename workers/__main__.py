@@ -12,38 +12,25 @@ import argparse
 import os
 import sys
 
-from workers.settings import Settings
+from asyncgraph.distributed import WorkerConfig
+from workers.settings import load
 
 
-def check(settings: Settings) -> str:
+def check(config: WorkerConfig) -> str:
     """Everything ``asyncgraph worker`` would check before serving; a summary, or ``ValueError``."""
-    from asyncgraph.distributed.wire._codec import Limits
-    from asyncgraph.distributed.worker import WorkerConfig, build_registry
+    from asyncgraph.distributed import build_registry
 
     try:
-        registry = build_registry(settings.imports)
+        registry = build_registry(config.imports)
     except ImportError as exc:
         raise ValueError(f"ASYNCGRAPH_IMPORTS: cannot import {exc.name or exc}: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"ASYNCGRAPH_IMPORTS: {exc}") from None
-    WorkerConfig(
-        redis_url=settings.redis_url,
-        queue=settings.queue,
-        concurrency=settings.concurrency,
-        secret=settings.secret,
-        lease_ms=settings.lease_ms,
-        max_attempts=settings.max_attempts,
-        drain_timeout_s=settings.drain_timeout_s,
-        health_port=settings.health_port,
-        allowed_base_urls=settings.allowed_base_urls,
-        connect_timeout_s=settings.connect_timeout_s,
-        limits=Limits(),
-    )
     return (
-        f"queue {settings.queue!r}: serving {', '.join(sorted(registry))} "
-        f"({settings.processes} process(es) x {settings.concurrency}, "
-        f"{'signed' if settings.secret else 'unsigned'}, health port "
-        f"{settings.health_port if settings.health_port is not None else 'off'})"
+        f"queue {config.queue!r}: serving {', '.join(sorted(registry))} "
+        f"({config.processes} process(es) x {config.concurrency}, "
+        f"{'signed' if config.secret else 'unsigned'}, health port "
+        f"{config.health_port if config.health_port is not None else 'off'})"
     )
 
 
@@ -54,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env(os.environ)
-        summary = check(settings) if args.check else ""
+        config = load(os.environ)
+        summary = check(config) if args.check else ""
     except ValueError as exc:
         print(f"workers: {exc}", file=sys.stderr)
         return 2
@@ -64,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from asyncgraph.cli import main as cli_main
 
-    # `asyncgraph worker` reads the URL, the secret and the allowed base URLs from the
-    # environment (not from argv, which other users can read): give it the checked values.
-    os.environ["ASYNCGRAPH_REDIS_URL"] = settings.redis_url
-    return cli_main(["worker", *settings.argv()])
+    # The same configuration as flags (the URL, the secret and the allowed base URLs stay
+    # in the environment, not in argv, which other users can read).
+    os.environ.update(config.to_env())
+    return cli_main(["worker", *config.to_args()])
 
 
 if __name__ == "__main__":

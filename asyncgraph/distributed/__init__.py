@@ -29,6 +29,7 @@ from asyncgraph.distributed._fleet import (
 from asyncgraph.distributed._redis_server import RedisServer, find_redis_server, free_port
 from asyncgraph.distributed.wire._keys import check_queue_name
 from asyncgraph.distributed.worker import (
+    ConfigError,
     RegisteredFunction,
     Registry,
     Supervisor,
@@ -36,9 +37,10 @@ from asyncgraph.distributed.worker import (
     WorkerConfig,
     build_registry,
 )
-from asyncgraph.distributed.worker._cli import log_level
+from asyncgraph.distributed.worker._config import log_level
 
 __all__ = [
+    "ConfigError",
     "FleetError",
     "RedisExecutor",
     "RedisExecutorStats",

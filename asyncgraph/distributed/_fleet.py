@@ -33,6 +33,7 @@ import redis
 from asyncgraph import AsyncGraphError, RemoteConnectionError
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
 __all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
@@ -219,29 +220,21 @@ def local_fleet(
                 already = frozenset(client.hkeys(keys.workers_hash(queue)))  # type: ignore[arg-type]
         finally:
             client.close()
-        args = [
-            sys.executable,
-            "-m",
-            "asyncgraph",
-            "worker",
-            "--redis",
-            url,
-            "--queue",
-            queue,
-            "--processes",
-            str(processes),
-            "--concurrency",
-            str(concurrency),
-            *(arg for module in imports for arg in ("--import", module)),
-            *extra_args,
-        ]
+        config = WorkerConfig(
+            redis_url=url,
+            queue=queue,
+            imports=tuple(imports),
+            processes=processes,
+            concurrency=concurrency,
+        )
+        args = [sys.executable, "-m", "asyncgraph", "worker", *config.to_args(), *extra_args]
         out = subprocess.DEVNULL if quiet else None
         proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
-            env=dict(os.environ),
+            env=config.child_env(),
             preexec_fn=child_setup(),
         )
         try:

@@ -12,11 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from workers.settings import Settings  # noqa: E402
+from workers.settings import load  # noqa: E402
 
 
 def test_settings_from_environment() -> None:
-    settings = Settings.from_env(
+    settings = load(
         {
             "ASYNCGRAPH_REDIS_URL": "rediss://u:p@redis:6380/1",
             "ASYNCGRAPH_IMPORTS": "a.b, c",
@@ -28,7 +28,9 @@ def test_settings_from_environment() -> None:
     )
     assert settings.imports == ("a.b", "c") and settings.processes == 4
     assert settings.allowed_base_urls == ("http://vllm:8000/v1", "https://llm.example/v1")
-    argv = settings.argv()
+    assert settings.health_port is None  # "" turns it off; unset, it is the service's 9100
+    assert load({"ASYNCGRAPH_REDIS_URL": "redis://r"}).health_port == 9100
+    argv = settings.to_args()
     assert "--health-port" not in argv and "x" * 32 not in argv  # the secret stays in the env
     assert "--redis" not in argv and not any("u:p@" in a for a in argv)  # so does the URL
     assert argv[argv.index("--import") + 1] == "a.b"
@@ -58,7 +60,7 @@ REDIS = {"ASYNCGRAPH_REDIS_URL": "redis://r"}
 )
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Settings.from_env(env)
+        load(env)
 
 
 def test_metrics_print_exact_values_and_declare_the_task_seconds_summary() -> None:

@@ -350,7 +350,7 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path, redis_server_bi
         proc.kill()  # SIGKILL: no cleanup code of the demo runs
         proc.wait(10)
     commands = " | ".join(fleet.values())
-    assert "redis-server" in commands and "worker --redis" in commands, fleet
+    assert "redis-server" in commands and "asyncgraph worker --queue" in commands, fleet
     assert len(direct) == 2, fleet  # redis-server and the worker supervisor
     for pid, session in direct.items():  # own sessions: a terminal's Ctrl-C does not reach them
         assert session == pid != own_session, (pid, fleet[pid])

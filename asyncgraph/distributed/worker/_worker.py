@@ -54,7 +54,6 @@ import anyio.to_thread
 import asyncgraph
 from asyncgraph import FunctionCtx, WireError, no_grad
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
     ctx_from_state,
     ctx_state,
@@ -72,11 +71,12 @@ from asyncgraph.distributed.wire._schema import (
     peek_ids,
 )
 from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.distributed.worker._health import serve_health
 from asyncgraph.distributed.worker._metrics import Metrics
 from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
 from asyncgraph.executors import let_ready_tasks_run
-from asyncgraph.models import Usage, normalize_base_url, restrict_base_urls, track_usage
+from asyncgraph.models import Usage, restrict_base_urls, track_usage
 from asyncgraph.resp import (
     Connection,
     Oversize,
@@ -100,57 +100,6 @@ _READ_BUDGET = 64 * 1024 * 1024
 _ASSUMED_ENTRY = 1024  # entry size assumed before any was read
 _CONSUMER_IDLE_LEASES = 10  # a consumer idle this many leases, holding nothing, is removed
 _STALE_BEAT_MS = 60_000
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Settings of one worker process (the ``asyncgraph worker`` flags)."""
-
-    redis_url: str
-    queue: str = "grads"
-    concurrency: int = 64
-    secret: str | None = None
-    lease_ms: int = 10_000
-    max_attempts: int = 3
-    batch_size: int = 256
-    redis_timeout_s: float = 5.0
-    drain_timeout_s: float = 30.0
-    health_host: str = "0.0.0.0"
-    health_port: int | None = None
-    consumer: str | None = None
-    metrics_dir: str | None = None
-    supervisor_pid: int | None = None
-    limits: Limits = DEFAULT_LIMITS
-    allowed_base_urls: tuple[str, ...] = ()
-    connect_timeout_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        keys.check_queue_name(self.queue)
-        parse_redis_url(self.redis_url)
-        for name in ("concurrency", "lease_ms", "max_attempts", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.lease_ms < 200:
-            raise ValueError(f"lease_ms must be at least 200, got {self.lease_ms}")
-        for name in ("redis_timeout_s", "drain_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if not self.connect_timeout_s >= 0:
-            raise ValueError(
-                f"connect_timeout_s must be >= 0 (0: retry forever), got {self.connect_timeout_s!r}"
-            )
-        if self.health_port is not None and not 0 <= self.health_port <= 65535:
-            raise ValueError(f"health_port must be 0 to 65535, got {self.health_port!r}")
-        if self.secret is not None:
-            Signer(self.secret)  # too short: ValueError saying how to make one
-        for url in self.allowed_base_urls:
-            try:
-                normalize_base_url(url)
-            except ValueError as exc:
-                raise ValueError(
-                    f"allowed base URLs (--allow-base-url, ASYNCGRAPH_ALLOWED_BASE_URLS): {exc}"
-                ) from None
 
 
 @dataclass(eq=False)

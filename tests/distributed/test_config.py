@@ -1,0 +1,130 @@
+"""One worker configuration path: WorkerConfig from flags or variables, and back."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from asyncgraph.distributed import ConfigError, WorkerConfig
+from asyncgraph.distributed.worker import SETTINGS
+from asyncgraph.distributed.worker._config import add_arguments
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+FULL = WorkerConfig(
+    redis_url="rediss://user:pw@redis:6380/2",
+    queue="q.1",
+    imports=("a.b", "c"),
+    concurrency=7,
+    processes=3,
+    secret="s" * 20,
+    lease_ms=1234,
+    max_attempts=5,
+    batch_size=9,
+    redis_timeout_s=2.5,
+    drain_timeout_s=4.0,
+    health_host="127.0.0.1",
+    health_port=9200,
+    consumer="me",
+    allowed_base_urls=("http://vllm:8000/v1",),
+    connect_timeout_s=1.5,
+    backend="trio",
+    log_level="DEBUG",
+)
+
+
+def test_every_setting_has_a_field_and_every_field_a_setting() -> None:
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)} - {"limits"}
+    assert {s.field for s in SETTINGS} == fields | {"max_message_bytes"}
+
+
+def test_to_args_and_to_env_give_back_the_same_configuration() -> None:
+    config = dataclasses.replace(
+        FULL, limits=dataclasses.replace(FULL.limits, max_message_bytes=4096)
+    )
+    argv = config.to_args()
+    env = config.to_env()
+    # Secrets never reach argv (other users can read it).
+    assert "s" * 20 not in argv and not any("pw@" in a for a in argv)
+    assert not any("vllm" in a for a in argv)
+    assert WorkerConfig.from_args(parse(argv), env) == config
+    assert WorkerConfig.from_env({**env, **_as_env(config)}) == config
+
+
+def _as_env(config: WorkerConfig) -> dict[str, str]:
+    """The configuration written as ASYNCGRAPH_* variables (what a deployment sets)."""
+    env = {}
+    for setting in SETTINGS:
+        value = (
+            config.limits.max_message_bytes
+            if setting.field == "max_message_bytes"
+            else getattr(config, setting.field)
+        )
+        if value is None:
+            continue
+        env[setting.variable] = ",".join(value) if setting.many else str(value)
+    return env
+
+
+def test_a_flag_wins_over_its_variable_and_base_urls_add_up() -> None:
+    env = {
+        "ASYNCGRAPH_REDIS_URL": "redis://from-env:6379/0",
+        "ASYNCGRAPH_LEASE_MS": "5000",
+        "ASYNCGRAPH_CONCURRENCY": "8",
+        "ASYNCGRAPH_IMPORTS": "env.mod",
+        "ASYNCGRAPH_ALLOWED_BASE_URLS": "http://a:1/v1",
+    }
+    args = parse(["--lease-ms", "700", "--import", "flag.mod", "--allow-base-url", "http://b:2/v1"])
+    config = WorkerConfig.from_args(args, env)
+    assert config.redis_url == "redis://from-env:6379/0"
+    assert (config.lease_ms, config.concurrency) == (700, 8)
+    assert config.imports == ("flag.mod",)
+    assert config.allowed_base_urls == ("http://a:1/v1", "http://b:2/v1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lease-ms", "100"], "--lease-ms must be >= 200, got 100"),
+        (["--processes", "0"], "--processes must be >= 1, got 0"),
+        (["--queue", "a b"], "--queue: queue name"),
+        (["--redis", "http://x"], "--redis: invalid Redis URL"),
+        (["--secret", "short"], "--secret must be at least 16 bytes"),
+        (["--drain-timeout-s", "0"], "--drain-timeout-s must be > 0"),
+        (["--max-message-bytes", "0"], "--max-message-bytes must be >= 1"),
+    ],
+)
+def test_a_wrong_flag_is_named_as_the_user_wrote_it(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkerConfig.from_args(parse(argv), {})
+
+
+def test_a_wrong_variable_is_named_and_a_wrong_keyword_too() -> None:
+    with pytest.raises(ValueError, match="ASYNCGRAPH_BATCH_SIZE must be an integer, got 'lots'"):
+        WorkerConfig.from_env({"ASYNCGRAPH_BATCH_SIZE": "lots"})
+    with pytest.raises(ValueError, match="^batch_size must be >= 1, got 0$"):
+        WorkerConfig(redis_url="redis://r", batch_size=0)
+    with pytest.raises(SystemExit):  # argparse: the flag's own usage error
+        parse(["--backend", "curio"])
+
+
+def test_a_child_gets_no_variable_of_its_parent_but_what_to_env_carries() -> None:
+    parent = {
+        "PATH": "/bin",
+        "ASYNCGRAPH_PROCESSES": "4",  # would make every child a supervisor
+        "ASYNCGRAPH_HEALTH_PORT": "9100",  # would make every child bind the same port
+        "ASYNCGRAPH_SECRET": "old" * 8,
+    }
+    child = dataclasses.replace(FULL, processes=1, health_port=None)
+    env = child.child_env(parent)
+    assert env["PATH"] == "/bin"
+    assert "ASYNCGRAPH_PROCESSES" not in env and "ASYNCGRAPH_HEALTH_PORT" not in env
+    assert env["ASYNCGRAPH_SECRET"] == FULL.secret
+    assert WorkerConfig.from_args(parse(child.to_args()), env) == child
