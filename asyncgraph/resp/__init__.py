@@ -12,6 +12,7 @@ from asyncgraph.resp._client import (
     RedisAddress,
     RedisConnectionLost,
     ReplyError,
+    Wide,
     parse_redis_url,
     redact_url,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "RedisAddress",
     "RedisConnectionLost",
     "ReplyError",
+    "Wide",
     "parse_redis_url",
     "redact_url",
 ]

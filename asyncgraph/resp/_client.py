@@ -16,7 +16,8 @@ cancellation or a protocol error mid-command is closed, never reused. Errors:
 A call may cap what it accepts (``max_bulk``): a bulk string longer than that is
 not read into memory but skipped as it arrives and replaced by ``Oversize(size)``
 in the reply (the connection stays usable); an array longer than that is a
-protocol error. Readers of streams that anyone may write to (task and reply
+protocol error, and one of more than ``max_items`` items is skipped the same way and
+replaced by ``Wide(count)``. The parser is incremental: linear in the bytes received. Readers of streams that anyone may write to (task and reply
 streams) set it from their message limit, so one huge entry cannot exhaust memory.
 """
 
@@ -34,6 +35,7 @@ import anyio.abc
 
 __all__ = [
     "Connection",
+    "Wide",
     "Oversize",
     "Pool",
     "RedisAddress",
@@ -143,60 +145,125 @@ class Oversize:
     size: int
 
 
-class _Incomplete(Exception):
-    def __init__(self, need: int) -> None:
-        self.need = need
+@dataclass(frozen=True, slots=True)
+class Wide:
+    """Stands for an array of more than the call's ``max_items`` items: skipped, never built."""
+
+    count: int
 
 
-class _TooLong(Exception):
-    """A bulk string over the cap: its header is at ``header``, its data from ``data``."""
+class _Frame:
+    """An array being read: its items so far (None while skipped), how many are still to come."""
 
-    def __init__(self, header: int, data: int, size: int) -> None:
-        self.header, self.data, self.size = header, data, size
+    __slots__ = ("count", "items", "left")
+
+    def __init__(self, count: int, items: list[Any] | None) -> None:
+        self.count = count
+        self.items = items
+        self.left = count
 
 
-_SKIPPED = 63  # "?": not a RESP2 type byte; marks a bulk string skipped in the buffer
+class _Reader:
+    """Incremental RESP2 parser: each byte is looked at once, whatever the chunk sizes.
+
+    ``feed`` adds what arrived; ``next_reply`` returns one whole reply or ``_MORE``. The
+    arrays being read are kept on a stack between calls (a reply of 400,000 items
+    arriving in 256 KiB chunks is parsed once, not once per chunk). A bulk string over
+    ``cap`` and every part of an array over ``max_items`` are dropped as they arrive.
+    """
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.pos = 0
+        self.skip = 0  # bytes still to come of a bulk string being dropped
+        self.stack: list[_Frame] = []
+        self.cap: int | None = None
+        self.max_items: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.skip:
+            dropped = min(self.skip, len(chunk))
+            self.skip -= dropped
+            chunk = chunk[dropped:]
+        if self.pos and self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        elif self.pos > _RECV:
+            del self.buf[: self.pos]
+            self.pos = 0
+        self.buf += chunk
+
+    def next_reply(self) -> Any:  # noqa: C901 (a RESP parser: one branch per type byte)
+        buf, stack = self.buf, self.stack
+        while True:
+            if self.skip:
+                return _MORE
+            pos = self.pos
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                return _MORE
+            kind = buf[pos]
+            skipping = bool(stack) and stack[-1].items is None
+            if kind == 36:  # $ bulk string
+                n = int(buf[pos + 1 : end])
+                start = end + 2
+                if n < 0:
+                    value: Any = None
+                    self.pos = start
+                elif skipping or (self.cap is not None and n > self.cap):
+                    value = Oversize(n)
+                    have = len(buf) - start
+                    if have >= n + 2:
+                        self.pos = start + n + 2
+                    else:  # drop what arrived of it, and the rest as it comes
+                        del buf[start:]
+                        self.pos = start
+                        self.skip = n + 2 - have
+                else:
+                    stop = start + n
+                    if len(buf) < stop + 2:
+                        return _MORE
+                    value = bytes(buf[start:stop])
+                    self.pos = stop + 2
+            elif kind == 42:  # * array
+                n = int(buf[pos + 1 : end])
+                self.pos = end + 2
+                if n > 0:
+                    wide = skipping or (self.max_items is not None and n > self.max_items)
+                    if not wide and self.cap is not None and n > self.cap:
+                        raise RedisConnectionLost(
+                            f"protocol limit: an array of {n} items is above this call's cap "
+                            f"of {self.cap}"
+                        )
+                    stack.append(_Frame(n, None if wide else []))
+                    continue
+                value = None if n < 0 else []
+            elif kind == 58:  # : integer
+                value = int(buf[pos + 1 : end])
+                self.pos = end + 2
+            elif kind == 43:  # + simple string
+                value = bytes(buf[pos + 1 : end])
+                self.pos = end + 2
+            elif kind == 45:  # - error
+                value = ReplyError(buf[pos + 1 : end].decode("utf-8", "replace"))
+                self.pos = end + 2
+            else:
+                raise RedisConnectionLost(f"protocol error: unexpected reply type byte {kind!r}")
+            # Hand the value to the arrays it completes.
+            while stack:
+                frame = stack[-1]
+                if frame.items is not None:
+                    frame.items.append(value)
+                frame.left -= 1
+                if frame.left:
+                    break
+                stack.pop()
+                value = frame.items if frame.items is not None else Wide(frame.count)
+            else:
+                return value
 
 
-def _parse(buf: bytearray, pos: int, cap: int | None) -> tuple[Any, int]:  # noqa: C901 (a RESP parser: one branch per type byte)
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        raise _Incomplete(0)
-    kind = buf[pos]
-    if kind == 36:  # $ bulk string
-        n = int(buf[pos + 1 : end])
-        if n < 0:
-            return None, end + 2
-        start = end + 2
-        if cap is not None and n > cap:
-            raise _TooLong(pos, start, n)
-        stop = start + n
-        if len(buf) < stop + 2:
-            raise _Incomplete(stop + 2)
-        return bytes(buf[start:stop]), stop + 2
-    if kind == 42:  # * array
-        n = int(buf[pos + 1 : end])
-        if n < 0:
-            return None, end + 2
-        if cap is not None and n > cap:
-            raise RedisConnectionLost(
-                f"protocol limit: an array of {n} items is above this call's cap of {cap}"
-            )
-        items = []
-        pos = end + 2
-        for _ in range(n):
-            item, pos = _parse(buf, pos, cap)
-            items.append(item)
-        return items, pos
-    if kind == _SKIPPED:
-        return Oversize(int(buf[pos + 1 : end])), end + 2
-    if kind == 58:  # : integer
-        return int(buf[pos + 1 : end]), end + 2
-    if kind == 43:  # + simple string
-        return bytes(buf[pos + 1 : end]), end + 2
-    if kind == 45:  # - error
-        return ReplyError(buf[pos + 1 : end].decode("utf-8", "replace")), end + 2
-    raise RedisConnectionLost(f"protocol error: unexpected reply type byte {kind!r}")
+_MORE: Any = object()  # next_reply: the reply is not complete yet
 
 
 class Connection:
@@ -205,10 +272,7 @@ class Connection:
     def __init__(self, address: RedisAddress, stream: anyio.abc.ByteStream) -> None:
         self.address = address
         self._stream = stream
-        self._buf = bytearray()
-        self._pos = 0
-        self._need = 0
-        self._skip = 0  # bytes of a skipped bulk string still to come (and be dropped)
+        self._reader = _Reader()
         self.broken = False
 
     @classmethod
@@ -260,20 +324,27 @@ class Connection:
                 f"cannot connect to Redis at {address.display}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def execute(self, *args: Arg, max_bulk: int | None = None) -> Any:
+    async def execute(
+        self, *args: Arg, max_bulk: int | None = None, max_items: int | None = None
+    ) -> Any:
         """Run one command; raise ``ReplyError`` if Redis answers with an error."""
-        (reply,) = await self.pipeline([args], max_bulk=max_bulk)
+        (reply,) = await self.pipeline([args], max_bulk=max_bulk, max_items=max_items)
         if isinstance(reply, ReplyError):
             raise reply
         return reply
 
     async def pipeline(
-        self, commands: Sequence[Sequence[Arg]], *, max_bulk: int | None = None
+        self,
+        commands: Sequence[Sequence[Arg]],
+        *,
+        max_bulk: int | None = None,
+        max_items: int | None = None,
     ) -> list[Any]:
         """Send all commands in one write; return their replies (errors as ``ReplyError``).
 
         ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
-        arrays longer than this raise ``RedisConnectionLost``.
+        arrays longer than this raise ``RedisConnectionLost``. ``max_items``: arrays of
+        more items come back as ``Wide`` (unread).
         """
         if self.broken:
             raise RedisConnectionLost(f"connection to Redis at {self.address.display} is closed")
@@ -282,7 +353,7 @@ class Connection:
             _encode(command, out)
         try:
             await self._stream.send(b"".join(out))
-            return [await self._read(max_bulk) for _ in commands]
+            return [await self._read(max_bulk, max_items) for _ in commands]
         except BaseException as exc:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
@@ -303,40 +374,14 @@ class Connection:
                 ) from exc
             raise
 
-    async def _read(self, cap: int | None) -> Any:
-        buf = self._buf
+    async def _read(self, cap: int | None, max_items: int | None) -> Any:
+        reader = self._reader
+        reader.cap, reader.max_items = cap, max_items
         while True:
-            if len(buf) > self._pos and len(buf) >= self._need:
-                try:
-                    value, pos = _parse(buf, self._pos, cap)
-                except _Incomplete as inc:
-                    self._need = inc.need  # an absolute offset: the buffer is not moved meanwhile
-                except _TooLong as over:
-                    # Turn "$<n>\r\n<data>\r\n" into "?<n>\r\n": drop what arrived of the
-                    # data and skip the rest as it comes; the parse then goes on after it.
-                    buf[over.header] = _SKIPPED
-                    held = min(len(buf) - over.data, over.size + 2)
-                    del buf[over.data : over.data + held]
-                    self._skip = over.size + 2 - held
-                    self._need = 0
-                    continue
-                else:
-                    self._need = 0
-                    if pos == len(buf):
-                        buf.clear()
-                        self._pos = 0
-                    elif pos > _RECV:
-                        del buf[:pos]
-                        self._pos = 0
-                    else:
-                        self._pos = pos
-                    return value
-            chunk = await self._stream.receive(_RECV)
-            if self._skip:
-                dropped = min(self._skip, len(chunk))
-                self._skip -= dropped
-                chunk = chunk[dropped:]
-            buf += chunk
+            value = reader.next_reply()
+            if value is not _MORE:
+                return value
+            reader.feed(await self._stream.receive(_RECV))
 
     async def aclose(self) -> None:
         self.broken = True
@@ -378,9 +423,15 @@ class Pool:
             await conn.aclose()
 
     async def execute(
-        self, *args: Arg, timeout_s: float | None = None, max_bulk: int | None = None
+        self,
+        *args: Arg,
+        timeout_s: float | None = None,
+        max_bulk: int | None = None,
+        max_items: int | None = None,
     ) -> Any:
-        (reply,) = await self.pipeline([args], timeout_s=timeout_s, max_bulk=max_bulk)
+        (reply,) = await self.pipeline(
+            [args], timeout_s=timeout_s, max_bulk=max_bulk, max_items=max_items
+        )
         if isinstance(reply, ReplyError):
             raise reply
         return reply
@@ -391,6 +442,7 @@ class Pool:
         *,
         timeout_s: float | None = None,
         max_bulk: int | None = None,
+        max_items: int | None = None,
         shield: bool = False,
     ) -> list[Any]:
         """Run commands in one round trip within ``timeout_s`` (default: the pool's).
@@ -405,7 +457,7 @@ class Pool:
                 reused = bool(self._idle)
                 try:
                     async with self.connection() as conn:
-                        return await conn.pipeline(commands, max_bulk=max_bulk)
+                        return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
                 except RedisConnectionLost:
                     # The idle connections predate an outage (e.g. Redis restarted): drop
                     # them and try once on a new one. Commands of the protocol are safe to
@@ -414,7 +466,7 @@ class Pool:
                     if not reused:
                         raise
                 async with self.connection() as conn:
-                    return await conn.pipeline(commands, max_bulk=max_bulk)
+                    return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
         except TimeoutError:
             raise RedisConnectionLost(
                 f"Redis at {self.address.display} did not answer within {limit:g}s"

@@ -294,17 +294,19 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
 
 
 def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
-    from asyncgraph.distributed.worker import Worker, WorkerConfig
+    from asyncgraph.distributed.wire._keys import BULK_MARGIN
+    from asyncgraph.distributed.worker._intake import ReadSizer
     from asyncgraph.resp._client import Oversize
 
-    worker = Worker(WorkerConfig("redis://127.0.0.1:1/0", batch_size=256), {})
-    assert worker._read_count(64) == 64
-    worker._note_sizes([(b"1-0", [b"m", b"x" * 4 * 1024 * 1024, b"s", b""])])
-    assert worker._read_count(64) == 16  # 64 MiB budget / 4 MiB entries
-    worker._note_sizes([(b"2-0", [b"m", Oversize(10**9), b"s", b""]), None])
-    assert worker._read_count(64) == 7  # an unread entry counts as the largest readable one
-    worker._note_sizes([(b"3-0", [b"m", b"small", b"s", b""])])
-    assert worker._read_count(300) == 256
+    sizer = ReadSizer(batch_size=256, max_bulk=8 * 1024 * 1024 + BULK_MARGIN)
+    assert sizer.count(64) == 64
+    sizer.note([(b"1-0", [b"m", b"x" * 4 * 1024 * 1024, b"s", b""])])
+    assert sizer.count(64) == 16  # 64 MiB budget / 4 MiB entries
+    sizer.note([(b"2-0", [b"m", Oversize(10**9), b"s", b""]), None])
+    assert sizer.count(64) == 7  # an unread entry counts as the largest readable one
+    sizer.note([(b"3-0", [b"m", b"small", b"s", b""])])
+    assert sizer.count(300) == 256
+    assert sizer.max_items(4) == 32  # an entry of more fields than a task has is not read
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only

@@ -10,6 +10,7 @@ from asyncgraph.resp._client import (
     Pool,
     RedisConnectionLost,
     ReplyError,
+    Wide,
     parse_redis_url,
     redact_url,
 )
@@ -56,7 +57,7 @@ async def test_bulk_over_the_cap_is_skipped_unread_and_the_connection_stays_usab
 
     async def watched(max_bytes: int = 65536) -> bytes:
         nonlocal peak
-        peak = max(peak, len(conn._buf))
+        peak = max(peak, len(conn._reader.buf))
         return await receive(max_bytes)
 
     conn._stream.receive = watched  # type: ignore[method-assign]
@@ -141,3 +142,58 @@ def test_urls() -> None:
     assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
     with pytest.raises(ValueError):
         parse_redis_url("http://nope")
+
+
+async def test_an_array_over_max_items_is_skipped_unbuilt_and_the_connection_stays_usable(
+    redis_url: str,
+) -> None:
+    pool = Pool(parse_redis_url(redis_url), timeout_s=10)
+    try:
+        await pool.execute("DEL", "wide:s")
+        await pool.execute("XADD", "wide:s", "*", "m", b"before", "s", b"")
+        # One entry of 400,000 fields (the fault-injection entry of issue #11).
+        pairs: list[bytes | str] = []
+        for i in range(400_000):
+            pairs += [b"a%d" % i, b"b"]
+        await pool.execute("XADD", "wide:s", "*", *pairs)
+        await pool.execute("XADD", "wide:s", "*", "m", b"after", "s", b"")
+        entries = await pool.execute("XRANGE", "wide:s", "-", "+", max_bulk=10_000, max_items=32)
+        assert [e[1] for e in entries] == [
+            [b"m", b"before", b"s", b""],
+            Wide(800_000),
+            [b"m", b"after", b"s", b""],
+        ]
+        assert await pool.execute("PING") == b"PONG"
+    finally:
+        await pool.aclose()
+
+
+def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries() -> None:
+    from asyncgraph.resp._client import _MORE, _Reader
+
+    wire = (
+        b"*3\r\n$5\r\nhello\r\n*2\r\n:1\r\n$-1\r\n*0\r\n"
+        b"+OK\r\n-ERR nope\r\n"
+        b"*2\r\n$20\r\n" + b"x" * 20 + b"\r\n*40\r\n" + b":7\r\n" * 40 + b"$3\r\nend\r\n"
+    )
+
+    def replies(chunks: list[bytes]) -> list[object]:
+        reader = _Reader()
+        reader.cap, reader.max_items = 10, 32
+        out: list[object] = []
+        for chunk in chunks:
+            reader.feed(chunk)
+            while (value := reader.next_reply()) is not _MORE:
+                out.append(value if not isinstance(value, ReplyError) else ("err", str(value)))
+        return out
+
+    whole = replies([wire])
+    assert whole == [
+        [b"hello", [1, None], []],
+        b"OK",
+        ("err", "ERR nope"),
+        [Oversize(20), Wide(40)],
+        b"end",
+    ]
+    for size in (1, 2, 3, 5, 7, 64):
+        assert replies([wire[i : i + size] for i in range(0, len(wire), size)]) == whole

@@ -42,9 +42,18 @@ __all__ = [
 ]
 
 Op = Literal["backward", "forward"]
-ErrorKind = Literal["error", "unknown_function", "fingerprint", "dead_letter", "invalid"]
+ErrorKind = Literal[
+    "error", "unknown_function", "fingerprint", "dead_letter", "invalid", "redis_refused"
+]
 _OPS = ("backward", "forward")
-_ERROR_KINDS = ("error", "unknown_function", "fingerprint", "dead_letter", "invalid")
+_ERROR_KINDS = (
+    "error",
+    "unknown_function",
+    "fingerprint",
+    "dead_letter",
+    "invalid",
+    "redis_refused",
+)
 _MAX_NAME = 256
 _MAX_ID = 64
 

@@ -64,14 +64,27 @@ def run(args: argparse.Namespace) -> int:
         config.concurrency,
         "signed" if config.secret else "unsigned",
     )
+    code = 0
     try:
         anyio.run(_serve, worker, backend=config.backend)
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except RedisConnectionLost as exc:
         print(f"asyncgraph worker: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    if worker.abandoned:
+        # Python cannot stop a thread, and would wait for these at exit: past the drain
+        # deadline their tasks were handed back to other workers, so exit now.
+        log.warning(
+            "worker %s: exiting with %d abandoned synchronous call(s) still running",
+            worker.consumer,
+            worker.abandoned,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _serve(worker: Any) -> None:

@@ -1,0 +1,181 @@
+"""Admission: may this worker run the task in a stream entry, or how is it settled at once?
+
+``admit`` is a pure function of the entry, its delivery count and the worker's
+settings: no Redis, no clock of its own (``deadline_of`` and ``now`` are given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from typing import Any
+
+from asyncgraph import WireError
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._schema import ErrorInfo, TaskMessage, decode, peek_ids
+from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
+from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
+from asyncgraph.resp import Oversize, Wide
+
+__all__ = ["Admitted", "Rules", "admit"]
+
+MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A task to run: the verified message, the function serving it, the entry's fields."""
+
+    message: TaskMessage
+    registered: RegisteredFunction
+    data: dict[Any, Any]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What admission checks an entry against (one worker's settings)."""
+
+    queue: str
+    consumer: str
+    signer: Signer
+    limits: Limits
+    registry: Registry
+    max_attempts: int
+
+
+def admit(
+    held: Held,
+    fields: Any,
+    deliveries: int,
+    rules: Rules,
+    replies: Replies,
+    *,
+    cancelled: Container[tuple[str, str]],
+    deadline_of: Callable[[bytes, int], float],
+    now: float,
+) -> Admitted | Settled:
+    """Decode and check one entry read ``deliveries`` times; set ``held.key`` and ``held.deadline``.
+
+    Settled at once: an entry too big or too wide (read no further), one that does not
+    decode or verify, a cancelled or expired task, one delivered more than
+    ``max_attempts`` times, an unknown function or one whose code differs.
+    """
+    data: dict[Any, Any] = {}
+    if isinstance(fields, list):
+        data = dict(zip(fields[::2], fields[1::2], strict=False))
+    too_big = _too_big(held, fields, data, rules, replies)
+    if too_big is not None:
+        return too_big
+    packed, signature = data.get(keys.F_MESSAGE), data.get(keys.F_SIGNATURE)
+    try:
+        message = decode(packed, signature, rules.signer, rules.queue, rules.limits)
+        if not isinstance(message, TaskMessage):
+            raise WireError(f"a {type(message).__name__} in the task stream")
+    except WireError as exc:
+        return _refuse(held, data, packed, signature, exc, rules, replies)
+    held.key = (message.client, message.id)
+    if held.key in cancelled:
+        return replies.settled(held, "cancelled")
+    held.deadline = deadline_of(held.entry_id, message.ttl_ms)
+    if held.deadline <= now:
+        return replies.settled(held, "expired")
+    if deliveries > rules.max_attempts:
+        text = (
+            f"task {message.id} of {message.function!r} was delivered {deliveries} times "
+            f"without completing (each worker holding it died or lost its lease); "
+            f"max_attempts is {rules.max_attempts}: moved to the dead-letter stream "
+            f"{replies.dead_stream!r}"
+        )
+        dead = replies.dead_letter(held, keys.REASON_MAX_ATTEMPTS, text, data)
+        info = ErrorInfo("dead_letter", "DeadLetter", text)
+        return replies.error(held, message.client, message.id, info, "dead_letter", dead)
+    registered = rules.registry.get(message.function)
+    if registered is None:
+        served = ", ".join(sorted(rules.registry)) or "nothing"
+        info = ErrorInfo(
+            "unknown_function",
+            "LookupError",
+            f"function {message.function!r} is not served by the workers of queue "
+            f"{rules.queue!r} (worker {rules.consumer} serves: {served}); start the "
+            f"workers with --import <the module defining it>, or set remote_name",
+        )
+        return replies.error(held, message.client, message.id, info, "unknown_function")
+    if registered.fingerprint != message.fingerprint:
+        info = ErrorInfo(
+            "fingerprint",
+            "LookupError",
+            f"function {message.function!r} on queue {rules.queue!r} has fingerprint "
+            f"{registered.fingerprint} on worker {rules.consumer} but {message.fingerprint} on "
+            f"the client: they run different code; deploy the same version to both",
+        )
+        return replies.error(held, message.client, message.id, info, "fingerprint")
+    return Admitted(message, registered, data)
+
+
+def _too_big(
+    held: Held, fields: Any, data: dict[Any, Any], rules: Rules, replies: Replies
+) -> Settled | None:
+    """Settle an entry with a field skipped unread (``Oversize``) or too many fields."""
+    oversize = [v for v in (*data, *data.values()) if isinstance(v, Oversize)]
+    wide = isinstance(fields, Wide)
+    if not oversize and not wide and len(data) <= MAX_FIELDS:
+        return None
+    if oversize:
+        text = (
+            f"entry has a field of {oversize[0].size} bytes, above this worker's limit of "
+            f"{rules.limits.max_message_bytes} (max_message_bytes); it was not read"
+        )
+    else:
+        count = fields.count // 2 if wide else len(data)
+        text = f"entry has {count} fields (a task has at most {MAX_FIELDS}); it was not read"
+    reason = keys.REASON_OVERSIZE if oversize else keys.REASON_MALFORMED
+    dead = replies.dead_letter(held, reason, text, data)
+    # Nothing of it can be verified. Without a secret (anyone may write any task anyway)
+    # the entry's hints say whom to tell.
+    ids = None if rules.signer.enabled else hinted_ids(data)
+    if ids is None:
+        return replies.settled(held, "rejected", [dead])
+    return replies.refused(
+        held,
+        *ids,
+        f"{text}; send less data or raise --max-message-bytes on the workers",
+        dead,
+    )
+
+
+def _refuse(
+    held: Held,
+    data: dict[Any, Any],
+    packed: Any,
+    signature: Any,
+    exc: WireError,
+    rules: Rules,
+    replies: Replies,
+) -> Settled:
+    """Dead-letter an entry that does not decode; answer its client when it may be trusted.
+
+    A message whose signature does not check out is never answered: a reply would
+    be signed by this worker on behalf of whoever wrote the entry.
+    """
+    forged = (
+        isinstance(packed, bytes)
+        and rules.signer.verify(packed, signature if isinstance(signature, bytes) else None)
+        is not None
+    )
+    reason = keys.REASON_FORGED if forged else keys.REASON_MALFORMED
+    dead = replies.dead_letter(held, reason, str(exc), data)
+    ids = None if forged else peek_ids(packed, rules.queue, "task")
+    if ids is None:
+        return replies.settled(held, "rejected", [dead])
+    return replies.refused(held, *ids, str(exc), dead)
+
+
+def hinted_ids(data: dict[Any, Any]) -> tuple[str, str] | None:
+    """(client, task id) from an entry's unsigned hints, when both are well formed."""
+    client, task_id = data.get(keys.F_CLIENT_HINT), data.get(keys.F_TASK_HINT)
+    if not (isinstance(client, bytes) and isinstance(task_id, bytes) and 0 < len(task_id) <= 64):
+        return None
+    client_id = client.decode(errors="replace")
+    return (client_id, task_id.decode(errors="replace")) if keys.is_client_id(client_id) else None

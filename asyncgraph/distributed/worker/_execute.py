@@ -1,0 +1,118 @@
+"""Run one task's Function method: a backward, or a forward whose ctx goes back to the client."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from asyncgraph import FunctionCtx, no_grad
+from asyncgraph.distributed.wire._payload import (
+    ctx_from_state,
+    ctx_state,
+    forward_args,
+    grads_from_entries,
+    result_entries,
+)
+from asyncgraph.distributed.wire._schema import TaskMessage
+from asyncgraph.distributed.worker._registry import RegisteredFunction
+
+__all__ = ["Threads", "execute"]
+
+
+class Threads:
+    """Runs synchronous Function methods in worker threads, at most ``limit`` at once.
+
+    A thread cannot be stopped: when its task is cancelled (deadline, client cancel,
+    drain), the task ends at once and the call is *abandoned*: it runs on in its
+    thread, counted in ``abandoned`` (and against the worker's admission) until it
+    really returns.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limiter = anyio.CapacityLimiter(limit)
+        self.abandoned = 0
+        self.on_ended: Callable[[], None] = lambda: None  # an abandoned call returned
+
+    async def run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        lock = threading.Lock()
+        state = {"finished": False, "abandoned": False}
+
+        def in_thread() -> Any:
+            try:
+                with no_grad():  # grad mode is a contextvar: set it in the thread too
+                    return method(*args, **kwargs)
+            finally:
+                with lock:
+                    state["finished"] = True
+                    abandoned = state["abandoned"]
+                if abandoned:
+                    try:
+                        anyio.from_thread.run_sync(self._ended)
+                    except RuntimeError:  # the event loop is gone: the process is exiting
+                        pass
+
+        try:
+            return await anyio.to_thread.run_sync(
+                in_thread, limiter=self.limiter, abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():
+            with lock:
+                if not state["finished"]:
+                    state["abandoned"] = True
+                    self.abandoned += 1
+            raise
+
+    def _ended(self) -> None:
+        self.abandoned -= 1
+        self.on_ended()
+
+
+async def execute(registered: RegisteredFunction, message: TaskMessage, threads: Threads) -> Any:
+    """The task's result as wire entries (the caller catches what the Function raises)."""
+    fn = registered.function
+    payload = message.payload
+    if message.op == "backward":
+        ctx = ctx_from_state(payload.get("ctx"), fn)
+        grads = grads_from_entries(payload.get("g"), "grad_outputs")
+        with no_grad():
+            result = await _call(threads, fn.backward, ctx, *grads)
+        return result_entries(result)
+    args, kwargs, needs = forward_args(payload)
+    ctx = FunctionCtx()
+    ctx._function_name = fn.__name__
+    ctx.needs_input_grad = needs
+    inputs = args + tuple(kwargs.values())
+    with no_grad():
+        if fn._uses_setup_context:
+            output = await _call(threads, fn.forward, *args, **kwargs)
+            await _call(threads, fn.setup_context, ctx, inputs, output)
+        else:
+            output = await _call(threads, fn.forward, ctx, *args, **kwargs)
+    is_tuple = isinstance(output, tuple)
+    outputs = output if is_tuple else (output,)
+    non_diff = ctx._non_differentiable
+    return {
+        "out": result_entries(tuple(outputs)),
+        "tuple": is_tuple,
+        "ctx": ctx_state(ctx),
+        "nd": [i for i, o in enumerate(outputs) if any(o is n for n in non_diff)],
+    }
+
+
+async def _call(threads: Threads, method: Any, *args: Any, **kwargs: Any) -> Any:
+    """Await an async method; run a synchronous one in a worker thread.
+
+    On a worker every synchronous method goes to a thread, whatever ``blocking``
+    says: a remote function is slow by nature, and one that held the event loop
+    would stall lease renewals (its task would be reclaimed and run twice),
+    heartbeats, cancellations and every other task of the batch.
+    """
+    if inspect.iscoroutinefunction(method):
+        return await method(*args, **kwargs)
+    return await threads.run(method, *args, **kwargs)

@@ -1,0 +1,304 @@
+"""Intake: new tasks (XREADGROUP) and tasks of silent holders (XAUTOCLAIM), read bounded.
+
+Never more than ``concurrency`` tasks held at once, and fewer when recent entries
+were big (a read buffers at most about ``READ_BUDGET`` bytes). While a reply is read,
+a bulk string above ``max_message_bytes`` (plus a small margin) is skipped unread
+(``Oversize``), and so is an entry with more fields than a task has (``Wide``): the
+parser is linear, so such an entry costs its bytes once, and admission dead-letters it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Container
+from typing import Any
+
+import anyio
+
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.worker._admission import MAX_FIELDS
+from asyncgraph.distributed.worker._config import WorkerConfig
+from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._redis_health import RedisHealth
+from asyncgraph.distributed.worker._reply_writer import ReplyWriter
+from asyncgraph.executors import let_ready_tasks_run
+from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
+
+__all__ = ["Intake", "ReadSizer"]
+
+log = logging.getLogger("asyncgraph.distributed.worker")
+
+BLOCK_MS = 2000
+# Bytes one read of the task stream should buffer at most: after a read with big
+# entries, the next reads ask for fewer (at least one).
+READ_BUDGET = 64 * 1024 * 1024
+ASSUMED_ENTRY = 1024  # entry size assumed before any was read
+
+Take = Callable[[bytes, Any, int], None]
+
+
+class ReadSizer:
+    """How many entries to ask for: free slots, the batch size, and the read budget."""
+
+    def __init__(self, batch_size: int, max_bulk: int) -> None:
+        self.batch_size = batch_size
+        self.max_bulk = max_bulk
+        self.entry_bytes = ASSUMED_ENTRY
+
+    def count(self, free: int) -> int:
+        return max(1, min(free, self.batch_size, READ_BUDGET // self.entry_bytes))
+
+    def max_items(self, count: int) -> int:
+        """Arrays longer than this are skipped unread: an entry's fields, a reply's entries."""
+        return max(count, 2 * MAX_FIELDS)
+
+    def note(self, entries: list[Any]) -> None:
+        """Remember how big the entries just read were (for the next read's count)."""
+        largest = ASSUMED_ENTRY
+        for entry in entries:
+            if entry is None or not isinstance(entry[1], list):
+                continue
+            for value in entry[1]:
+                size = (
+                    value.size
+                    if isinstance(value, Oversize)
+                    else (len(value) if isinstance(value, bytes) else 0)
+                )
+                largest = max(largest, min(size, self.max_bulk))
+        self.entry_bytes = largest
+
+
+class Intake:
+    """The reader and the reclaimer of one worker; ``take(entry_id, fields, deliveries)`` each task."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        consumer: str,
+        pool: Pool,
+        health: RedisHealth,
+        metrics: Metrics,
+        writer: ReplyWriter,
+        *,
+        free_slots: Callable[[], int],
+        held: Container[bytes],
+        take: Take,
+        ensure_group: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.config = config
+        self.consumer = consumer
+        self._pool = pool
+        self._health = health
+        self._metrics = metrics
+        self._writer = writer
+        self._free_slots = free_slots
+        self._held = held
+        self._take = take
+        self._ensure_group = ensure_group
+        self._tasks = keys.task_stream(config.queue)
+        self.sizer = ReadSizer(
+            config.batch_size, config.limits.max_message_bytes + keys.BULK_MARGIN
+        )
+        self._capacity: anyio.Event | None = None
+
+    def released(self) -> None:
+        """Some slot may be free again."""
+        if self._capacity is not None:
+            self._capacity.set()
+
+    async def _wait_capacity(self) -> int:
+        while True:
+            free = self._free_slots()
+            if free > 0:
+                return self.sizer.count(free)
+            self._capacity = anyio.Event()
+            await self._capacity.wait()
+
+    async def reader(self) -> None:
+        conn: Connection | None = None
+        backoff = 0.05
+        try:
+            while True:
+                count = await self._wait_capacity()
+                try:
+                    if conn is None:
+                        conn = await self._pool.connect()
+                    reply = await self._read(conn, count)
+                    backoff = 0.05
+                except (RedisConnectionLost, TimeoutError, ReplyError) as exc:
+                    if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
+                        # The stream was deleted, or Redis restarted empty: start over.
+                        if await self._health.step(self._ensure_group, "creating the group"):
+                            continue
+                    else:
+                        self._health.failed("reading tasks", exc)
+                    if conn is not None:
+                        await conn.aclose()
+                        conn = None
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                self._health.ok()
+                if reply:
+                    await self._start(reply[0][1])
+        finally:
+            if self._writer.pending:
+                self._writer.wake()  # never strand settled tasks when intake stops
+            if conn is not None:
+                await conn.aclose()
+
+    async def _read(self, conn: Connection, count: int) -> Any:
+        with anyio.fail_after(BLOCK_MS / 1000 + self.config.redis_timeout_s):
+            return await conn.execute(
+                "XREADGROUP",
+                "GROUP",
+                keys.GROUP,
+                self.consumer,
+                "COUNT",
+                count,
+                "BLOCK",
+                BLOCK_MS,
+                "STREAMS",
+                self._tasks,
+                ">",
+                max_bulk=self.sizer.max_bulk,
+                max_items=self.sizer.max_items(count),
+            )
+
+    async def _start(self, entries: list[Any]) -> None:
+        self.sizer.note(entries)
+        self._writer.batching = True
+        try:
+            for entry_id, fields in entries:
+                self._take(entry_id, fields, 1)
+            # Let the tasks just started take their first step. Those that finish at once
+            # queue their replies for this reader, which sends them before its next
+            # blocking read: writing to Redis first would wake the server, which can take
+            # this CPU while the replies wait.
+            await let_ready_tasks_run()
+        finally:
+            self._writer.batching = False
+        if self._writer.pending:
+            if self._writer.flushing or not await self._writer.flush():
+                self._writer.wake()  # the writer's loop sends it (and retries with backoff)
+
+    async def reclaimer(self) -> None:
+        """Take over tasks whose holder stopped renewing its lease (dead or stuck)."""
+        cursor: bytes | str = "0-0"
+        tick_s = max(50, self.config.lease_ms // 4) / 1000
+        while True:
+            await anyio.sleep(tick_s)
+            free = self._free_slots()
+            if free <= 0:
+                continue
+            try:
+                cursor, entries = await self._reclaim(cursor, self.sizer.count(free))
+            except (RedisConnectionLost, ReplyError) as exc:
+                if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
+                    await self._health.step(self._ensure_group, "creating the group")
+                else:
+                    self._health.failed("reclaiming tasks", exc)
+                    # A claim whose reply came too late is ours in Redis all the same:
+                    # hand such entries back at once rather than leave them unrenewed.
+                    await self._health.step(self._hand_back_strays, "handing back claims")
+                continue
+            for entry_id, fields, deliveries in entries:
+                self._metrics.inc("asyncgraph_worker_reclaimed_total")
+                log.info(
+                    "worker %s reclaimed task entry %s (delivery %d)",
+                    self.consumer,
+                    entry_id.decode(),
+                    deliveries,
+                )
+                self._take(entry_id, fields, deliveries)
+
+    async def _reclaim(
+        self, cursor: bytes | str, count: int
+    ) -> tuple[bytes | str, list[tuple[bytes, Any, int]]]:
+        """One XAUTOCLAIM: the next cursor, and the claimed entries with their delivery counts."""
+        reply = await self._pool.execute(
+            "XAUTOCLAIM",
+            self._tasks,
+            keys.GROUP,
+            self.consumer,
+            self.config.lease_ms,
+            cursor,
+            "COUNT",
+            count,
+            max_bulk=self.sizer.max_bulk,
+            max_items=self.sizer.max_items(count),
+        )
+        scanned_from, cursor = cursor, reply[0]
+        self.sizer.note(reply[1])
+        entries = [(e[0], e[1]) for e in reply[1] if e is not None]
+        # Entries deleted from the stream while pending (a cancelled task whose holder
+        # died): Redis >= 7 lists their ids apart, Redis 6.2 returns nil.
+        gone = [e[0] for e in reply[1] if e is not None and e[1] is None]
+        if len(reply) > 2 and reply[2]:
+            gone += list(reply[2])
+        elif any(e is None for e in reply[1]):
+            gone += await self._claimed_but_deleted(scanned_from, entries)
+        entries = [(i, f) for i, f in entries if f is not None and i not in self._held]
+        if gone:
+            await self._pool.execute("XACK", self._tasks, keys.GROUP, *gone)
+        if not entries:
+            return cursor, []
+        counts = await self._pool.pipeline(
+            [["XPENDING", self._tasks, keys.GROUP, i, i, 1] for i, _ in entries]
+        )
+        return cursor, [
+            (i, f, int(p[0][3]) if isinstance(p, list) and p else 2)
+            for (i, f), p in zip(entries, counts, strict=True)
+        ]
+
+    async def _claimed_but_deleted(
+        self, scanned_from: bytes | str, entries: list[tuple[bytes, Any]]
+    ) -> list[bytes]:
+        """Ids of deleted entries the last XAUTOCLAIM gave this consumer (Redis 6.2).
+
+        They are ours now, were delivered before (count >= 2: never a fresh read in
+        flight), lie in the scanned range and are neither held nor returned with data.
+        """
+        claimed = {i for i, _ in entries}
+        rows = await self._pool.execute(
+            "XPENDING",
+            self._tasks,
+            keys.GROUP,
+            scanned_from,
+            "+",
+            self.config.batch_size,
+            self.consumer,
+        )
+        return [
+            row[0]
+            for row in rows
+            if int(row[3]) >= 2
+            and row[0] not in claimed
+            and row[0] not in self._held
+            and int(row[2]) < self.config.lease_ms
+        ]
+
+    async def _hand_back_strays(self) -> None:
+        """Make this consumer's pending entries that it does not hold reclaimable at once.
+
+        Only reclaimed ones (delivery count >= 2): a fresh XREADGROUP delivery may be in
+        flight to the reader. Handed back with an idle time past the lease, they are the
+        next XAUTOCLAIM's, this worker's or another's.
+        """
+        rows = await self._pool.execute(
+            "XPENDING", self._tasks, keys.GROUP, "-", "+", self.config.batch_size, self.consumer
+        )
+        strays = [row[0] for row in rows if int(row[3]) >= 2 and row[0] not in self._held]
+        if strays:
+            await self._pool.execute(
+                "XCLAIM",
+                self._tasks,
+                keys.GROUP,
+                self.consumer,
+                0,
+                *strays,
+                "IDLE",
+                self.config.lease_ms * 10,
+                "JUSTID",
+            )
+            log.info("worker %s handed back %d late claim(s)", self.consumer, len(strays))

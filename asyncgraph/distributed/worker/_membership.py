@@ -1,0 +1,248 @@
+"""A worker's standing in its queue: the group, the clock, leases, heartbeat, consumers.
+
+- the worker connects with backoff until Redis answers (at most ``connect_timeout_s``
+  when set), creating the consumer group and reading Redis's clock;
+- it renews the lease of what it holds every ``lease_ms / 3`` (XCLAIM ... JUSTID, which
+  does not count as a delivery);
+- it writes its heartbeat (an expiry in the workers hash, and what ``asyncgraph
+  status`` shows in the info hash) every ``min(lease_ms / 3, 5 s)``;
+- housekeeping: it forgets stale heartbeats, and deletes consumers that hold no
+  pending entry, have no live heartbeat and received nothing for ``2 x lease_ms``
+  (workers that died, however young);
+- on the way out it drops its heartbeat, and after a full drain its consumer too;
+  tasks left unfinished by a drain that timed out are handed back at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+
+import anyio
+
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.worker._config import WorkerConfig
+from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._redis_health import RedisHealth
+from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError
+
+__all__ = ["Membership"]
+
+log = logging.getLogger("asyncgraph.distributed.worker")
+
+CONSUMER_IDLE_LEASES = 2  # a consumer idle this long, holding nothing, without heartbeat, goes
+STALE_BEAT_MS = 60_000
+
+
+class Membership:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        consumer: str,
+        pool: Pool,
+        health: RedisHealth,
+        metrics: Metrics,
+        *,
+        held: Callable[[], Iterable[bytes]],
+        info_json: Callable[[], str],
+    ) -> None:
+        self.config = config
+        self.consumer = consumer
+        self._pool = pool
+        self._health = health
+        self._metrics = metrics
+        self._held = held
+        self._info_json = info_json
+        self._tasks = keys.task_stream(config.queue)
+        self._workers = keys.workers_hash(config.queue)
+        self._infos = keys.workers_info_hash(config.queue)
+        self.clock_offset_ms = 0.0
+        self.connected = False
+        self.beat_s = min(config.lease_ms / 3000, 5.0)
+
+    # -- joining -------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Set up the group and the clock, retrying with backoff until Redis answers."""
+        timeout_s = self.config.connect_timeout_s
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        backoff = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.ensure_group()
+                await self.sync_clock()
+            except (RedisConnectionLost, ReplyError) as exc:
+                self._metrics.inc("asyncgraph_worker_redis_errors_total")
+                self._health.last_error = time.monotonic()
+                if deadline is not None and time.monotonic() + backoff > deadline:
+                    raise RedisConnectionLost(
+                        f"worker {self.consumer}: Redis at {self._pool.address.display} did not "
+                        f"answer within connect_timeout_s={timeout_s:g} ({attempt} attempt(s); "
+                        f"last error: {exc})"
+                    ) from exc
+                log.warning(
+                    "worker %s: cannot reach Redis (attempt %d): %s; retrying in %.1fs",
+                    self.consumer,
+                    attempt,
+                    exc,
+                    backoff,
+                )
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self.connected = True
+            if attempt > 1:
+                log.info(
+                    "worker %s: connected to Redis at %s", self.consumer, self._pool.address.display
+                )
+            return
+
+    async def ensure_group(self) -> None:
+        try:
+            await self._pool.execute("XGROUP", "CREATE", self._tasks, keys.GROUP, "0", "MKSTREAM")
+        except ReplyError as exc:
+            if exc.code != "BUSYGROUP":
+                raise
+
+    async def sync_clock(self) -> None:
+        before = time.time()
+        seconds, micros = await self._pool.execute("TIME")
+        after = time.time()
+        redis_ms = int(seconds) * 1000 + int(micros) / 1000
+        self.clock_offset_ms = redis_ms - (before + after) * 500
+        self._health.ok()
+
+    def redis_now_ms(self) -> float:
+        return time.time() * 1000 + self.clock_offset_ms
+
+    def deadline(self, entry_id: bytes, ttl_ms: int) -> float:
+        """A task's deadline on this process's anyio clock (entry ids are Redis time)."""
+        try:
+            enqueued_ms = int(entry_id.split(b"-", 1)[0])
+        except ValueError:
+            enqueued_ms = int(self.redis_now_ms())
+        remaining_s = (enqueued_ms + ttl_ms - self.redis_now_ms()) / 1000
+        return anyio.current_time() + remaining_s
+
+    # -- staying -------------------------------------------------------------------------
+    async def lease_renewer(self) -> None:
+        period = self.config.lease_ms / 3000
+        while True:
+            await anyio.sleep(period)
+            ids = list(self._held())
+            if not ids:
+                continue
+            try:
+                await self._pool.execute(
+                    "XCLAIM", self._tasks, keys.GROUP, self.consumer, 0, *ids, "JUSTID"
+                )
+            except (RedisConnectionLost, ReplyError) as exc:
+                self._health.failed("renewing leases", exc)
+            else:
+                self._health.ok()
+
+    async def beat(self) -> None:
+        """One heartbeat: the expiry, and what ``asyncgraph status`` shows."""
+        await self.sync_clock()
+        expiry = int(self.redis_now_ms() + 3 * self.beat_s * 1000 + 1000)
+        await self._pool.pipeline(
+            [
+                ["HSET", self._workers, self.consumer, expiry],
+                ["HSET", self._infos, self.consumer, self._info_json()],
+            ]
+        )
+        self._health.ok()
+
+    def housekeeping_every_s(self) -> float:
+        return min(30.0, 3 * CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000)
+
+    async def housekeeping(self) -> None:
+        """Forget stale heartbeats; delete consumers idle, holding nothing, not alive."""
+        now_ms = self.redis_now_ms()
+        beats = await self._pool.execute("HGETALL", self._workers)
+        alive = {beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) >= now_ms}
+        stale = [
+            beats[i] for i in range(0, len(beats), 2) if int(beats[i + 1]) < now_ms - STALE_BEAT_MS
+        ]
+        if stale:
+            await self._pool.pipeline(
+                [["HDEL", self._workers, *stale], ["HDEL", self._infos, *stale]]
+            )
+        idle_limit_ms = CONSUMER_IDLE_LEASES * self.config.lease_ms
+        for info in await self._pool.execute("XINFO", "CONSUMERS", self._tasks, keys.GROUP):
+            fields = dict(zip(info[::2], info[1::2], strict=False))
+            name = fields.get(b"name")
+            if (
+                not isinstance(name, bytes)
+                or name in alive
+                or name == self.consumer.encode()
+                or fields.get(b"pending") != 0
+                or int(fields.get(b"idle", 0)) < idle_limit_ms
+            ):
+                continue
+            if await self.delete_consumer(name):
+                log.info(
+                    "worker %s: deleted consumer %s (idle %d ms, nothing pending, no heartbeat)",
+                    self.consumer,
+                    name.decode(errors="replace"),
+                    int(fields[b"idle"]),
+                )
+
+    async def delete_consumer(self, name: str | bytes) -> bool:
+        """XGROUP DELCONSUMER ``name`` if it holds no pending entry; True if deleted.
+
+        DELCONSUMER drops the consumer's pending entries with it (they could never be
+        reclaimed), hence the check first. The two are not atomic (WATCH does not see
+        deliveries): that is safe for this worker's own consumer once its reader has
+        stopped, and for another one only because the sweep picks consumers without a
+        live heartbeat that have received nothing for two leases (a dead worker's). In
+        the unlikely case that such a worker is alive after all and gets a task in
+        between, it still runs and answers it; only a crash of that worker before it
+        answers would leave the task unreclaimed (its caller times out).
+        """
+        held = await self._pool.execute("XPENDING", self._tasks, keys.GROUP, "-", "+", 1, name)
+        if held:
+            return False
+        await self._pool.execute("XGROUP", "DELCONSUMER", self._tasks, keys.GROUP, name)
+        return True
+
+    def supervisor_gone(self) -> bool:
+        pid = self.config.supervisor_pid
+        return bool(pid) and os.getppid() != pid
+
+    # -- leaving -------------------------------------------------------------------------
+    async def leave(self, drained: bool) -> None:
+        """On the way out: drop the heartbeat; after a full drain, the consumer too (bounded)."""
+        with anyio.move_on_after(self.config.redis_timeout_s):
+            try:
+                await self._pool.pipeline(
+                    [["HDEL", self._workers, self.consumer], ["HDEL", self._infos, self.consumer]]
+                )
+                if drained and await self.delete_consumer(self.consumer):
+                    log.info("worker %s: left the consumer group (nothing pending)", self.consumer)
+            except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+                log.warning("worker %s: leaving the group: %s", self.consumer, exc)
+
+    async def hand_back(self, entry_ids: list[bytes]) -> None:
+        """Make ``entry_ids`` reclaimable by other workers at once (after a drain that timed out)."""
+        if not entry_ids:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.redis_timeout_s):
+            try:
+                await self._pool.execute(
+                    "XCLAIM",
+                    self._tasks,
+                    keys.GROUP,
+                    self.consumer,
+                    0,
+                    *entry_ids,
+                    "IDLE",
+                    self.config.lease_ms * 10,
+                    "JUSTID",
+                )
+                log.info("worker %s released %d unfinished task(s)", self.consumer, len(entry_ids))
+            except (RedisConnectionLost, ReplyError) as exc:
+                log.warning("worker %s: releasing unfinished tasks: %s", self.consumer, exc)

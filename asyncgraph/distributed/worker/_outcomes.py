@@ -1,0 +1,188 @@
+"""What settles a task: the Redis commands of its reply, dead letter and acknowledgement.
+
+Pure: building them needs no Redis (``ReplyWriter`` writes them). Every task a worker
+reads ends as exactly one ``Settled``: answered, refused, dead-lettered, skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from asyncgraph import WireError
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._schema import (
+    ErrorInfo,
+    ReplyMessage,
+    TaskMessage,
+    encode,
+    peek_ids,
+)
+from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._metrics import Metrics
+
+__all__ = ["Held", "Replies", "Settled"]
+
+log = logging.getLogger("asyncgraph.distributed.worker")
+
+MAX_ORIGINAL = 65_536
+MAX_TRACEBACK = 32_768
+
+
+@dataclass(eq=False)
+class Held:
+    """A task this worker holds: read, not yet acknowledged."""
+
+    entry_id: bytes
+    key: tuple[str, str] | None = None
+    scope: anyio.CancelScope | None = None
+    deadline: float = 0.0
+
+
+@dataclass(eq=False)
+class Settled:
+    """How ``held`` ends: ``outcome`` (a metrics label) and the commands to write with its XACK."""
+
+    held: Held
+    outcome: str
+    commands: list[list[Any]] = field(default_factory=list)
+    reply_stream: str | None = None
+    client: str | None = None  # whom the reply goes to (None: no reply)
+    task_id: str | None = None
+    refusals: int = 0  # times Redis refused to write it (e.g. OOM)
+
+
+class Replies:
+    """Builds the ``Settled`` of each way a task can end, for one worker of one queue."""
+
+    def __init__(self, queue: str, consumer: str, signer: Signer, limits: Limits, metrics: Metrics):
+        self.queue = queue
+        self.consumer = consumer
+        self.signer = signer
+        self.limits = limits
+        self.metrics = metrics
+        self.dead_stream = keys.dead_stream(queue)
+
+    def settled(self, held: Held, outcome: str, commands: list[list[Any]] | None = None) -> Settled:
+        return Settled(held, outcome, commands or [])
+
+    def reply(
+        self,
+        held: Held,
+        client: str,
+        task_id: str,
+        packed: bytes,
+        signature: bytes,
+        outcome: str,
+        *extra: list[Any],
+    ) -> Settled:
+        stream = keys.reply_stream(self.queue, client)
+        xadd = [
+            "XADD",
+            stream,
+            "*",
+            keys.F_MESSAGE,
+            packed,
+            keys.F_SIGNATURE,
+            signature,
+            keys.F_TASK_HINT,
+            task_id,
+        ]
+        return Settled(held, outcome, [xadd, *extra], stream, client, task_id)
+
+    def error(
+        self,
+        held: Held,
+        client: str,
+        task_id: str,
+        info: ErrorInfo,
+        outcome: str,
+        *extra: list[Any],
+        usage: dict[str, int | float] | None = None,
+    ) -> Settled:
+        reply = ReplyMessage(self.queue, client, task_id, self.consumer, error=info, usage=usage)
+        packed, signature = encode(reply, self.signer)
+        return self.reply(held, client, task_id, packed, signature, outcome, *extra)
+
+    def refused(
+        self, held: Held, client: str, task_id: str, text: str, *extra: list[Any]
+    ) -> Settled:
+        """The client's answer for a task this worker will not run (``invalid``)."""
+        info = ErrorInfo(
+            "invalid",
+            "WireError",
+            f"worker {self.consumer} of queue {self.queue!r} refused the task: {text}",
+        )
+        return self.error(held, client, task_id, info, "rejected", *extra)
+
+    def result(
+        self,
+        held: Held,
+        message: TaskMessage,
+        data: dict[Any, Any],
+        result: Any,
+        error: BaseException | None,
+        usage: dict[str, int | float] | None = None,
+    ) -> Settled:
+        """The reply to a task that ran: its result, or its error with this worker's traceback."""
+        if error is not None:
+            tb = "".join(traceback.format_exception(error))[-MAX_TRACEBACK:]
+            info = ErrorInfo("error", type(error).__qualname__, str(error)[:MAX_TRACEBACK], tb)
+            dead = self.dead_letter(
+                held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data
+            )
+            return self.error(held, message.client, message.id, info, "error", dead, usage=usage)
+        reply = ReplyMessage(
+            self.queue, message.client, message.id, self.consumer, result, usage=usage
+        )
+        try:
+            packed, signature = encode(reply, self.signer, self.limits)
+        except (TypeError, WireError) as exc:
+            info = ErrorInfo(
+                "error",
+                type(exc).__qualname__,
+                f"{message.function}.{message.op} returned a value that cannot be sent back: {exc}",
+            )
+            return self.error(held, message.client, message.id, info, "error")
+        return self.reply(held, message.client, message.id, packed, signature, "ok")
+
+    def dead_letter(self, held: Held, reason: str, text: str, data: dict[Any, Any]) -> list[Any]:
+        """The XADD that dead-letters ``held`` with its reason and (truncated) original message."""
+        self.metrics.inc("asyncgraph_worker_dead_letters_total", reason=reason)
+        log.warning(
+            "worker %s dead-lettered entry %s (%s): %.300s",
+            self.consumer,
+            held.entry_id.decode(errors="replace"),
+            reason,
+            text,
+        )
+        fields: list[Any] = [
+            keys.F_REASON,
+            reason,
+            keys.F_ERROR,
+            text[:MAX_TRACEBACK],
+            keys.F_WORKER,
+            self.consumer,
+            keys.F_TASK,
+            held.entry_id,
+        ]
+        # Whose task it was (for that client's timeout diagnosis): from the message when
+        # it can be read, else from the entry's hint. Informational, never trusted.
+        original = data.get(keys.F_MESSAGE)
+        ids = peek_ids(original, self.queue, "task")
+        hint = data.get(keys.F_CLIENT_HINT)
+        client = (
+            ids[0]
+            if ids is not None
+            else (hint.decode(errors="replace")[:32] if isinstance(hint, bytes) else None)
+        )
+        if client is not None and keys.is_client_id(client):
+            fields += [keys.F_CLIENT, client]
+        if isinstance(original, bytes):
+            fields += [keys.F_ORIGINAL, original[:MAX_ORIGINAL]]
+        return ["XADD", self.dead_stream, "MAXLEN", "~", keys.DEAD_MAXLEN, "*", *fields]
