@@ -239,3 +239,19 @@ class Expand(Function):
     @staticmethod
     async def backward(ctx: Any, grad: Variable) -> tuple[str, None]:
         return str(grad.data) * ctx.times, None
+
+
+class Nap(Function):
+    """Async backward that only sleeps ``ctx.seconds`` (touches nothing else in Redis)."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, seconds: float) -> Variable:
+        ctx.seconds = seconds
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Any:
+        await anyio.sleep(ctx.seconds)
+        return grad.data, None

@@ -109,7 +109,7 @@ def test_a_wrong_flag_is_named_as_the_user_wrote_it(argv: list[str], message: st
 def test_a_wrong_variable_is_named_and_a_wrong_keyword_too() -> None:
     with pytest.raises(ValueError, match="ASYNCGRAPH_BATCH_SIZE must be an integer, got 'lots'"):
         WorkerConfig.from_env({"ASYNCGRAPH_BATCH_SIZE": "lots"})
-    with pytest.raises(ValueError, match="^batch_size must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
         WorkerConfig(redis_url="redis://r", batch_size=0)
     with pytest.raises(SystemExit):  # argparse: the flag's own usage error
         parse(["--backend", "curio"])

@@ -1,0 +1,132 @@
+"""The holes fault injection found (issue #11), each with real Redis and real workers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import time
+
+import agdist_functions as F
+import anyio
+import pytest
+import redis
+from agdist_helpers import StartWorker, http_get, wait_until
+
+from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, backward
+from asyncgraph.distributed import RedisServer, free_port
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.executors import open_redis_executor
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+FAST = ("--lease-ms", "1000", "--drain-timeout-s", "1")
+
+
+def pending(client: redis.Redis, queue: str) -> int:
+    return int(client.xpending(keys.task_stream(queue), keys.GROUP)["pending"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour
+async def test_an_entry_of_400k_fields_is_dead_lettered_and_holds_no_task_of_a_dead_worker(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Point 1: a dead worker's tasks, reclaimable at the moment a poison entry arrives."""
+    queue = "wide"
+    client = redis.Redis.from_url(redis_url)
+    first = start_worker(redis_url, queue, *FAST)
+    leaves = [Parameter(float(i + 1), role=f"p{i}") for i in range(3)]
+    outs = [F.Sleep.apply(p, 1.0, f"wide{i}") for i, p in enumerate(leaves)]
+    async with open_redis_executor(redis_url, queue=queue, timeout_s=60) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(backward, outs, executor=ex))
+            await wait_until(lambda: all(client.llen(f"agdist:started:wide{i}") for i in range(3)))
+            start_worker(redis_url, queue, *FAST)
+            first.kill()  # its 3 tasks become reclaimable while the poison entry is read
+            pairs: list[str] = []
+            for i in range(400_000):
+                pairs += [f"a{i}", "b"]
+            client.execute_command("XADD", keys.task_stream(queue), "*", *pairs)
+    assert [p.grad.data for p in leaves] == [1.0, 1.0, 1.0]  # type: ignore[union-attr]
+    await wait_until(lambda: client.xlen(keys.task_stream(queue)) == 0, timeout_s=20)
+    assert pending(client, queue) == 0
+    (dead,) = [f for _, f in client.xrange(keys.dead_stream(queue)) if b"fields" in f[b"error"]]
+    assert dead[b"reason"] == b"malformed"
+    assert b"entry has 400000 fields" in dead[b"error"]
+    client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_reply_redis_refuses_is_retried_then_reported_in_redis_words(
+    start_worker: StartWorker,
+) -> None:
+    """Point 2: at maxmemory (noeviction) the reply MULTI is aborted; nothing is re-run."""
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        start_worker(server.url, "oom", *FAST)
+        x = Parameter(1.0, role="x")
+        failures: list[BaseException] = []
+
+        async def run(ex: object) -> None:
+            try:
+                await backward(F.Nap.apply(x, 1.0), executor=ex)  # type: ignore[arg-type]
+            except RemoteError as exc:
+                failures.append(exc)
+
+        async with open_redis_executor(server.url, queue="oom", timeout_s=60) as ex:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, ex)
+                await wait_until(lambda: pending(client, "oom") == 1)
+                client.config_set("maxmemory-policy", "noeviction")
+                client.config_set("maxmemory", 1)  # over the limit: every write is refused
+                # The worker retries, then acknowledges the task (allowed at maxmemory)
+                # and keeps trying to send its client a short error reply.
+                await wait_until(lambda: pending(client, "oom") == 0, timeout_s=20)
+                client.config_set("maxmemory", 0)  # memory is back: the short reply gets through
+        (failure,) = failures
+        assert "Redis refused to store the reply" in str(failure)
+        assert "OOM" in str(failure) and "maxmemory" in str(failure)
+        assert x.grad is None  # nothing committed
+        client.close()
+
+
+async def test_abandoned_synchronous_calls_hold_their_slots_and_drain_still_exits(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Point 5: a hung synchronous backward is abandoned, counted, and does not block exit."""
+    port = free_port()
+    worker = start_worker(
+        redis_url,
+        "hung",
+        "--concurrency",
+        "2",
+        "--drain-timeout-s",
+        "1",
+        "--health-port",
+        str(port),
+        "--health-host",
+        "127.0.0.1",
+    )
+    leaves = [Parameter(1.0, role=f"h{i}") for i in range(2)]
+    outs = [F.SyncSleep.apply(p, 60.0, f"hung{i}") for i, p in enumerate(leaves)]
+    async with open_redis_executor(redis_url, queue="hung", timeout_s=2) as ex:
+        with pytest.raises(RemoteTimeoutError):
+            await backward(outs, executor=ex)  # times out and cancels its tasks
+
+    def readiness() -> dict[str, object]:
+        return dict(json.loads(http_get(port, "/readyz")[1]))
+
+    await wait_until(lambda: readiness().get("abandoned") == 2)
+    assert readiness()["in_flight"] == 0  # the tasks ended; their threads did not
+    client = redis.Redis.from_url(redis_url)
+    await wait_until(
+        lambda: any(
+            json.loads(v).get("abandoned") == 2
+            for v in client.hvals(keys.workers_info_hash("hung"))
+        )
+    )
+    client.close()
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(worker.proc.wait, 20) == 0
+    assert time.monotonic() - started < 10  # the drain deadline (1 s) is honoured
