@@ -130,3 +130,27 @@ async def test_abandoned_synchronous_calls_hold_their_slots_and_drain_still_exit
     worker.signal(signal.SIGTERM)
     assert await anyio.to_thread.run_sync(worker.proc.wait, 20) == 0
     assert time.monotonic() - started < 10  # the drain deadline (1 s) is honoured
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_message_that_would_decode_into_gigabytes_is_refused_early(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Point 4: decoded size is bounded while decoding; the worker goes on serving."""
+    queue = "flood"
+    client = redis.Redis.from_url(redis_url)
+    start_worker(redis_url, queue, *FAST)
+    # 7 arrays of 1,000,000 empty arrays each (every array within max_container_len).
+    inner = b"\xdd" + (1_000_000).to_bytes(4, "big") + b"\x90" * 1_000_000
+    flood = b"\x97" + inner * 7
+    for _ in range(3):
+        client.xadd(keys.task_stream(queue), {"m": flood, "s": b""})
+    x = Parameter(2.0)
+    async with open_redis_executor(redis_url, queue=queue, timeout_s=20) as ex:
+        await backward(F.Scale.apply(x, 3.0), executor=ex)
+    assert x.grad is not None and x.grad.data == 3.0
+    await wait_until(lambda: client.xlen(keys.dead_stream(queue)) >= 3)
+    reasons = [f[b"error"] for _, f in client.xrange(keys.dead_stream(queue))]
+    assert all(b"more than 100000 arrays and maps" in r for r in reasons), reasons
+    assert pending(client, queue) == 0
+    client.close()

@@ -60,9 +60,18 @@ class Limits:
     max_str_len: int = 4 * 1024 * 1024
     max_container_len: int = 1_000_000
     max_depth: int = 64
+    # Arrays and maps in one message, all levels: what bounds the memory a message decodes
+    # into (an empty array is 1 byte on the wire but ~60 in Python: 7 MiB of them, 550 MB).
+    max_containers: int = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("max_message_bytes", "max_str_len", "max_container_len", "max_depth"):
+        for name in (
+            "max_message_bytes",
+            "max_str_len",
+            "max_container_len",
+            "max_depth",
+            "max_containers",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
@@ -198,7 +207,7 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
             f"message is {len(data)} bytes, above the limit of {limits.max_message_bytes}"
         )
     try:
-        value = _unpackb(bytes(data), limits, 0)
+        value = _unpackb(bytes(data), limits, 0, [limits.max_containers])
     except WireError:
         raise
     except (
@@ -216,20 +225,30 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
     return value
 
 
-def _unpackb(data: bytes, limits: Limits, depth: int) -> Any:
+def _unpackb(data: bytes, limits: Limits, depth: int, budget: list[int]) -> Any:
+    """Unpack ``data``; ``budget[0]``: containers still allowed (counted while decoding)."""
     if depth > limits.max_depth:
         raise WireError(f"message nests deeper than {limits.max_depth} levels")
 
+    def counted(container: Any) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise WireError(
+                f"message holds more than {limits.max_containers} arrays and maps "
+                f"(max_containers); it was not decoded further"
+            )
+        return container
+
     def ext_hook(code: int, body: bytes) -> Any:
         if code == EXT_TUPLE:
-            items = _unpackb(body, limits, depth + 1)
+            items = _unpackb(body, limits, depth + 1, budget)
             if not isinstance(items, list):
                 raise WireError("tuple extension does not hold an array")
             return tuple(items)
         if code == EXT_NDARRAY:
-            return _ndarray(_unpackb(body, limits, depth + 1))
+            return _ndarray(_unpackb(body, limits, depth + 1, budget))
         if code == EXT_NPSCALAR:
-            return _npscalar(_unpackb(body, limits, depth + 1))
+            return _npscalar(_unpackb(body, limits, depth + 1, budget))
         raise WireError(f"unknown msgpack extension type {code}")
 
     return msgpack.unpackb(
@@ -238,6 +257,8 @@ def _unpackb(data: bytes, limits: Limits, depth: int) -> Any:
         use_list=True,
         strict_map_key=False,  # int keys are allowed; _check_depth refuses other types
         ext_hook=ext_hook,
+        list_hook=counted,
+        object_hook=counted,
         max_str_len=limits.max_str_len,
         max_bin_len=limits.max_str_len,
         max_array_len=limits.max_container_len,

@@ -134,3 +134,16 @@ def test_depth_and_keys_are_checked_through_maps_tuples_and_lists() -> None:
     assert unpack(pack({"p": [list(range(1000))]}), Limits(max_depth=3)) == {
         "p": [list(range(1000))]
     }
+
+
+def test_the_number_of_arrays_and_maps_is_bounded_while_decoding() -> None:
+    # 7 MiB of empty arrays: ~550 MB once decoded, were it decoded (issue #11 point 4).
+    count = 7 * 1024 * 1024
+    flood = b"\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+    with pytest.raises(WireError, match="more than 100000 arrays and maps"):
+        unpack(flood, Limits(max_container_len=count))
+    # Inside tuple extensions and maps too, and a message within the budget decodes.
+    nested = pack({"a": [(i, {"k": []}) for i in range(40)]})
+    assert len(unpack(nested)["a"]) == 40
+    with pytest.raises(WireError, match="max_containers"):
+        unpack(nested, Limits(max_containers=100))
