@@ -23,6 +23,7 @@ streams) set it from their message limit, so one huge entry cannot exhaust memor
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -266,6 +267,17 @@ class _Reader:
 _MORE: Any = object()  # next_reply: the reply is not complete yet
 
 
+def _keep_alive(stream: anyio.abc.ByteStream) -> None:
+    """TCP keepalive: a connection the network dropped silently errors within ~30 s."""
+    sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class Connection:
     """One connection. Not shared between tasks; ``Pool`` hands them out."""
 
@@ -293,6 +305,7 @@ class Connection:
                     )
                 else:
                     stream = await anyio.connect_tcp(address.host, address.port)
+                _keep_alive(stream)
                 conn = cls(address, stream)
                 setup: list[list[Arg]] = []
                 if address.password is not None:
@@ -452,19 +465,20 @@ class Pool:
         for writes that must not be cut in the middle.
         """
         limit = self.timeout_s if timeout_s is None else timeout_s
-        try:
-            with anyio.fail_after(limit, shield=shield):
-                reused = bool(self._idle)
-                try:
+        if self._idle:
+            try:
+                with anyio.fail_after(limit, shield=shield):
                     async with self.connection() as conn:
                         return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
-                except RedisConnectionLost:
-                    # The idle connections predate an outage (e.g. Redis restarted): drop
-                    # them and try once on a new one. Commands of the protocol are safe to
-                    # repeat (a task sent twice is joined once).
-                    await self._discard_idle()
-                    if not reused:
-                        raise
+            except (RedisConnectionLost, TimeoutError):
+                # The idle connections predate an outage (Redis restarted), or went dead
+                # without a word (a NAT or firewall forgot them: the command just hangs):
+                # drop them all and try once on a new one. Commands of the protocol are
+                # safe to repeat (a task sent twice is joined once, a reply read twice
+                # counts once, acknowledgements are idempotent).
+                await self._discard_idle()
+        try:
+            with anyio.fail_after(limit, shield=shield):
                 async with self.connection() as conn:
                     return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
         except TimeoutError:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -16,6 +19,7 @@ from asyncgraph.resp._client import (
 )
 
 pytestmark = pytest.mark.anyio
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 async def test_commands_pipelines_and_errors(redis_url: str) -> None:
@@ -197,3 +201,27 @@ def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries() -> No
     ]
     for size in (1, 2, 3, 5, 7, 64):
         assert replies([wire[i : i + size] for i in range(0, len(wire), size)]) == whole
+
+
+async def test_pooled_connections_the_network_dropped_silently_are_replaced_at_once(
+    redis_url: str,
+) -> None:
+    """Issue #11 point 3: half-open connections cost one timeout, never a failed call."""
+    from blackhole import BlackholeProxy
+
+    address = parse_redis_url(redis_url)
+    proxy = BlackholeProxy(address.host, address.port)
+    pool = Pool(parse_redis_url(f"redis://127.0.0.1:{proxy.port}/0"), timeout_s=0.5)
+    try:
+        async with anyio.create_task_group() as tg:  # several idle connections in the pool
+            for _ in range(4):
+                tg.start_soon(pool.execute, "PING")
+        assert len(pool._idle) >= 2
+        proxy.blackhole()  # every pooled connection now hangs
+        started = anyio.current_time()
+        for _ in range(3):
+            assert await pool.execute("PING") == b"PONG"
+        assert anyio.current_time() - started < 2.0  # one timeout, then fresh connections
+    finally:
+        await pool.aclose()
+        proxy.close()
