@@ -53,6 +53,7 @@ from asyncgraph import (
     WireError,
     is_grad_enabled,
 )
+from asyncgraph.distributed import _diagnosis as diagnosis
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
@@ -94,8 +95,7 @@ log = logging.getLogger("asyncgraph.executors.redis")
 
 _READ_COUNT = 1024
 _BLOCK_MS = 2000
-_DEAD_LOOKBACK = 200  # dead letters read by a timeout diagnosis
-# ... without their original messages (up to 64 KiB each): bulks above this are skipped
+# Dead letters read by a timeout diagnosis are read without their original messages (up to 64 KiB each): bulks above this are skipped
 # unread; error texts (at most 32 KiB) are read.
 _DIAGNOSIS_MAX_BULK = 40_000
 _SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
@@ -418,102 +418,23 @@ class RedisExecutor:
             self._flush_wanted.set()
 
     async def _diagnose(self, pending: _Pending) -> str:
-        """Why a reply may be missing: live workers, where the task is, this client's dead letters."""
-        entry = pending.entry_id
-        commands: list[list[Any]] = [
-            ["TIME"],
-            ["HGETALL", keys.workers_hash(self.queue)],
-            ["XLEN", self._task_stream],
-            ["XREVRANGE", keys.dead_stream(self.queue), "+", "-", "COUNT", _DEAD_LOOKBACK],
-        ]
-        if entry is not None:
-            commands += [
-                ["XPENDING", self._task_stream, keys.GROUP, entry, entry, 1],
-                ["XRANGE", self._task_stream, entry, entry],
-            ]
+        """Why a reply may be missing (``asyncgraph.distributed._diagnosis``)."""
         try:
             replies = await self._pool.pipeline(
-                commands, timeout_s=min(self._pool.timeout_s, 2.0), max_bulk=_DIAGNOSIS_MAX_BULK
+                diagnosis.commands(self.queue, pending.entry_id),
+                timeout_s=min(self._pool.timeout_s, 2.0),
+                max_bulk=_DIAGNOSIS_MAX_BULK,
             )
-            now, beats, length, dead = replies[:4]
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-            alive = sum(
-                1
-                for expiry in (beats[1::2] if isinstance(beats, list) else ())
-                if int(expiry) >= now_ms
+            return diagnosis.explain(
+                replies,
+                queue=self.queue,
+                task_id=pending.task_id,
+                client_id=self.client_id,
+                signed=self._signer.enabled,
+                rejected_replies=self.stats.rejected_replies,
             )
         except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
             return f"could not ask Redis why ({type(exc).__name__}: {exc})"
-        parts: list[str] = []
-        if alive == 0:
-            parts.append(
-                f"no worker of queue {self.queue!r} is alive: start one with `asyncgraph worker "
-                f"--redis URL --queue {self.queue} --import MODULE` ({length} task(s) waiting)"
-            )
-        else:
-            where = ""
-            if entry is not None and not any(isinstance(r, ReplyError) for r in replies[4:]):
-                held, queued = replies[4], replies[5]
-                if held:
-                    _, consumer, idle_ms, deliveries = held[0]
-                    where = (
-                        f"task {pending.task_id} is being processed by worker "
-                        f"{bytes(consumer).decode(errors='replace')} (delivered "
-                        f"{int(deliveries)} time(s), lease renewed {int(idle_ms)} ms ago): "
-                    )
-                elif queued:
-                    where = f"task {pending.task_id} is still waiting in the stream: "
-                else:
-                    where = (
-                        f"task {pending.task_id} is no longer in the stream (answered, "
-                        f"dead-lettered or deleted) but its reply did not arrive: "
-                    )
-            parts.append(
-                f"{where}{alive} worker(s) alive, {length} task(s) in the stream; the workers "
-                f"are busy or the function is slower than the timeout"
-            )
-        parts += self._dead_letter_hints(dead)
-        rejected = self.stats.rejected_replies
-        if rejected:
-            parts.append(f"{rejected} repl(ies) to this client were rejected (see the log)")
-        return "; ".join(parts)
-
-    def _dead_letter_hints(self, dead: Any) -> list[str]:
-        """What the recent dead letters of this client's tasks say (forged: the secret)."""
-        reasons: dict[str, list[str]] = {}
-        for _entry_id, fields in dead if isinstance(dead, list) else ():
-            data = dict(zip(fields[::2], fields[1::2], strict=False))
-            if data.get(keys.F_CLIENT) != self.client_id.encode():
-                continue
-            reason = data.get(keys.F_REASON)
-            error = data.get(keys.F_ERROR)
-            if isinstance(reason, bytes):
-                reasons.setdefault(reason.decode(errors="replace"), []).append(
-                    error.decode(errors="replace") if isinstance(error, bytes) else ""
-                )
-        hints = []
-        forged = reasons.pop(keys.REASON_FORGED, [])
-        if forged:
-            if self._signer.enabled:
-                fix = (
-                    f"this client signs with another secret than the workers: give both the "
-                    f"same {SECRET_ENV}"
-                )
-            else:
-                fix = (
-                    f"the workers require signed tasks and this client has no secret: pass "
-                    f"secret= to open_redis_executor or set {SECRET_ENV} to the workers' value"
-                )
-            hints.append(
-                f"{len(forged)} task(s) of this client were dead-lettered as unsigned or "
-                f"forged ({forged[0]}): {fix}"
-            )
-        for reason, errors in sorted(reasons.items()):
-            hints.append(
-                f"{len(errors)} task(s) of this client were dead-lettered ({reason}: "
-                f"{errors[0][:300]})"
-            )
-        return hints
 
     # -- background tasks -----------------------------------------------------------
     async def _flusher(self) -> None:

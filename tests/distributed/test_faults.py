@@ -154,3 +154,31 @@ async def test_a_message_that_would_decode_into_gigabytes_is_refused_early(
     assert all(b"more than 100000 arrays and maps" in r for r in reasons), reasons
     assert pending(client, queue) == 0
     client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_timeout_diagnosis_names_tasks_held_by_a_stopped_worker(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Point 6c: after a SIGSTOP, held tasks are not counted as waiting."""
+    stopped = start_worker(redis_url, "silent", *FAST)
+    x = Parameter(1.0)
+    client = redis.Redis.from_url(redis_url)
+    async with open_redis_executor(redis_url, queue="silent", timeout_s=4) as ex:
+        async with anyio.create_task_group() as tg:
+            failures: list[RemoteTimeoutError] = []
+
+            async def run() -> None:
+                try:
+                    await backward(F.Sleep.apply(x, 30.0, "silent"), executor=ex)
+                except RemoteTimeoutError as exc:
+                    failures.append(exc)
+
+            tg.start_soon(run)
+            await wait_until(lambda: client.llen("agdist:started:silent"))
+            stopped.signal(signal.SIGSTOP)
+    stopped.signal(signal.SIGCONT)
+    client.close()
+    (failure,) = failures
+    assert "no worker of queue 'silent' is alive" in str(failure)
+    assert "0 task(s) waiting, 1 held by silent worker(s)" in str(failure)
