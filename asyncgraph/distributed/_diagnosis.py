@@ -149,7 +149,6 @@ def dead_letter_hints(dead: Any, client_id: str, signed: bool) -> list[str]:
         )
     for reason, errors in sorted(reasons.items()):
         hints.append(
-            f"{len(errors)} task(s) of this client were dead-lettered ({reason}: "
-            f"{errors[0][:300]})"
+            f"{len(errors)} task(s) of this client were dead-lettered ({reason}: {errors[0][:300]})"
         )
     return hints

@@ -1,45 +1,21 @@
 """RedisExecutor: run ``dispatch = "remote"`` backwards on a worker fleet fed through Redis.
 
-Client side of the worker protocol (keys in ``asyncgraph.distributed.wire._keys``, messages
-in ``asyncgraph.distributed.wire._schema``). One executor owns, in its task group:
-
-- a *flusher*: remote nodes made ready together are XADDed to the task stream
-  in one pipelined round trip. The engine's runners start a wide level of ready
-  nodes over a few ticks and say when the last one is submitted (the
-  ``more_coming`` probe of ``run_backward_batched``, the Executor protocol's optional
-  batching method): that submission sends the batch at once, from its
-  own task, unless other waiters woken with it have yet to resume (their next
-  nodes join the batch) or a flush is already on its way. Then the flusher sends
-  what gathered once submissions stop arriving for two event-loop checkpoints; at
-  most 1,024 tasks per trip; cancellations ride along;
-- a *listener*: one blocking XREAD on this client's reply stream that resolves
-  the waiting nodes; a reply for a task already resolved (a task that ran
-  twice) is ignored, so every task is joined exactly once; a reply it cannot
-  accept (forged, malformed, too big) fails its task at once when the task id
-  can be read;
-- a *deadline watcher*: a node gets its reply within ``timeout_s`` or raises
-  ``RemoteTimeoutError`` with a diagnosis (taken before its task is cancelled
-  on the workers).
-
-Every wait has a deadline: a Redis that is unreachable or goes away fails the
-waiting nodes with ``RemoteConnectionError`` within ``redis_timeout_s``.
-Cancelling the caller cancels its tasks on the workers.
+The Executor face of the fleet: it builds a task message for each remote node (or
+remote forward), hands it to its ``TaskChannel`` (``_channel.py``: batching, the
+reply listener, deadlines, cancellation, heartbeat), and turns what comes back into
+the node's result or a ``RemoteError`` / ``RemoteTimeoutError`` with a diagnosis.
+Nodes that are not remote run on ``local``. Cancelling the caller cancels its tasks
+on the workers.
 """
 
 from __future__ import annotations
 
-import contextvars
-import itertools
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-import anyio.abc
-import anyio.lowlevel
 
 from asyncgraph import (
     BackwardError,
@@ -53,7 +29,7 @@ from asyncgraph import (
     WireError,
     is_grad_enabled,
 )
-from asyncgraph.distributed import _diagnosis as diagnosis
+from asyncgraph.distributed._channel import RedisExecutorStats, TaskChannel, more_coming_probe
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
@@ -66,53 +42,18 @@ from asyncgraph.distributed.wire._payload import (
     remote_name,
     var_from_entry,
 )
-from asyncgraph.distributed.wire._schema import (
-    CancelMessage,
-    ReplyMessage,
-    TaskMessage,
-    decode,
-    encode,
-    peek_ids,
-)
-from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer, secret_from_env
-from asyncgraph.executors import Executor, let_ready_tasks_run
+from asyncgraph.distributed.wire._schema import TaskMessage, encode
+from asyncgraph.distributed.wire._signing import Signer, secret_from_env
+from asyncgraph.executors import Executor
 from asyncgraph.models import Usage, meters_for
-from asyncgraph.resp import (
-    Connection,
-    Oversize,
-    Pool,
-    RedisConnectionLost,
-    ReplyError,
-    parse_redis_url,
-)
+from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
 if TYPE_CHECKING:
     from asyncgraph import Node
 
-__all__ = ["RedisExecutor", "open_redis_executor"]
+__all__ = ["RedisExecutor", "RedisExecutorStats", "open_redis_executor"]
 
 log = logging.getLogger("asyncgraph.executors.redis")
-
-_READ_COUNT = 1024
-_BLOCK_MS = 2000
-# Dead letters read by a timeout diagnosis are read without their original messages (up to 64 KiB each): bulks above this are skipped
-# unread; error texts (at most 32 KiB) are read.
-_DIAGNOSIS_MAX_BULK = 40_000
-_SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
-_IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
-_MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
-
-
-# The probe of the node this task submits (run_backward_batched): per task, since one
-# executor serves many passes and many nodes at once.
-_MORE_COMING: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "asyncgraph_redis_more_coming", default=None
-)
-
-
-def _more_coming() -> bool:
-    probe = _MORE_COMING.get()
-    return probe is not None and probe()
 
 
 class _RemoteTraceback(Exception):
@@ -123,36 +64,6 @@ class _RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n\n--- traceback on the worker ---\n{self.args[0]}"
-
-
-@dataclass(eq=False, slots=True)
-class _Pending:
-    task_id: str
-    function: str
-    event: anyio.Event
-    packed: bytes
-    signature: bytes
-    deadline: float
-    entry_id: bytes | None = None
-    reply: ReplyMessage | None = None
-    error: BaseException | None = None
-    cancelled: bool = False
-    sent: bool = False
-    timed_out: bool = False
-    woken: bool = False  # its waiter was woken and has not resumed yet
-
-
-@dataclass(slots=True)
-class RedisExecutorStats:
-    """Counters of one executor (for tests, logs and dashboards)."""
-
-    submitted: int = 0
-    completed: int = 0
-    duplicate_replies: int = 0
-    rejected_replies: int = 0
-    cancelled: int = 0
-    flushes: int = 0
-    reconnects: int = 0
 
 
 class RedisExecutor:
@@ -178,27 +89,17 @@ class RedisExecutor:
         limits: Limits,
         run_id: bytes | None,
     ) -> None:
+        self.channel = TaskChannel(
+            pool, queue, signer=signer, timeout_s=timeout_s, limits=limits, run_id=run_id
+        )
         self.queue = queue
-        self.client_id = uuid.uuid4().hex
+        self.client_id = self.channel.client_id
         self.timeout_s = timeout_s
         self.local = local
-        self.stats = RedisExecutorStats()
+        self.stats = self.channel.stats
         self._pool = pool
         self._signer = signer
         self._limits = limits
-        self._run_id = run_id
-        self._task_stream = keys.task_stream(queue)
-        self._reply_stream = keys.reply_stream(queue, self.client_id)
-        self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
-        self._ids = itertools.count(1)
-        self._pending: dict[str, _Pending] = {}
-        self._outbox: list[_Pending] = []
-        self._cancels: list[_Pending] = []
-        self._flush_wanted = anyio.Event()
-        self._submitted = anyio.Event()
-        self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
-        self._flushing = 0  # flushes on their way to Redis
-        self._closed = False
 
     # -- Executor protocol -------------------------------------------------------
     def inline(self, node: Node) -> bool:
@@ -214,11 +115,11 @@ class RedisExecutor:
     ) -> Any:
         """``run_backward``, told by the engine whether more ready nodes are on their way
         (``asyncgraph.executors.BatchingExecutor``): the last one sends the batch."""
-        token = _MORE_COMING.set(more_coming)
+        token = more_coming_probe.set(more_coming)
         try:
             return await self.run_backward(node, grad_outputs)
         finally:
-            _MORE_COMING.reset(token)
+            more_coming_probe.reset(token)
 
     async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
         fn = node.function
@@ -286,7 +187,7 @@ class RedisExecutor:
         return fn._record(ctx, inputs, tuple(outputs) if is_tuple else outputs[0], record)
 
     # -- submitting and waiting -------------------------------------------------------
-    async def _call(  # noqa: C901 (one remote call's life (submit, wait, diagnose); to split into a task channel)
+    async def _call(
         self,
         fn: type[Function],
         op: Literal["backward", "forward"],
@@ -297,13 +198,13 @@ class RedisExecutor:
         ctx: Any,
         values: Callable[[], dict[str, Any]],
     ) -> Any:
-        if self._closed:
+        if self.channel.closed:
             raise RuntimeError(
                 f"this RedisExecutor (queue {self.queue!r}) is closed: use it inside its "
                 f"`async with open_redis_executor(...)` block"
             )
         name = remote_name(fn)
-        task_id = f"{next(self._ids):x}"
+        task_id = self.channel.next_task_id()
         message = TaskMessage(
             self.queue,
             self.client_id,
@@ -318,35 +219,8 @@ class RedisExecutor:
             packed, signature = encode(message, self._signer, self._limits)
         except TypeError:
             raise diagnose_unpackable(fn.__name__, ctx, values()) from None
-        pending = _Pending(
-            task_id, name, anyio.Event(), packed, signature, anyio.current_time() + self.timeout_s
-        )
-        self._pending[task_id] = pending
-        self._outbox.append(pending)
-        self.stats.submitted += 1
-        # No cancel scope per node: the deadline watcher expires waits in submission order.
-        self._submitted.set()
-        try:
-            if _more_coming() or self._waking or self._flushing:
-                # More submissions are on their way: nodes of the same ready level, or
-                # the next nodes of other waiters woken with this one (they resume in
-                # this tick), or a flush is already out. The flusher sends them together.
-                self._flush_wanted.set()
-            else:
-                # The last of its batch: send the batch now, from this task (one loop
-                # iteration sooner than waking the flusher).
-                await self._flush(inline=True)
-            try:
-                await pending.event.wait()
-            finally:
-                if pending.woken:
-                    pending.woken = False
-                    self._waking -= 1
-        except BaseException:
-            self._cancel(pending)
-            raise
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature)
         if pending.reply is not None:
-            self.stats.completed += 1
             if pending.reply.usage:
                 # Model usage the worker spent: counted by this caller's track_usage() blocks.
                 _count_remote_usage(pending.reply.usage)
@@ -359,9 +233,9 @@ class RedisExecutor:
             try:
                 # Asked before the task is cancelled (which deletes it from the stream), so
                 # the diagnosis sees where it was: queued, being processed, or gone.
-                diagnosis = await self._diagnose(pending)
+                diagnosis = await self.channel.diagnose(pending)
             finally:
-                self._send_cancel(pending)
+                self.channel.send_cancel(pending)
             raise RemoteTimeoutError(
                 f"{describe}: no reply from the workers of queue {self.queue!r} within "
                 f"{self.timeout_s:g}s (task {task_id}, function {name!r}); {diagnosis}",
@@ -389,400 +263,11 @@ class RedisExecutor:
             raise remote from _RemoteTraceback(info.traceback)
         raise remote
 
-    async def _deadline_watcher(self) -> None:
-        """Expire waits past ``timeout_s``: all share it, so the oldest expires first."""
-        while True:
-            now = anyio.current_time()
-            wake = now + self.timeout_s
-            while self._pending:
-                oldest = next(iter(self._pending.values()))
-                if oldest.deadline > now:
-                    wake = oldest.deadline
-                    break
-                # Not cancelled yet: its waiter diagnoses first, then cancels it.
-                del self._pending[oldest.task_id]
-                oldest.timed_out = True
-                self._wake(oldest)
-            await anyio.sleep(max(wake - now, 0.001))
-
-    def _cancel(self, pending: _Pending) -> None:
-        """Forget a task this client stopped waiting for and tell the workers (off the caller's path)."""
-        if self._pending.pop(pending.task_id, None) is not None:
-            self._send_cancel(pending)
-
-    def _send_cancel(self, pending: _Pending) -> None:
-        pending.cancelled = True
-        self.stats.cancelled += 1
-        if not self._closed:
-            self._cancels.append(pending)
-            self._flush_wanted.set()
-
-    async def _diagnose(self, pending: _Pending) -> str:
-        """Why a reply may be missing (``asyncgraph.distributed._diagnosis``)."""
-        try:
-            replies = await self._pool.pipeline(
-                diagnosis.commands(self.queue, pending.entry_id),
-                timeout_s=min(self._pool.timeout_s, 2.0),
-                max_bulk=_DIAGNOSIS_MAX_BULK,
-            )
-            return diagnosis.explain(
-                replies,
-                queue=self.queue,
-                task_id=pending.task_id,
-                client_id=self.client_id,
-                signed=self._signer.enabled,
-                rejected_replies=self.stats.rejected_replies,
-            )
-        except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
-            return f"could not ask Redis why ({type(exc).__name__}: {exc})"
-
-    # -- background tasks -----------------------------------------------------------
-    async def _flusher(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            # What reaches the flusher was not sent by its submitter (see _call): more
-            # nodes of its level, or of the waiters woken with it, or of another pass
-            # or remote forward, may come in the next ticks. Wait until submissions stop
-            # for two checkpoints (a few loop iterations, microseconds; two, not one:
-            # trio runs each batch of tasks in either order), then send them together.
-            # A level wider than _MAX_BATCH goes in several, the first leaving while the
-            # rest are submitted; a submitter that sent everything leaves nothing here.
-            size, quiet = len(self._outbox) + len(self._cancels), 0
-            while size and quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
-                await anyio.lowlevel.checkpoint()
-                now = len(self._outbox) + len(self._cancels)
-                quiet = quiet + 1 if now == size else 0
-                size = now
-            self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
-            await self._flush()
-
-    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:  # noqa: C901 (a batch send and its failure paths; to split into a task channel)
-        """Send what is batched (tasks, cancellations) in one round trip.
-
-        ``inline``: called from a node's own task, which may be cancelled meanwhile:
-        the send is not shielded (cancelling the caller takes effect at once), and
-        the batch goes back to the flusher, which sends it again (a task sent twice
-        is joined once). Otherwise shielded, bounded by the pool's deadline.
-        """
-        outbox = [p for p in self._outbox if not p.cancelled]
-        # Tasks cancelled before they were sent are simply never sent.
-        cancels = [p for p in self._cancels if p.sent]
-        self._outbox, self._cancels = [], []
-        commands: list[list[Any]] = [
-            [
-                "XADD",
-                self._task_stream,
-                "*",
-                keys.F_MESSAGE,
-                p.packed,
-                keys.F_SIGNATURE,
-                p.signature,
-                keys.F_CLIENT_HINT,
-                self.client_id,
-                keys.F_TASK_HINT,
-                p.task_id,
-            ]
-            for p in outbox
-        ]
-        for p in outbox:
-            p.sent = True
-        if cancels:
-            # Queued entries are deleted (no worker will start them); running ones are
-            # stopped by the workers watching the cancel stream.
-            entry_ids = [p.entry_id for p in cancels if p.entry_id is not None]
-            if entry_ids:
-                commands.append(["XDEL", self._task_stream, *entry_ids])
-            packed, signature = encode(
-                CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
-                self._signer,
-            )
-            commands.append(
-                [
-                    "XADD",
-                    keys.cancel_stream(self.queue),
-                    "MAXLEN",
-                    "~",
-                    keys.CANCEL_MAXLEN,
-                    "*",
-                    keys.F_MESSAGE,
-                    packed,
-                    keys.F_SIGNATURE,
-                    signature,
-                ]
-            )
-        if not commands:
-            return
-        self.stats.flushes += 1
-        self._flushing += 1
-        try:
-            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=not inline)
-        except RedisConnectionLost as exc:
-            for p in outbox:
-                self._fail(p, self._connection_error(exc, "sending the task"))
-            return
-        except Exception as exc:
-            # Not a network error (a bug, or a reply this client cannot parse): fail the
-            # whole batch with it, not only the task that happened to send it.
-            log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
-            for p in outbox:
-                self._fail(
-                    p,
-                    RemoteConnectionError(
-                        f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"
-                    ),
-                )
-            return
-        except BaseException:
-            if inline:  # cancelled mid-send: the flusher sends the batch again
-                self._outbox[:0] = outbox
-                self._cancels[:0] = cancels
-                self._flush_wanted.set()
-            raise
-        finally:
-            self._flushing -= 1
-        for p, reply in zip(outbox, replies, strict=False):
-            if isinstance(reply, ReplyError):
-                self._fail(
-                    p,
-                    RemoteConnectionError(
-                        f"Redis refused the task for {p.function!r} on queue {self.queue!r}: {reply}"
-                    ),
-                )
-            else:
-                p.entry_id = reply
-
-    def _fail(self, pending: _Pending, error: BaseException) -> None:
-        if self._pending.pop(pending.task_id, None) is not None:
-            pending.error = error
-            self._wake(pending)
-
-    def _wake(self, pending: _Pending) -> None:
-        pending.woken = True
-        self._waking += 1
-        pending.event.set()
-
-    def _connection_error(self, exc: Exception, doing: str) -> RemoteConnectionError:
-        error = RemoteConnectionError(
-            f"lost Redis while {doing} (queue {self.queue!r}): {exc}. The result of this "
-            f"remote node cannot arrive; check Redis and run the backward again."
-        )
-        error.__cause__ = exc
-        return error
-
-    async def _listener(self, conn: Connection | None) -> None:
-        """Read this client's reply stream; survive outages, failing what they cut off."""
-        last_id = b"0-0"
-        trim_below: bytes | None = None
-        backoff = 0.05
-        try:
-            while True:
-                if conn is None:
-                    try:
-                        conn = await self._connect_listener()
-                    except RedisConnectionLost as exc:
-                        self._fail_all(exc, "waiting for the reply")
-                        # Everything sent so far has failed: whichever Redis answers next
-                        # holds only tasks sent after this point.
-                        self._run_id = None
-                        await anyio.sleep(backoff)
-                        backoff = min(backoff * 2, 2.0)
-                        continue
-                    backoff = 0.05
-                commands: list[list[Any]] = []
-                if trim_below is not None:  # drop what was read, in the same round trip
-                    commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
-                commands.append(
-                    [
-                        "XREAD",
-                        "COUNT",
-                        _READ_COUNT,
-                        "BLOCK",
-                        _BLOCK_MS,
-                        "STREAMS",
-                        self._reply_stream,
-                        last_id,
-                    ]
-                )
-                limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
-                try:
-                    with anyio.fail_after(limit_s):
-                        replies = await conn.pipeline(commands, max_bulk=self._max_bulk)
-                    if isinstance(replies[-1], ReplyError):
-                        raise RedisConnectionLost(
-                            f"XREAD of the reply stream failed: {replies[-1]}"
-                        )
-                except (RedisConnectionLost, TimeoutError) as exc:
-                    what = (
-                        str(exc)
-                        if isinstance(exc, RedisConnectionLost)
-                        else (
-                            f"Redis at {self._pool.address.display} did not answer the blocking "
-                            f"read of the reply stream within {limit_s:g}s"
-                        )
-                    )
-                    log.warning("reply listener of queue %r: %s; reconnecting", self.queue, what)
-                    self.stats.reconnects += 1
-                    await conn.aclose()
-                    conn = None  # reconnect at once; if that fails, the waiting nodes fail
-                    continue
-                trim_below = None
-                if replies[-1]:
-                    entries = replies[-1][0][1]
-                    for _entry_id, fields in entries:
-                        self._on_reply(fields)
-                    await self._before_next_read()
-                    last_id = entries[-1][0]
-                    trim_below = _next_id(last_id)
-        finally:
-            if conn is not None:
-                await conn.aclose()
-
-    async def _before_next_read(self) -> None:
-        """Let the nodes just resolved run before this client writes to Redis again.
-
-        Sending the next blocking read wakes the Redis server, which on a busy host
-        takes the CPU from this process: the resolved nodes would wait for it. So the
-        read is sent once they had their turn, and when no task of this client is in
-        flight (nothing to read), after the next submission went out, or after
-        ``_IDLE_READ_DELAY_S`` (late replies, of tasks that ran twice, are then read).
-        """
-        await let_ready_tasks_run()
-        if not self._pending:
-            self._submitted = anyio.Event()
-            with anyio.move_on_after(_IDLE_READ_DELAY_S):
-                await self._submitted.wait()
-                await let_ready_tasks_run()  # its flush is sent first
-
-    async def _connect_listener(self) -> Connection:
-        """A connection for the listener; fails the waiting nodes if Redis restarted meanwhile."""
-        conn = await self._pool.connect()
-        try:
-            run_id = await _run_id(conn, self._pool.timeout_s)
-        except BaseException:
-            await conn.aclose()
-            raise
-        if self._run_id is not None and run_id != self._run_id:
-            self._fail_all(
-                RedisConnectionLost(
-                    f"Redis at {self._pool.address.display} restarted: tasks and replies in flight "
-                    f"were lost"
-                ),
-                "waiting for the reply",
-            )
-        self._run_id = run_id
-        return conn
-
-    def _fail_all(self, exc: Exception, doing: str) -> None:
-        for pending in list(self._pending.values()):
-            if pending.sent:
-                self._fail(pending, self._connection_error(exc, doing))
-
-    def _on_reply(self, fields: list[Any]) -> None:
-        data = dict(zip(fields[::2], fields[1::2], strict=False))
-        packed = data.get(keys.F_MESSAGE)
-        try:
-            if isinstance(packed, Oversize):
-                raise WireError(
-                    f"the reply is {packed.size} bytes, above this client's limit of "
-                    f"{self._limits.max_message_bytes} (it was not read); raise "
-                    f"limits=Limits(max_message_bytes=...) here or return less data"
-                )
-            message = decode(
-                packed, data.get(keys.F_SIGNATURE), self._signer, self.queue, self._limits
-            )
-            if not isinstance(message, ReplyMessage) or message.client != self.client_id:
-                raise WireError("not a reply to this client")
-        except WireError as exc:
-            self._on_rejected_reply(data, packed, exc)
-            return
-        pending = self._pending.pop(message.id, None)
-        if pending is None:
-            self.stats.duplicate_replies += 1  # ran twice, cancelled, or timed out: joined once
-            return
-        pending.reply = message
-        self._wake(pending)
-
-    def _on_rejected_reply(self, data: dict[Any, Any], packed: Any, exc: WireError) -> None:
-        """Count and log a reply this client refuses; fail its task now if it can be named."""
-        self.stats.rejected_replies += 1
-        task_id: str | None = None
-        hint = data.get(keys.F_TASK_HINT)
-        if isinstance(hint, bytes):
-            task_id = hint.decode(errors="replace")
-        else:
-            ids = peek_ids(packed, self.queue, "reply")
-            if ids is not None and ids[0] == self.client_id:
-                task_id = ids[1]
-        pending = self._pending.get(task_id) if task_id is not None else None
-        log.warning(
-            "rejected a reply on queue %r%s: %s",
-            self.queue,
-            f" for task {task_id}" if task_id else "",
-            exc,
-        )
-        if pending is None:
-            return
-        if "signature" in str(exc) or "unsigned" in str(exc):
-            advice = (
-                f"; the client and the workers must share one secret (secret= here, "
-                f"{SECRET_ENV} on both sides)"
-            )
-        else:
-            advice = ""
-        self._fail(
-            pending,
-            RemoteError(
-                f"its reply from the workers of queue {self.queue!r} was rejected: {exc}{advice}"
-            ),
-        )
-
-    async def _close(self) -> None:
-        """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
-        self._closed = True
-        for pending in list(self._pending.values()):
-            pending.cancelled = True
-            self._cancels.append(pending)
-            self._fail(
-                pending,
-                RuntimeError(
-                    f"the RedisExecutor of queue {self.queue!r} was closed while this node waited"
-                ),
-            )
-        if self.stats.submitted:  # else there is nothing to cancel or delete
-            with anyio.move_on_after(self._pool.timeout_s, shield=True):
-                try:
-                    await self._flush(timeout_s=self._pool.timeout_s)
-                    await self._pool.execute("DEL", self._reply_stream)
-                except (RedisConnectionLost, ReplyError) as exc:
-                    log.warning("closing the executor of queue %r: %s", self.queue, exc)
-        with anyio.CancelScope(shield=True):
-            await self._pool.aclose()
-
     def __repr__(self) -> str:
         return (
             f"RedisExecutor(url={self._pool.address.display!r}, queue={self.queue!r}, "
             f"timeout_s={self.timeout_s!r})"
         )
-
-
-def _next_id(entry_id: bytes) -> bytes:
-    ms, _, seq = entry_id.partition(b"-")
-    return ms + b"-" + str(int(seq or b"0") + 1).encode()
-
-
-async def _run_id(conn: Connection, timeout_s: float) -> bytes:
-    """The server's run_id: it changes when Redis restarts (and forgets non-persisted data)."""
-    try:
-        with anyio.fail_after(timeout_s):
-            info = await conn.execute("INFO", "server")
-    except TimeoutError:
-        raise RedisConnectionLost(
-            f"Redis at {conn.address.display} did not answer within {timeout_s:g}s"
-        ) from None
-    for line in bytes(info).splitlines():
-        if line.startswith(b"run_id:"):
-            return line[7:].strip()
-    return b""
 
 
 def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], Any, list[int], bool]:
@@ -873,16 +358,17 @@ async def open_redis_executor(
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
     try:
-        listener = await executor._connect_listener()
+        listener = await executor.channel.connect_listener()
     except RedisConnectionLost as exc:
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
     body_error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(executor._listener, listener)
-            tg.start_soon(executor._flusher)
-            tg.start_soon(executor._deadline_watcher)
+            tg.start_soon(executor.channel.listen, listener)
+            tg.start_soon(executor.channel.flush_loop)
+            tg.start_soon(executor.channel.watch_deadlines)
+            tg.start_soon(executor.channel.heartbeat)
             try:
                 yield executor
             except Exception as exc:
@@ -891,6 +377,6 @@ async def open_redis_executor(
             finally:
                 tg.cancel_scope.cancel()
     finally:
-        await executor._close()
+        await executor.channel.close()
     if body_error is not None:
         raise body_error

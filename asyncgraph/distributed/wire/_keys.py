@@ -123,3 +123,8 @@ def workers_info_hash(queue: str) -> str:
     """Each live worker's self-description (JSON: host, pid, concurrency, in flight,
     version, draining, started), written with its heartbeat, read by ``asyncgraph status``."""
     return f"{_base(queue)}:workers:info"
+
+
+def clients_hash(queue: str) -> str:
+    """Client id -> heartbeat expiry (Redis ms) of the clients of ``queue`` with a channel open."""
+    return f"{_base(queue)}:clients"

@@ -55,11 +55,12 @@ def admit(
     cancelled: Container[tuple[str, str]],
     deadline_of: Callable[[bytes, int], float],
     now: float,
+    client_gone: Callable[[str], bool] = lambda client: False,
 ) -> Admitted | Settled:
     """Decode and check one entry read ``deliveries`` times; set ``held.key`` and ``held.deadline``.
 
     Settled at once: an entry too big or too wide (read no further), one that does not
-    decode or verify, a cancelled or expired task, one delivered more than
+    decode or verify, a cancelled or expired task, one whose client is gone, one delivered more than
     ``max_attempts`` times, an unknown function or one whose code differs.
     """
     data: dict[Any, Any] = {}
@@ -78,6 +79,8 @@ def admit(
     held.key = (message.client, message.id)
     if held.key in cancelled:
         return replies.settled(held, "cancelled")
+    if client_gone(message.client):
+        return replies.settled(held, "client_gone")
     held.deadline = deadline_of(held.entry_id, message.ttl_ms)
     if held.deadline <= now:
         return replies.settled(held, "expired")

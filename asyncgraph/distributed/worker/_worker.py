@@ -308,6 +308,7 @@ class Worker:
             cancelled=self._cancels,
             deadline_of=self._membership.deadline,
             now=anyio.current_time(),
+            client_gone=self._membership.client_gone,
         )
         if isinstance(decided, Settled):
             self._writer.queue(decided)

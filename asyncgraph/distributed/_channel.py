@@ -1,0 +1,607 @@
+"""The task channel: a client's tasks to the worker fleet and their replies, through Redis.
+
+The transport under ``RedisExecutor`` (keys in ``asyncgraph.distributed.wire._keys``,
+messages in ``asyncgraph.distributed.wire._schema``). One channel owns, in its
+executor's task group:
+
+- a *flusher*: remote nodes made ready together are XADDed to the task stream
+  in one pipelined round trip. The engine's runners start a wide level of ready
+  nodes over a few ticks and say when the last one is submitted (the
+  ``more_coming`` probe of ``run_backward_batched``, the Executor protocol's optional
+  batching method): that submission sends the batch at once, from its
+  own task, unless other waiters woken with it have yet to resume (their next
+  nodes join the batch) or a flush is already on its way. Then the flusher sends
+  what gathered once submissions stop arriving for two event-loop checkpoints; at
+  most 1,024 tasks per trip; cancellations ride along;
+- a *listener*: one blocking XREAD on this client's reply stream that resolves
+  the waiting tasks; a reply for a task already resolved (a task that ran
+  twice) is ignored, so every task is joined exactly once; a reply it cannot
+  accept (forged, malformed, too big) fails its task at once when the task id
+  can be read;
+- a *deadline watcher*: a task gets its reply within ``timeout_s`` or is woken
+  ``timed_out`` (its caller diagnoses, then cancels it on the workers);
+- a *heartbeat*: while the channel is open, its client id's expiry in the queue's
+  clients hash; workers skip the tasks of a client whose heartbeat is gone (it died:
+  nobody would read the reply).
+
+Every wait has a deadline: a Redis that is unreachable or goes away fails the
+waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from asyncgraph import RemoteConnectionError, RemoteError, WireError
+from asyncgraph.distributed import _diagnosis as diagnosis
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._schema import (
+    CancelMessage,
+    ReplyMessage,
+    decode,
+    encode,
+    peek_ids,
+)
+from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer
+from asyncgraph.executors import let_ready_tasks_run
+from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
+
+__all__ = ["RedisExecutorStats", "TaskChannel", "more_coming_probe"]
+
+log = logging.getLogger("asyncgraph.executors.redis")
+
+_READ_COUNT = 1024
+_BLOCK_MS = 2000
+# Dead letters read by a timeout diagnosis are read without their original messages (up
+# to 64 KiB each): bulks above this are skipped unread; error texts (at most 32 KiB) are read.
+_DIAGNOSIS_MAX_BULK = 40_000
+_SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
+_IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
+_MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
+CLIENT_BEAT_S = 2.0  # a client's heartbeat period; its expiry is CLIENT_TTL_S ahead
+CLIENT_TTL_S = 15.0
+
+
+# The probe of the node this task submits (run_backward_batched): per task, since one
+# executor serves many passes and many nodes at once.
+more_coming_probe: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "asyncgraph_redis_more_coming", default=None
+)
+
+
+def _more_coming() -> bool:
+    probe = more_coming_probe.get()
+    return probe is not None and probe()
+
+
+@dataclass(eq=False, slots=True)
+class _Pending:
+    task_id: str
+    function: str
+    event: anyio.Event
+    packed: bytes
+    signature: bytes
+    deadline: float
+    entry_id: bytes | None = None
+    reply: ReplyMessage | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    sent: bool = False
+    timed_out: bool = False
+    woken: bool = False  # its waiter was woken and has not resumed yet
+
+
+@dataclass(slots=True)
+class RedisExecutorStats:
+    """Counters of one executor (for tests, logs and dashboards)."""
+
+    submitted: int = 0
+    completed: int = 0
+    duplicate_replies: int = 0
+    rejected_replies: int = 0
+    cancelled: int = 0
+    flushes: int = 0
+    reconnects: int = 0
+
+
+class TaskChannel:
+    """Sends tasks, waits for their replies, cancels, diagnoses: one client id on one queue.
+
+    Over 300 lines, and one concept: the life of a task on the wire. The flusher, the
+    listener and the deadline watcher share the one table of tasks in flight
+    (``_pending``), and every path (reply, failure, timeout, cancel) removes a task from
+    it exactly once; split apart, that rule would live in three places.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        queue: str,
+        *,
+        signer: Signer,
+        timeout_s: float,
+        limits: Limits,
+        run_id: bytes | None,
+    ) -> None:
+        self.queue = queue
+        self.client_id = uuid.uuid4().hex
+        self.timeout_s = timeout_s
+        self.stats = RedisExecutorStats()
+        self.closed = False
+        self._pool = pool
+        self._signer = signer
+        self._limits = limits
+        self._run_id = run_id
+        self._task_stream = keys.task_stream(queue)
+        self._reply_stream = keys.reply_stream(queue, self.client_id)
+        self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
+        self._ids = itertools.count(1)
+        self._pending: dict[str, _Pending] = {}
+        self._outbox: list[_Pending] = []
+        self._cancels: list[_Pending] = []
+        self._flush_wanted = anyio.Event()
+        self._submitted = anyio.Event()
+        self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
+        self._flushing = 0  # flushes on their way to Redis
+
+    def next_task_id(self) -> str:
+        return f"{next(self._ids):x}"
+
+    async def send_and_wait(
+        self, task_id: str, function: str, packed: bytes, signature: bytes
+    ) -> _Pending:
+        """Send one task (batched with others) and wait until it is answered, failed or timed out.
+
+        Cancelled meanwhile, the task is cancelled on the workers too.
+        """
+        pending = _Pending(
+            task_id,
+            function,
+            anyio.Event(),
+            packed,
+            signature,
+            anyio.current_time() + self.timeout_s,
+        )
+        self._pending[task_id] = pending
+        self._outbox.append(pending)
+        self.stats.submitted += 1
+        # No cancel scope per node: the deadline watcher expires waits in submission order.
+        self._submitted.set()
+        try:
+            if _more_coming() or self._waking or self._flushing:
+                # More submissions are on their way: nodes of the same ready level, or
+                # the next nodes of other waiters woken with this one (they resume in
+                # this tick), or a flush is already out. The flusher sends them together.
+                self._flush_wanted.set()
+            else:
+                # The last of its batch: send the batch now, from this task (one loop
+                # iteration sooner than waking the flusher).
+                await self._flush(inline=True)
+            try:
+                await pending.event.wait()
+            finally:
+                if pending.woken:
+                    pending.woken = False
+                    self._waking -= 1
+        except BaseException:
+            self._cancel(pending)
+            raise
+        if pending.reply is not None:
+            self.stats.completed += 1
+        return pending
+
+    async def heartbeat(self) -> None:
+        """Tell the workers this client is alive, while the channel is open."""
+        clients = keys.clients_hash(self.queue)
+        while True:
+            try:
+                now = await self._pool.execute("TIME")
+                expiry = int(now[0]) * 1000 + int(now[1]) // 1000 + int(CLIENT_TTL_S * 1000)
+                await self._pool.execute("HSET", clients, self.client_id, expiry)
+            except (RedisConnectionLost, ReplyError) as exc:
+                log.debug("queue %r: client heartbeat: %s", self.queue, exc)
+            await anyio.sleep(CLIENT_BEAT_S)
+
+    async def watch_deadlines(self) -> None:
+        """Expire waits past ``timeout_s``: all share it, so the oldest expires first."""
+        while True:
+            now = anyio.current_time()
+            wake = now + self.timeout_s
+            while self._pending:
+                oldest = next(iter(self._pending.values()))
+                if oldest.deadline > now:
+                    wake = oldest.deadline
+                    break
+                # Not cancelled yet: its waiter diagnoses first, then cancels it.
+                del self._pending[oldest.task_id]
+                oldest.timed_out = True
+                self._wake(oldest)
+            await anyio.sleep(max(wake - now, 0.001))
+
+    def _cancel(self, pending: _Pending) -> None:
+        """Forget a task this client stopped waiting for and tell the workers (off the caller's path)."""
+        if self._pending.pop(pending.task_id, None) is not None:
+            self.send_cancel(pending)
+
+    def send_cancel(self, pending: _Pending) -> None:
+        pending.cancelled = True
+        self.stats.cancelled += 1
+        if not self.closed:
+            self._cancels.append(pending)
+            self._flush_wanted.set()
+
+    async def diagnose(self, pending: _Pending) -> str:
+        """Why a reply may be missing (``asyncgraph.distributed._diagnosis``)."""
+        try:
+            replies = await self._pool.pipeline(
+                diagnosis.commands(self.queue, pending.entry_id),
+                timeout_s=min(self._pool.timeout_s, 2.0),
+                max_bulk=_DIAGNOSIS_MAX_BULK,
+            )
+            return diagnosis.explain(
+                replies,
+                queue=self.queue,
+                task_id=pending.task_id,
+                client_id=self.client_id,
+                signed=self._signer.enabled,
+                rejected_replies=self.stats.rejected_replies,
+            )
+        except (RedisConnectionLost, ReplyError, ValueError, TypeError, IndexError) as exc:
+            return f"could not ask Redis why ({type(exc).__name__}: {exc})"
+
+    # -- background tasks -----------------------------------------------------------
+    async def flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            # What reaches the flusher was not sent by its submitter (see _call): more
+            # nodes of its level, or of the waiters woken with it, or of another pass
+            # or remote forward, may come in the next ticks. Wait until submissions stop
+            # for two checkpoints (a few loop iterations, microseconds; two, not one:
+            # trio runs each batch of tasks in either order), then send them together.
+            # A level wider than _MAX_BATCH goes in several, the first leaving while the
+            # rest are submitted; a submitter that sent everything leaves nothing here.
+            size, quiet = len(self._outbox) + len(self._cancels), 0
+            while size and quiet < _SETTLE_CHECKPOINTS and len(self._outbox) < _MAX_BATCH:
+                await anyio.lowlevel.checkpoint()
+                now = len(self._outbox) + len(self._cancels)
+                quiet = quiet + 1 if now == size else 0
+                size = now
+            self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
+            await self._flush()
+
+    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:  # noqa: C901 (a batch send and its failure paths)
+        """Send what is batched (tasks, cancellations) in one round trip.
+
+        ``inline``: called from a node's own task, which may be cancelled meanwhile:
+        the send is not shielded (cancelling the caller takes effect at once), and
+        the batch goes back to the flusher, which sends it again (a task sent twice
+        is joined once). Otherwise shielded, bounded by the pool's deadline.
+        """
+        outbox = [p for p in self._outbox if not p.cancelled]
+        # Tasks cancelled before they were sent are simply never sent.
+        cancels = [p for p in self._cancels if p.sent]
+        self._outbox, self._cancels = [], []
+        commands: list[list[Any]] = [
+            [
+                "XADD",
+                self._task_stream,
+                "*",
+                keys.F_MESSAGE,
+                p.packed,
+                keys.F_SIGNATURE,
+                p.signature,
+                keys.F_CLIENT_HINT,
+                self.client_id,
+                keys.F_TASK_HINT,
+                p.task_id,
+            ]
+            for p in outbox
+        ]
+        for p in outbox:
+            p.sent = True
+        if cancels:
+            # Queued entries are deleted (no worker will start them); running ones are
+            # stopped by the workers watching the cancel stream.
+            entry_ids = [p.entry_id for p in cancels if p.entry_id is not None]
+            if entry_ids:
+                commands.append(["XDEL", self._task_stream, *entry_ids])
+            packed, signature = encode(
+                CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
+                self._signer,
+            )
+            commands.append(
+                [
+                    "XADD",
+                    keys.cancel_stream(self.queue),
+                    "MAXLEN",
+                    "~",
+                    keys.CANCEL_MAXLEN,
+                    "*",
+                    keys.F_MESSAGE,
+                    packed,
+                    keys.F_SIGNATURE,
+                    signature,
+                ]
+            )
+        if not commands:
+            return
+        self.stats.flushes += 1
+        self._flushing += 1
+        try:
+            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=not inline)
+        except RedisConnectionLost as exc:
+            for p in outbox:
+                self._fail(p, self._connection_error(exc, "sending the task"))
+            return
+        except Exception as exc:
+            # Not a network error (a bug, or a reply this client cannot parse): fail the
+            # whole batch with it, not only the task that happened to send it.
+            log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
+            for p in outbox:
+                self._fail(
+                    p,
+                    RemoteConnectionError(
+                        f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"
+                    ),
+                )
+            return
+        except BaseException:
+            if inline:  # cancelled mid-send: the flusher sends the batch again
+                self._outbox[:0] = outbox
+                self._cancels[:0] = cancels
+                self._flush_wanted.set()
+            raise
+        finally:
+            self._flushing -= 1
+        for p, reply in zip(outbox, replies, strict=False):
+            if isinstance(reply, ReplyError):
+                self._fail(
+                    p,
+                    RemoteConnectionError(
+                        f"Redis refused the task for {p.function!r} on queue {self.queue!r}: {reply}"
+                    ),
+                )
+            else:
+                p.entry_id = reply
+
+    def _fail(self, pending: _Pending, error: BaseException) -> None:
+        if self._pending.pop(pending.task_id, None) is not None:
+            pending.error = error
+            self._wake(pending)
+
+    def _wake(self, pending: _Pending) -> None:
+        pending.woken = True
+        self._waking += 1
+        pending.event.set()
+
+    def _connection_error(self, exc: Exception, doing: str) -> RemoteConnectionError:
+        error = RemoteConnectionError(
+            f"lost Redis while {doing} (queue {self.queue!r}): {exc}. The result of this "
+            f"remote node cannot arrive; check Redis and run the backward again."
+        )
+        error.__cause__ = exc
+        return error
+
+    async def listen(self, conn: Connection | None) -> None:
+        """Read this client's reply stream; survive outages, failing what they cut off."""
+        last_id = b"0-0"
+        trim_below: bytes | None = None
+        backoff = 0.05
+        try:
+            while True:
+                if conn is None:
+                    try:
+                        conn = await self.connect_listener()
+                    except RedisConnectionLost as exc:
+                        self._fail_all(exc, "waiting for the reply")
+                        # Everything sent so far has failed: whichever Redis answers next
+                        # holds only tasks sent after this point.
+                        self._run_id = None
+                        await anyio.sleep(backoff)
+                        backoff = min(backoff * 2, 2.0)
+                        continue
+                    backoff = 0.05
+                commands: list[list[Any]] = []
+                if trim_below is not None:  # drop what was read, in the same round trip
+                    commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
+                commands.append(
+                    [
+                        "XREAD",
+                        "COUNT",
+                        _READ_COUNT,
+                        "BLOCK",
+                        _BLOCK_MS,
+                        "STREAMS",
+                        self._reply_stream,
+                        last_id,
+                    ]
+                )
+                limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
+                try:
+                    with anyio.fail_after(limit_s):
+                        replies = await conn.pipeline(commands, max_bulk=self._max_bulk)
+                    if isinstance(replies[-1], ReplyError):
+                        raise RedisConnectionLost(
+                            f"XREAD of the reply stream failed: {replies[-1]}"
+                        )
+                except (RedisConnectionLost, TimeoutError) as exc:
+                    what = (
+                        str(exc)
+                        if isinstance(exc, RedisConnectionLost)
+                        else (
+                            f"Redis at {self._pool.address.display} did not answer the blocking "
+                            f"read of the reply stream within {limit_s:g}s"
+                        )
+                    )
+                    log.warning("reply listener of queue %r: %s; reconnecting", self.queue, what)
+                    self.stats.reconnects += 1
+                    await conn.aclose()
+                    conn = None  # reconnect at once; if that fails, the waiting nodes fail
+                    continue
+                trim_below = None
+                if replies[-1]:
+                    entries = replies[-1][0][1]
+                    for _entry_id, fields in entries:
+                        self._on_reply(fields)
+                    await self._before_next_read()
+                    last_id = entries[-1][0]
+                    trim_below = _next_id(last_id)
+        finally:
+            if conn is not None:
+                await conn.aclose()
+
+    async def _before_next_read(self) -> None:
+        """Let the nodes just resolved run before this client writes to Redis again.
+
+        Sending the next blocking read wakes the Redis server, which on a busy host
+        takes the CPU from this process: the resolved nodes would wait for it. So the
+        read is sent once they had their turn, and when no task of this client is in
+        flight (nothing to read), after the next submission went out, or after
+        ``_IDLE_READ_DELAY_S`` (late replies, of tasks that ran twice, are then read).
+        """
+        await let_ready_tasks_run()
+        if not self._pending:
+            self._submitted = anyio.Event()
+            with anyio.move_on_after(_IDLE_READ_DELAY_S):
+                await self._submitted.wait()
+                await let_ready_tasks_run()  # its flush is sent first
+
+    async def connect_listener(self) -> Connection:
+        """A connection for the listener; fails the waiting nodes if Redis restarted meanwhile."""
+        conn = await self._pool.connect()
+        try:
+            run_id = await _run_id(conn, self._pool.timeout_s)
+        except BaseException:
+            await conn.aclose()
+            raise
+        if self._run_id is not None and run_id != self._run_id:
+            self._fail_all(
+                RedisConnectionLost(
+                    f"Redis at {self._pool.address.display} restarted: tasks and replies in flight "
+                    f"were lost"
+                ),
+                "waiting for the reply",
+            )
+        self._run_id = run_id
+        return conn
+
+    def _fail_all(self, exc: Exception, doing: str) -> None:
+        for pending in list(self._pending.values()):
+            if pending.sent:
+                self._fail(pending, self._connection_error(exc, doing))
+
+    def _on_reply(self, fields: list[Any]) -> None:
+        data = dict(zip(fields[::2], fields[1::2], strict=False))
+        packed = data.get(keys.F_MESSAGE)
+        try:
+            if isinstance(packed, Oversize):
+                raise WireError(
+                    f"the reply is {packed.size} bytes, above this client's limit of "
+                    f"{self._limits.max_message_bytes} (it was not read); raise "
+                    f"limits=Limits(max_message_bytes=...) here or return less data"
+                )
+            message = decode(
+                packed, data.get(keys.F_SIGNATURE), self._signer, self.queue, self._limits
+            )
+            if not isinstance(message, ReplyMessage) or message.client != self.client_id:
+                raise WireError("not a reply to this client")
+        except WireError as exc:
+            self._on_rejected_reply(data, packed, exc)
+            return
+        pending = self._pending.pop(message.id, None)
+        if pending is None:
+            self.stats.duplicate_replies += 1  # ran twice, cancelled, or timed out: joined once
+            return
+        pending.reply = message
+        self._wake(pending)
+
+    def _on_rejected_reply(self, data: dict[Any, Any], packed: Any, exc: WireError) -> None:
+        """Count and log a reply this client refuses; fail its task now if it can be named."""
+        self.stats.rejected_replies += 1
+        task_id: str | None = None
+        hint = data.get(keys.F_TASK_HINT)
+        if isinstance(hint, bytes):
+            task_id = hint.decode(errors="replace")
+        else:
+            ids = peek_ids(packed, self.queue, "reply")
+            if ids is not None and ids[0] == self.client_id:
+                task_id = ids[1]
+        pending = self._pending.get(task_id) if task_id is not None else None
+        log.warning(
+            "rejected a reply on queue %r%s: %s",
+            self.queue,
+            f" for task {task_id}" if task_id else "",
+            exc,
+        )
+        if pending is None:
+            return
+        if "signature" in str(exc) or "unsigned" in str(exc):
+            advice = (
+                f"; the client and the workers must share one secret (secret= here, "
+                f"{SECRET_ENV} on both sides)"
+            )
+        else:
+            advice = ""
+        self._fail(
+            pending,
+            RemoteError(
+                f"its reply from the workers of queue {self.queue!r} was rejected: {exc}{advice}"
+            ),
+        )
+
+    async def close(self) -> None:
+        """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
+        self.closed = True
+        for pending in list(self._pending.values()):
+            pending.cancelled = True
+            self._cancels.append(pending)
+            self._fail(
+                pending,
+                RuntimeError(
+                    f"the RedisExecutor of queue {self.queue!r} was closed while this node waited"
+                ),
+            )
+        if self.stats.submitted:  # else there is nothing to cancel or delete
+            with anyio.move_on_after(self._pool.timeout_s, shield=True):
+                try:
+                    await self._flush(timeout_s=self._pool.timeout_s)
+                    await self._pool.pipeline(
+                        [
+                            ["DEL", self._reply_stream],
+                            ["HDEL", keys.clients_hash(self.queue), self.client_id],
+                        ]
+                    )
+                except (RedisConnectionLost, ReplyError) as exc:
+                    log.warning("closing the executor of queue %r: %s", self.queue, exc)
+        with anyio.CancelScope(shield=True):
+            await self._pool.aclose()
+
+
+def _next_id(entry_id: bytes) -> bytes:
+    ms, _, seq = entry_id.partition(b"-")
+    return ms + b"-" + str(int(seq or b"0") + 1).encode()
+
+
+async def _run_id(conn: Connection, timeout_s: float) -> bytes:
+    """The server's run_id: it changes when Redis restarts (and forgets non-persisted data)."""
+    try:
+        with anyio.fail_after(timeout_s):
+            info = await conn.execute("INFO", "server")
+    except TimeoutError:
+        raise RedisConnectionLost(
+            f"Redis at {conn.address.display} did not answer within {timeout_s:g}s"
+        ) from None
+    for line in bytes(info).splitlines():
+        if line.startswith(b"run_id:"):
+            return line[7:].strip()
+    return b""
