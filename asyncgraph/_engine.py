@@ -7,7 +7,8 @@ the task that made them ready (no task, microseconds); the others run as tasks
 of the pass's task group, so independent slow backwards overlap. Gradients
 flowing into one place are summed in graph order (consumer creation order,
 then input position), never in completion order. Leaves' ``.grad`` are
-written only after the whole pass succeeded.
+written only after the whole pass succeeded; a leaf's post-accumulate-grad hooks
+run inside the pass, with that pass's gradient, the moment it is final.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ._accumulate import accumulate
 from ._exceptions import BackwardError, GraphError
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Hook, Node, Seq
+from ._graph import Edge, Hook, Node, PostAccumulateHook, Seq
 from ._variable import Variable
 
 if TYPE_CHECKING:
@@ -205,6 +206,29 @@ async def run_hooks(hooks: dict[int, Hook], grad: Variable, role: str) -> Variab
         if result is not None:
             grad = result if isinstance(result, Variable) else Variable(result)
     return grad
+
+
+async def run_post_hooks(
+    hooks: dict[int, PostAccumulateHook], leaf: Variable, grad: Variable
+) -> None:
+    """Run a leaf's post-accumulate-grad hooks in registration order (each returns None)."""
+    for fn in list(hooks.values()):
+        name = getattr(fn, "__qualname__", fn)
+        try:
+            result = fn(leaf, grad)
+            if hasattr(result, "__await__"):
+                result = await result
+        except Exception as exc:
+            raise BackwardError(
+                f"post-accumulate-grad hook {name!r} on leaf {leaf.role!r} raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if result is not None:
+            raise BackwardError(
+                f"post-accumulate-grad hook {name!r} on leaf {leaf.role!r} returned "
+                f"{result!r:.60}; it must return None (it cannot replace the gradient: use "
+                f"register_hook for that)"
+            )
 
 
 class Engine:
@@ -436,7 +460,7 @@ class Engine:
             target, contributions = ready.popleft()
             if target.__class__ is not Node:
                 leaf: Variable = target  # type: ignore[assignment]
-                if leaf._hooks:
+                if leaf._hooks or (leaf._post_hooks and self._accumulate):
                     self._spawn(self._complete_leaf, leaf, contributions)
                 else:
                     await self._complete_leaf(leaf, contributions)
@@ -671,6 +695,11 @@ class Engine:
         self.captured[leaf] = grad
         if self._accumulate:
             self.staged[leaf] = grad
+            if leaf._post_hooks:
+                try:
+                    await run_post_hooks(leaf._post_hooks, leaf, grad)
+                except BackwardError as exc:
+                    self._fail_leaf(leaf, exc)
 
     # -- failure and events ---------------------------------------------------
     def _fail(self, node: Node, exc: Exception) -> None:

@@ -20,11 +20,22 @@ if TYPE_CHECKING:
     from ._function import Function, FunctionCtx
     from ._variable import Variable
 
-__all__ = ["Edge", "Hook", "Node", "RemovableHandle", "Seq", "graph_order", "next_seq"]
+__all__ = [
+    "Edge",
+    "Hook",
+    "Node",
+    "PostAccumulateHook",
+    "RemovableHandle",
+    "Seq",
+    "graph_order",
+    "next_seq",
+]
 
 Target = Union["Node", "Variable"]
 Edge = tuple[Target, int]
 Hook = Callable[[Any], Any]
+PostAccumulateHook = Callable[[Any, Any], Any]
+"""A leaf's post-accumulate-grad hook: ``fn(leaf, grad)``, sync or async, returns None."""
 
 # Creation order of nodes: gradients flowing into one variable are summed in
 # the order their edges were created, i.e. by (consumer seq, input position).

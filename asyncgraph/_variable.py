@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._graph import Hook, Node, RemovableHandle, add_hook, new_hook_dict
+from ._graph import Hook, Node, PostAccumulateHook, RemovableHandle, add_hook, new_hook_dict
 
 if TYPE_CHECKING:
     from asyncgraph.executors import Executor
@@ -62,6 +62,7 @@ class Variable:
         "_grad",
         "_hooks",
         "_output_nr",
+        "_post_hooks",
         "_requires_grad",
         "data",
         "grad_fn",
@@ -84,6 +85,7 @@ class Variable:
         self.grad_fn: Node | None = None
         self._output_nr = 0
         self._hooks: dict[int, Hook] | None = None
+        self._post_hooks: dict[int, PostAccumulateHook] | None = None
 
     # -- graph properties -------------------------------------------------
     @property
@@ -168,6 +170,38 @@ class Variable:
         if self._hooks is None:
             self._hooks = new_hook_dict()
         return add_hook(self._hooks, fn)
+
+    def register_post_accumulate_grad_hook(self, fn: PostAccumulateHook) -> RemovableHandle:
+        """Call ``fn(variable, grad)`` once per ``backward`` when this leaf's gradient is final.
+
+        PyTorch's ``register_post_accumulate_grad_hook``, adapted to a backward whose
+        leaves are committed all or nothing: ``fn`` runs *inside* the pass, as soon as
+        every contribution to this leaf has arrived (and its ``register_hook`` hooks
+        ran), while the rest of the backward may still be running. It receives the
+        leaf and *this pass's* gradient (a Variable); ``.grad`` is not written yet: it
+        is committed (added to any existing ``.grad``) only if the whole pass succeeds.
+        So whatever ``fn`` derives from the gradient should be staged and used only
+        once ``backward`` has returned (``TGD(..., staged=True)`` does this).
+
+        ``fn`` may be sync or ``async def`` (the pass waits for it, as for any node);
+        it must return None. It does not run for a leaf that receives no gradient, nor
+        in ``asyncgraph.grad()`` / ``GradManager`` passes (they do not accumulate into
+        ``.grad``). If the pass fails, running hooks are cancelled; a hook that raises
+        fails the pass (``BackwardError``, no ``.grad`` changes). Leaves only
+        (``RuntimeError`` otherwise). ``handle.remove()`` unregisters.
+        """
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                f"post-accumulate-grad hooks can only be registered on leaves; {self!r} is "
+                f"computed by {self.grad_fn.name}"
+            )
+        if not self._requires_grad:
+            raise RuntimeError(
+                f"cannot register a post-accumulate-grad hook on {self!r}: it does not require grad"
+            )
+        if self._post_hooks is None:
+            self._post_hooks = new_hook_dict()  # type: ignore[assignment]
+        return add_hook(self._post_hooks, fn)  # type: ignore[arg-type]
 
     def detach(self) -> Variable:
         """A new leaf with the same data and role, cut from the graph."""

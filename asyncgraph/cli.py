@@ -1,7 +1,8 @@
 """The ``asyncgraph`` command.
 
 Subcommands live next to what they drive and register themselves here:
-``worker`` (asyncgraph.distributed.worker), ``demo``, ``run`` and ``ui`` (asyncgraph.jobs).
+``worker`` (asyncgraph.distributed.worker), ``demo``, ``run``, ``eval`` and ``ui``
+(asyncgraph.jobs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("asyncgraph.distributed.worker._cli", "serve remote backwards from a Redis queue"),
     "demo": ("asyncgraph.jobs._demo_cli", "run the shipped prompt-optimization demo"),
     "run": ("asyncgraph.jobs._run_cli", "run a job file"),
+    "eval": (
+        "asyncgraph.jobs._eval_cli",
+        "score a job file's parameters (e.g. --params best.json) on one of its splits",
+    ),
     "status": ("asyncgraph.distributed._status", "show a fleet: workers, queue, dead letters"),
     "ui": ("asyncgraph.jobs._ui", "a local web dashboard of job runs (live while they run)"),
 }

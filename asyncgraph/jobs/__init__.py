@@ -10,6 +10,14 @@ step 0, before the initial validation), ``history.json`` and ``metrics.png``.
 """
 
 from ._checkpoint import CheckpointError
-from ._runner import Evaluation, Job, JobResult, evaluate, run_job
+from ._runner import Evaluation, Job, JobResult, evaluate, load_parameters, run_job
 
-__all__ = ["CheckpointError", "Evaluation", "Job", "JobResult", "evaluate", "run_job"]
+__all__ = [
+    "CheckpointError",
+    "Evaluation",
+    "Job",
+    "JobResult",
+    "evaluate",
+    "load_parameters",
+    "run_job",
+]

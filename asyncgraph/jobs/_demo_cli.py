@@ -256,6 +256,17 @@ def run(args: argparse.Namespace) -> int:
             start = time.perf_counter()
             result, info = await run_demo(args, out)
             _table(result, info, time.perf_counter() - start, where)
+            if result.best_val_score is not None and result.best_parameters is not None:
+                when = (
+                    "the initial prompt"
+                    if result.best_step == 0
+                    else f"after step {result.best_step}"
+                )
+                print(
+                    f"best validation accuracy: {_pct(result.best_val_score)} ({when})"
+                    + (f", saved in {result.best_path}" if args.out and result.best_path else "")
+                )
+                print(f"best system prompt: {result.best_parameters[0]}")
             if args.out:
                 print(f"{outputs(result)}: {result.out_dir}")
             else:

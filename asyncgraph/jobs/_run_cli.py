@@ -33,7 +33,7 @@ from ._cli_common import (
 )
 from ._runner import Job, JobResult, run_job
 
-__all__ = ["JobFileError", "add_arguments", "load_job_file", "run"]
+__all__ = ["JobFileError", "add_arguments", "best_line", "load_job_file", "print_best", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -240,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         summary(result, overwrite=args.overwrite)
         if not result.interrupted and not result.already_finished:
             print_parameters(job)
+        if not result.already_finished:
+            print_best(job, result)
         return EXIT_INTERRUPTED if result.interrupted else 0
 
     code = run_command(main)
@@ -336,6 +338,29 @@ def print_parameters(job: Job, *, width: int = 400) -> None:
         print(f"  {name}: {text}")
 
 
+def best_line(result: JobResult) -> str | None:
+    """``best validation score 0.62 after step 4: runs/x/best.json``, or None without one."""
+    if result.best_val_score is None or result.best_path is None:
+        return None
+    when = "the initial parameters" if result.best_step == 0 else f"after step {result.best_step}"
+    return f"best validation score {result.best_val_score:.2f} ({when}): {result.best_path}"
+
+
+def print_best(job: Job, result: JobResult, *, width: int = 400) -> None:
+    """Where ``best.json`` went and the best parameters' values."""
+    line = best_line(result)
+    if line is None or result.best_parameters is None:
+        return
+    print(line)
+    names = job.param_names or [p.role or f"parameter {i}" for i, p in enumerate(job.params)]
+    print("best parameters:")
+    for name, value in zip(names, result.best_parameters, strict=True):
+        text = str(value)
+        if len(text) > width:
+            text = text[: width - 3] + "..."
+        print(f"  {name}: {text}")
+
+
 def outputs(result: JobResult) -> str:
     """What the job left in its directory (metrics.png only if it was drawn)."""
     names = ["checkpoint", "history.json"]
@@ -351,7 +376,13 @@ def summary(result: JobResult, *, overwrite: bool = False) -> None:
             f"Its results are in {result.out_dir}; --overwrite starts it over"
         )
         return
-    state = "interrupted" if result.interrupted else "finished"
+    state = (
+        "interrupted"
+        if result.interrupted
+        else "stopped early (patience: no better validation score)"
+        if result.stopped_early
+        else "finished"
+    )
     print(
         f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s; "
         f"{outputs(result)} in {result.out_dir}"

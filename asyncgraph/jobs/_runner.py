@@ -41,7 +41,7 @@ from ._checkpoint import (
 from ._record import JobRecorder
 from ._report import Reporter, write_history, write_plot
 
-__all__ = ["Evaluation", "Job", "JobResult", "run_job"]
+__all__ = ["Evaluation", "Job", "JobResult", "load_parameters", "run_job"]
 
 
 @dataclass
@@ -85,8 +85,17 @@ class Job:
     optimizer options, ...): a JSON-able map, part of the job's identity, so a
     checkpoint is only resumed by a job configured the same way.
 
-    Raises ``ValueError`` for an empty ``train_set``, a non-positive size or a
-    ``config`` that is not JSON.
+    Keeping the best: with a ``val_set``, the parameters with the best validation score
+    so far (the initial ones included) are written to ``best.json`` in the run
+    directory whenever they improve. ``keep_best=True`` also reverts a step that
+    lowered the validation score: the parameters go back to the best ones (the
+    optimizer's state is kept). ``patience=N`` stops the job early after N validations
+    in a row without a better score. ``test_set``: held-out examples the job never
+    trains or selects on; ``asyncgraph eval`` scores saved parameters on it.
+
+    Raises ``ValueError`` for an empty ``train_set``, a non-positive size, a
+    ``config`` that is not JSON, or ``keep_best`` / ``patience`` without a
+    ``val_set``.
     """
 
     name: str
@@ -101,6 +110,9 @@ class Job:
     validate_every: int = 1
     seed: int = 0
     config: Mapping[str, Any] = field(default_factory=dict)
+    test_set: Sequence[Mapping[str, Any]] = ()
+    keep_best: bool = False
+    patience: int | None = None
     module: Module | None = field(init=False, default=None, repr=False)
     """The Module given as ``parameters``, else None."""
     params: list[Parameter] = field(init=False, default_factory=list, repr=False)
@@ -128,6 +140,18 @@ class Job:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"job {self.name!r}: {name} must be a positive int, got {value!r}")
         self._config_json()
+        if self.patience is not None and (
+            not isinstance(self.patience, int)
+            or isinstance(self.patience, bool)
+            or self.patience < 1
+        ):
+            raise ValueError(
+                f"job {self.name!r}: patience must be a positive int or None, got {self.patience!r}"
+            )
+        if (self.keep_best or self.patience is not None) and not self.val_set:
+            raise ValueError(
+                f"job {self.name!r}: keep_best and patience need a val_set to measure progress on"
+            )
 
     def _config_json(self) -> dict[str, Any]:
         """``config`` as it reads back from a checkpoint (tuples become lists, ...)."""
@@ -166,6 +190,11 @@ class Job:
         }
         if self.module is not None:
             identity["module"] = list(self.param_names)
+        # Only when set: checkpoints of jobs without them keep resuming.
+        if self.keep_best:
+            identity["keep_best"] = True
+        if self.patience is not None:
+            identity["patience"] = self.patience
         return identity
 
     def batch(self, step: int) -> list[Mapping[str, Any]]:
@@ -196,6 +225,16 @@ class JobResult:
     extra: dict[str, Any] = field(default_factory=dict)
     plot_path: Path | None = None
     already_finished: bool = False
+    best_val_score: float | None = None
+    """The best validation score seen (the initial one included); None without a val_set."""
+    best_step: int | None = None
+    """The step after which the parameters of ``best.json`` were found (0: the initial ones)."""
+    best_path: Path | None = None
+    """``best.json`` in the run directory, None when none was written."""
+    best_parameters: list[Any] | None = None
+    """The values of the best parameters, in the job's parameter order."""
+    stopped_early: bool = False
+    """True when ``patience`` ended the job before its last step."""
 
 
 async def _map_bounded(
@@ -407,6 +446,132 @@ def _restore_module(
         raise
 
 
+BEST_FORMAT = "asyncgraph-best"
+BEST_VERSION = 1
+
+
+def _put_values(job: Job, saved: Mapping[str, Any], path: Path) -> None:
+    """Put the parameter values of a checkpoint or ``best.json`` (its ``parameters`` and,
+    for a Module job, ``module`` fields) into ``job``; checked first, all or nothing.
+    Raises CheckpointError saying what does not fit."""
+
+    def wrong(what: str) -> CheckpointError:
+        return CheckpointError(
+            f"{str(path)!r} does not hold parameters of job {job.name!r}: {what}"
+        )
+
+    if job.module is not None:
+        values = saved.get("module")
+        if not isinstance(values, dict):
+            raise wrong("field 'module' (the Module's state_dict) is missing or not a map")
+        try:
+            job.module.load_state_dict(values, strict=True)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise wrong(str(exc)) from None
+        return
+    items = saved.get("parameters")
+    if (
+        not isinstance(items, list)
+        or len(items) != len(job.params)
+        or not all(isinstance(item, dict) and "data" in item for item in items)
+    ):
+        raise wrong(f"'parameters' is not a list of {len(job.params)} {{role, data}} maps")
+    new = []
+    for i, (param, item) in enumerate(zip(job.params, items, strict=True)):
+        if item.get("role") != param.role:
+            raise wrong(f"parameter {i} has role {item.get('role')!r}, not {param.role!r}")
+        value, problem = _saved_value(param, item["data"])
+        if problem is not None:
+            raise wrong(f"the value of parameter {i} ({param.role!r}) is {problem}")
+        new.append(value)
+    for param, value in zip(job.params, new, strict=True):
+        param.data = value
+
+
+def load_parameters(job: Job, path: str | Path) -> dict[str, Any]:
+    """Load saved parameter values into ``job``: a ``best.json``, a ``checkpoint.json`` or
+    a file written by ``Module.save`` (for a Module job). Returns the file's data.
+
+    Raises CheckpointError when the file is missing, not one of these, or holds other
+    parameters than the job's (nothing is changed then).
+    """
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"no parameters file at {str(source)!r}") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read parameters from {str(source)!r}: {exc}") from None
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind == "asyncgraph-module" and job.module is not None:
+        _put_values(job, {"module": data.get("state_dict")}, source)
+    elif kind in (BEST_FORMAT, FORMAT):
+        _put_values(job, data, source)
+    else:
+        raise CheckpointError(
+            f"{str(source)!r} is not a best.json, a checkpoint or a saved Module (format {kind!r})"
+        )
+    return dict(data)
+
+
+class _Best:
+    """The best validation score so far and its parameters, written to ``best.json``;
+    reverts (``keep_best``) and early stopping (``patience``)."""
+
+    def __init__(self, job: Job, out: Path, saved: Mapping[str, Any] | None) -> None:
+        self.job = job
+        self.path = out / "best.json"
+        saved = saved or {}
+        record = saved.get("best")
+        self.record: dict[str, Any] | None = dict(record) if isinstance(record, dict) else None
+        self.since = int(saved.get("since_best", 0) or 0)
+        self.stopped_early = bool(saved.get("stopped_early", False))
+        self.written = False
+
+    def observe(self, step: int, score: float | None) -> bool:
+        """Take the validation score after ``step``; True if the parameters were reverted."""
+        if score is None or not math.isfinite(score):
+            return False
+        if self.record is None or score > float(self.record["val_score"]):
+            self.record = {"step": step, "val_score": score, **_parameter_fields(self.job)}
+            self.since = 0
+            self.write()
+            return False
+        self.since += 1
+        if self.job.keep_best and score < float(self.record["val_score"]):
+            _put_values(self.job, self.record, self.path)
+            return True
+        return False
+
+    def stop(self) -> bool:
+        """True once ``patience`` validations in a row brought nothing better."""
+        patience = self.job.patience
+        if patience is not None and self.record is not None and self.since >= patience:
+            self.stopped_early = True
+        return self.stopped_early
+
+    def write(self) -> None:
+        if self.record is None:
+            return
+        atomic_write_json(
+            self.path,
+            {"format": BEST_FORMAT, "version": BEST_VERSION, "job": self.job.name, **self.record},
+        )
+        self.written = True
+
+    def fields(self) -> dict[str, Any]:
+        """What the checkpoint keeps of it."""
+        return {"best": self.record, "since_best": self.since, "stopped_early": self.stopped_early}
+
+    def values(self) -> list[Any] | None:
+        if self.record is None:
+            return None
+        if self.job.module is not None:
+            state = self.record["module"]
+            return [state[name] for name in self.job.param_names]
+        return [item["data"] for item in self.record["parameters"]]
+
+
 def _load(job: Job, path: Path, identity: Mapping[str, Any]) -> dict[str, Any]:
     """``load_checkpoint`` + ``_restore``: the checkpoint's state, now in ``job``."""
     try:
@@ -468,8 +633,9 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
         step = state["step"]
         history = list(state["history"])
         initial_val = state.get("initial_val_score")
-        if step >= job.total_steps:
-            return _result(job, history, initial_val, step, False, out, started, None, True)
+        best = _Best(job, out, state)
+        if step >= job.total_steps or best.stopped_early:
+            return _result(job, history, initial_val, step, False, out, started, None, True, best)
     else:
         if ckpt_path.exists() and not overwrite:
             raise CheckpointError(
@@ -478,6 +644,7 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
                 f"or choose another output directory"
             )
         step, history, initial_val = 0, [], None
+        best = _Best(job, out, None)
     reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
     recorder = JobRecorder(
         out,
@@ -517,6 +684,7 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
                 "optimizer": job.optimizer.state_dict(),
                 "history": history,
                 "initial_val_score": initial_val,
+                **best.fields(),
             },
         )
 
@@ -530,6 +698,7 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
             recorder.phase("validation")
             with recorder.recording():
                 initial_val = await evaluate(job, job.val_set)
+            best.observe(0, initial_val)
             save()
         # Usage is counted from here: the initial validation's calls are not in the
         # history, whether it ran in this process or in an interrupted one.
@@ -563,6 +732,7 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
                 val_score = await evaluate(job, job.val_set)
             spent = usage.snapshot()
             step += 1
+            reverted = best.observe(step, val_score)
             history.append(
                 {
                     "step": step,
@@ -574,13 +744,17 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
                     "cost_usd": base_cost + spent.cost_usd,
                     "unpriced_calls": base_unpriced + spent.unpriced_requests,
                     "step_s": time.perf_counter() - t0,
+                    **({"reverted": reverted} if job.keep_best else {}),
                 }
             )
             # No await between the history row and the checkpoint: an interrupt cannot
             # split them (an interrupt before this point redoes the step on resume).
             recorder.end_step(history[-1])
+            early = best.stop()
             save()
             reporter.update(step, history[-1])
+            if early:
+                break
 
     interrupted = False
     running = True
@@ -640,7 +814,9 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
     if failure is not None:
         raise failure
 
-    return _result(job, history, initial_val, step, interrupted, out, started, plot_path, False)
+    return _result(
+        job, history, initial_val, step, interrupted, out, started, plot_path, False, best
+    )
 
 
 def _result(
@@ -653,6 +829,7 @@ def _result(
     started: float,
     plot_path: Path | None,
     already_finished: bool,
+    best: _Best,
 ) -> JobResult:
     final_val = next(
         (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
@@ -668,4 +845,9 @@ def _result(
         wall_s=time.perf_counter() - started,
         plot_path=plot_path,
         already_finished=already_finished,
+        best_val_score=None if best.record is None else float(best.record["val_score"]),
+        best_step=None if best.record is None else int(best.record["step"]),
+        best_path=best.path if best.path.is_file() else None,
+        best_parameters=best.values(),
+        stopped_early=best.stopped_early,
     )

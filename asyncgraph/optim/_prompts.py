@@ -1,4 +1,4 @@
-"""Every prompt TGD sends, in one place (TextGrad's tag conventions)."""
+"""Every prompt TGD and ParetoSearch send, in one place (TextGrad's tag conventions)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "merge_messages",
+    "merge_system_prompt",
     "retry_message",
     "update_messages",
     "update_system_prompt",
@@ -90,3 +92,39 @@ def retry_message(role: str, open_tag: str, close_tag: str, empty: bool) -> dict
             f"variable ({role}) between {open_tag} and {close_tag}."
         ),
     }
+
+
+def merge_system_prompt(open_tag: str, close_tag: str) -> str:
+    return (
+        "You are part of an optimization system that improves text (the variable). Two "
+        "versions of the variable were found, each of which works best on different examples. "
+        "Combine them into one version that keeps what makes each of them work; where they "
+        "contradict each other, keep the one that matters for more examples. The text you put "
+        "between the tags replaces the variable verbatim, so send the complete merged variable "
+        f"between {open_tag} and {close_tag} and put nothing else between them."
+    )
+
+
+def merge_messages(
+    *,
+    role: str,
+    first: str,
+    second: str,
+    ancestor: str | None,
+    open_tag: str,
+    close_tag: str,
+) -> list[dict[str, Any]]:
+    """The request to merge two versions of one parameter (``ParetoSearch``'s merges)."""
+    parts = [f"Here is the role of the variable: <ROLE>{role}</ROLE>."]
+    if ancestor is not None:
+        parts.append(f"Both versions descend from this one:\n<ANCESTOR>{ancestor}</ANCESTOR>")
+    parts += [
+        f"The first version:\n<VARIABLE_A>{first}</VARIABLE_A>",
+        f"The second version:\n<VARIABLE_B>{second}</VARIABLE_B>",
+        f"Merge the two versions ({role}) into one. Send the complete merged variable between "
+        f"{open_tag} and {close_tag}.",
+    ]
+    return [
+        {"role": "system", "content": merge_system_prompt(open_tag, close_tag)},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]

@@ -111,6 +111,20 @@ class TGD(Optimizer):
     "in_context_examples": [...]}``). They are not cut to ``max_feedback_tokens``.
     Model errors propagate (``ModelError``).
 
+    ``staged=True``: early, staged updates. Each parameter's update request starts
+    inside ``backward``, the moment that parameter's feedback is final (a
+    post-accumulate-grad hook, see ``Variable.register_post_accumulate_grad_hook``),
+    while the rest of the backward still runs; the new value is staged, not
+    applied. ``step()`` then applies the staged values of the parameters whose
+    ``.grad`` is exactly the feedback the update was computed from (the pass
+    succeeded and committed it) and updates any other parameter with feedback the
+    usual way; a staged value from a failed pass is discarded, never applied. It
+    stages only for a parameter whose ``.grad`` is None when its feedback arrives
+    (``zero_grad()`` before each backward, as usual); an update error is raised by
+    ``step()``, not by the backward. Backward plus step then takes about the
+    critical path (the last parameter's feedback plus one update call) instead of
+    the whole backward plus the slowest update.
+
     Example::
 
         tgd = TGD([prompt], model="openai:gpt-4o-mini", constraints=["Keep it under 50 words."])
@@ -133,6 +147,7 @@ class TGD(Optimizer):
         model_params: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,
         in_context_examples: Iterable[str] = (),
+        staged: bool = False,
     ) -> None:
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"TGD: max_retries must be an int >= 0, got {max_retries!r}")
@@ -163,6 +178,15 @@ class TGD(Optimizer):
                 "momentum": momentum,
                 "max_feedback_tokens": max_feedback_tokens,
             },
+        )
+        self.staged = bool(staged)
+        # Parameter -> (the pass's gradient, the value it was computed for, the update
+        # or the error it raised): filled by the hooks during backward, read by step().
+        self._staged: dict[Variable, tuple[Variable, Any, tuple[str, str] | Exception]] = {}
+        self._hook_handles = (
+            [p.register_post_accumulate_grad_hook(self._early_update) for p in self.params]
+            if self.staged
+            else []
         )
 
     def _check_group(self, group: ParamGroup) -> None:
@@ -204,13 +228,8 @@ class TGD(Optimizer):
             completion = await model.complete(messages, **params)
         return completion.text
 
-    async def step(self, closure: Closure | None = None) -> Any:
-        """Update every parameter that has feedback; see the class docstring.
-
-        ``closure``: see ``Optimizer.step``; its loss is returned (None without one).
-        """
-        loss = await self._run_closure(closure)
-        self._warn_no_feedback(self.params)
+    def _jobs(self) -> list[tuple[Variable, ParamGroup, list[str]]]:
+        """Every parameter with feedback, its group and its feedback entries."""
         jobs: list[tuple[Variable, ParamGroup, list[str]]] = []
         for group in self.param_groups:
             for p in group["params"]:
@@ -223,16 +242,66 @@ class TGD(Optimizer):
                         f"{type(p.data).__name__} ({p.data!r:.60}). Use SGD for numbers."
                     )
                 jobs.append((p, group, entries))
+        return jobs
+
+    def _group_of(self, p: Variable) -> ParamGroup | None:
+        return next((g for g in self.param_groups if any(q is p for q in g["params"])), None)
+
+    async def _early_update(self, p: Variable, grad: Variable) -> None:
+        """``staged=True``: compute ``p``'s update inside the backward (see the class doc)."""
+        self._staged.pop(p, None)
+        group = self._group_of(p)
+        if group is None or p.grad is not None or not isinstance(p.data, str):
+            return  # accumulating onto an older gradient, or not ours to stage: step() does it
+        entries = feedback_entries(grad)
+        if not entries:
+            return
+        value = p.data
+        outcome: tuple[str, str] | Exception
+        try:
+            outcome = await self._update(self._model(), p, group, entries)
+        except Exception as exc:  # raised by step(), which is where an update fails
+            outcome = exc
+        self._staged[p] = (grad, value, outcome)
+
+    def remove_hooks(self) -> None:
+        """``staged=True``: unregister the hooks from the parameters (staging stops)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._staged.clear()
+
+    async def step(self, closure: Closure | None = None) -> Any:
+        """Update every parameter that has feedback; see the class docstring.
+
+        ``closure``: see ``Optimizer.step``; its loss is returned (None without one).
+        """
+        loss = await self._run_closure(closure)
+        self._warn_no_feedback(self.params)
+        jobs = self._jobs()
+        staged, self._staged = self._staged, {}
         if not jobs:
             return loss
-        model = self._model()
         results: list[tuple[str, str] | None] = [None] * len(jobs)
+        pending: list[int] = []
+        for i, (p, _, _) in enumerate(jobs):
+            early = staged.get(p)
+            # Staged by this pass's hook: .grad is the very gradient it saw (committed, so
+            # the pass succeeded) and the value is still the one it rewrote.
+            if early is not None and early[0] is p.grad and early[1] == p.data:
+                if isinstance(early[2], Exception):
+                    raise early[2]
+                results[i] = early[2]
+            else:
+                pending.append(i)
+        if pending:
+            model = self._model()
 
-        async def update(i: int) -> None:
-            p, group, entries = jobs[i]
-            results[i] = await self._update(model, p, group, entries)
+            async def update(i: int) -> None:
+                p, group, entries = jobs[i]
+                results[i] = await self._update(model, p, group, entries)
 
-        await run_all([functools.partial(update, i) for i in range(len(jobs))])
+            await run_all([functools.partial(update, i) for i in pending])
         for (p, group, _), result in zip(jobs, results, strict=True):
             assert result is not None
             new_value, used_feedback = result

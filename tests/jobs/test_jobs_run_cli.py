@@ -43,7 +43,13 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
     proc = run_cli("run", EXAMPLE, "--out", str(out), "--no-progress", env=FAST)
     assert proc.returncode == 0, describe(proc)
     assert "finished after 12 step(s)" in proc.stdout and str(out) in proc.stdout
-    assert listing(out) == ["checkpoint.json", "history.json", "metrics.png", "steps.jsonl"]
+    assert listing(out) == [
+        "best.json",
+        "checkpoint.json",
+        "history.json",
+        "metrics.png",
+        "steps.jsonl",
+    ]
 
     ckpt = read_json(out / "checkpoint.json")
     assert ckpt["job"]["name"] == "ticket-router" and ckpt["step"] == 12
@@ -250,7 +256,7 @@ def test_without_matplotlib_the_summary_does_not_claim_a_plot(
     assert f"checkpoint and history.json in {out}" in captured.out
     assert "metrics.png" not in captured.out
     assert "matplotlib is not installed" in captured.err
-    assert listing(out) == ["checkpoint.json", "history.json", "steps.jsonl"]
+    assert listing(out) == ["best.json", "checkpoint.json", "history.json", "steps.jsonl"]
 
 
 def test_resume_from_a_checkpoint_with_a_damaged_history_row_exits_2(

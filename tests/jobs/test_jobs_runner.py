@@ -91,6 +91,7 @@ async def test_checkpoint_holds_parameters_optimizer_position_and_history(tmp_pa
     assert png.startswith(PNG_MAGIC) and len(png) > 1000
     # Atomic writes leave no temporary files behind.
     assert listing(tmp_path) == [
+        "best.json",
         "checkpoint.json",
         "history.json",
         "metrics.png",
@@ -474,7 +475,7 @@ async def test_without_matplotlib_no_plot_is_claimed(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = await run_job(LineFit().job, tmp_path, progress=False)
     assert result.plot_path is None
-    assert listing(tmp_path) == ["checkpoint.json", "history.json", "steps.jsonl"]
+    assert listing(tmp_path) == ["best.json", "checkpoint.json", "history.json", "steps.jsonl"]
     assert "matplotlib is not installed" in capsys.readouterr().err
 
 

@@ -1,0 +1,102 @@
+"""``asyncgraph eval path/to/job.py [--params best.json] [--split test|val|train]``.
+
+Builds the job from its file (``build_job()``, as ``asyncgraph run`` does), loads saved
+parameter values into it (a run's ``best.json`` or ``checkpoint.json``, or a file written
+by ``Module.save``), and prints the mean score of the job's forward over one split,
+without gradients. The default split is the job's ``test_set`` if it has one, else its
+``val_set``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._cli_common import run_command, usage_error
+from ._run_cli import (
+    JobFileError,
+    add_logging,
+    add_max_attempts,
+    apply_logging,
+    apply_max_attempts,
+    build,
+    job_file_problem,
+    load_job_file,
+)
+from ._runner import Job, evaluate, load_parameters
+
+__all__ = ["SPLITS", "add_arguments", "run"]
+
+SPLITS = ("test", "val", "train")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_file", help="a Python file that defines build_job() -> Job")
+    parser.add_argument(
+        "--params",
+        metavar="PATH",
+        help="parameter values to score: a run's best.json or checkpoint.json, or a "
+        "Module.save file (default: the values build_job() gives)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=SPLITS,
+        help="the examples to score on (default: test if the job has a test_set, else val)",
+    )
+    add_max_attempts(parser)
+    add_logging(parser)
+
+
+def _split(job: Job, name: str | None) -> tuple[str, list[Mapping[str, Any]]] | str:
+    """The split's name and examples, or the problem with it."""
+    sets = {"test": job.test_set, "val": job.val_set, "train": job.train_set}
+    if name is None:
+        name = "test" if job.test_set else "val"
+    examples = list(sets[name])
+    if not examples:
+        others = [n for n in SPLITS if sets[n] and n != name]
+        return (
+            f"job {job.name!r} has no {name} examples ({name}_set is empty); choose "
+            f"--split {' or --split '.join(others)}"
+        )
+    return name, examples
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = job_file_problem(args.job_file)
+    if problem is not None:
+        return usage_error(problem)
+    if args.params is not None and not Path(args.params).is_file():
+        return usage_error(f"--params {args.params!r}: no such file")
+    apply_max_attempts(args)
+    apply_logging(args)
+
+    async def main() -> int:
+        try:
+            job = await build(load_job_file(args.job_file))
+        except JobFileError as exc:
+            return usage_error(str(exc))
+        chosen = _split(job, args.split)
+        if isinstance(chosen, str):
+            return usage_error(chosen)
+        name, examples = chosen
+        source = "the values build_job() gives"
+        if args.params is not None:
+            saved = load_parameters(job, args.params)
+            source = str(args.params)
+            if saved.get("format") == "asyncgraph-best":
+                source += f" (step {saved.get('step')}, validation {saved.get('val_score'):.2f})"
+        started = time.perf_counter()
+        score = await evaluate(job, examples)
+        print(f"job: {job.name}")
+        print(f"parameters: {source}")
+        print(f"split: {name} ({len(examples)} examples)")
+        print(f"score: {score:.4f}  (mean of the job's per-example scores)")
+        print(f"wall time: {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        return 0
+
+    return run_command(main)

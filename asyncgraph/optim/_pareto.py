@@ -1,0 +1,744 @@
+"""``ParetoSearch``: reflective evolutionary search over a Module's parameters (GEPA-style).
+
+A pool of candidates (values of every parameter), each scored per example on a fixed
+validation sample (the Pareto set). Parents are drawn from the Pareto frontier of those
+per-example scores, so a candidate that is best on even one example survives; children
+come from the textual gradients of the parent's failing training examples (forward,
+loss, ``await backward()``, then TGD's rewrite from ``.grad``); candidates that are best
+on disjoint example sets are merged. Work is done in rounds: every proposal and merge of
+a round runs at once (forwards bounded by one ``anyio.CapacityLimiter``), and the round's
+outcomes join the pool in a fixed order, so a seed and a deterministic model give one
+result however the tasks interleave, and a search resumed from ``state_dict()`` between
+rounds ends exactly where an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+import random
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from asyncgraph import Module, Parameter, Variable, backward, enable_grad, graph_order, no_grad
+from asyncgraph.executors import Executor
+from asyncgraph.models import BaseChatModel, ChatModel, track_usage
+from asyncgraph.optim._exceptions import NoFeedbackWarning, UpdateParseError
+from asyncgraph.optim._prompts import merge_messages
+from asyncgraph.optim._tgd import DEFAULT_TAGS, TGD, parse_tagged
+from asyncgraph.text import (
+    ModelLike,
+    current_models,
+    describe,
+    feedback_defaults,
+    resolve_model,
+    run_all,
+)
+
+__all__ = ["Candidate", "ParetoSearch", "SearchResult"]
+
+FORMAT = "asyncgraph-pareto-search"
+VERSION = 1
+
+Forward = Callable[[Module, Mapping[str, Any]], Awaitable[Any]]
+"""``forward(program, example)``: run ``program`` (a copy of the searched Module holding one
+candidate's values) on one example; returns an object with ``.loss`` (a Variable) and
+``.score`` (a number in [0, 1]), such as ``asyncgraph.jobs.Evaluation``, or a
+``(loss, score)`` pair."""
+
+
+@dataclass
+class Candidate:
+    """One point of the search: ``values`` (the Module's ``state_dict()``), where it came
+    from (``origin``: ``"seed"``, ``"proposal"`` or ``"merge"``; ``parents`` ids; the
+    ``round`` that made it) and its ``scores``, one per example of the Pareto set."""
+
+    id: int
+    values: dict[str, Any]
+    parents: tuple[int, ...]
+    origin: str
+    round: int
+    scores: list[float]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else 0.0
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "values": copy.deepcopy(self.values),
+            "parents": list(self.parents),
+            "origin": self.origin,
+            "round": self.round,
+            "scores": list(self.scores),
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Candidate:
+        return cls(
+            id=int(data["id"]),
+            values=copy.deepcopy(dict(data["values"])),
+            parents=tuple(int(p) for p in data["parents"]),
+            origin=str(data["origin"]),
+            round=int(data["round"]),
+            scores=[float(s) for s in data["scores"]],
+        )
+
+
+@dataclass
+class SearchResult:
+    """How a search ended: the best candidate (loaded into the Module), the model calls
+    and tokens it spent, and one row per round in ``history``."""
+
+    best: Candidate
+    rounds: int
+    calls: int
+    tokens: int
+    pool_size: int
+    frontier: list[int]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def best_score(self) -> float:
+        return self.best.mean
+
+
+@dataclass
+class _Outcome:
+    """What one work item of a round produced (a child or nothing) and how it went."""
+
+    kind: str
+    parents: tuple[int, ...]
+    child: dict[str, Any] | None = None
+    scores: list[float] | None = None
+    stages: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def _unpack(result: Any) -> tuple[Variable, float]:
+    if isinstance(result, tuple) and len(result) == 2:
+        loss, score = result
+    else:
+        loss, score = getattr(result, "loss", None), getattr(result, "score", None)
+    if not isinstance(loss, Variable) or isinstance(score, bool):
+        raise TypeError(
+            f"ParetoSearch: forward must return an object with .loss (a Variable) and .score "
+            f"(a number), such as asyncgraph.jobs.Evaluation, or a (loss, score) pair; got "
+            f"{result!r:.80}"
+        )
+    try:
+        return loss, float(score)
+    except (TypeError, ValueError):
+        raise TypeError(f"ParetoSearch: a score must be a number, got {score!r:.60}") from None
+
+
+def _clone(module: Module, memo: dict[int, Any]) -> Module:
+    """A copy of ``module`` with fresh Parameters (same values) and sub-Modules; every other
+    attribute (models, losses, settings) is shared."""
+    done = memo.get(id(module))
+    if done is not None:
+        return done  # type: ignore[no-any-return]
+    new = copy.copy(module)
+    memo[id(module)] = new
+    params: dict[str, Parameter | None] = {}
+    modules: dict[str, Module | None] = {}
+    object.__setattr__(new, "_parameters", params)
+    object.__setattr__(new, "_modules", modules)
+    for name, param in module._parameters.items():
+        if param is None:
+            params[name] = None
+            continue
+        twin = memo.get(id(param))
+        if twin is None:
+            twin = Parameter(
+                copy.deepcopy(param.data), role=param.role, requires_grad=param.requires_grad
+            )
+            memo[id(param)] = twin
+        params[name] = twin
+    for name, child in module._modules.items():
+        modules[name] = None if child is None else _clone(child, memo)
+    return new
+
+
+def _positive(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(
+            f"ParetoSearch: {name} must be an int >= {minimum}"
+            + (" or None" if allow_none else "")
+            + f", got {value!r}"
+        )
+
+
+class ParetoSearch:
+    """Reflective Pareto search over the parameters of ``module`` (GEPA-style).
+
+    ``await search.run()`` searches until the budget is spent, loads the best candidate
+    (highest mean score on the Pareto set; the earliest on a tie) into ``module`` and
+    returns a :class:`SearchResult`. ``await search.step()`` runs one round (False when the
+    budget was spent and nothing ran), ``state_dict()`` / ``load_state_dict()`` save and
+    restore the whole search between rounds (JSON data), so a job resumes mid-search and
+    ends with the same result as an uninterrupted run with the same seed.
+
+    - ``forward(program, example)`` (default: ``program(example)``) runs a copy of
+      ``module`` holding one candidate's values and returns ``.loss`` and ``.score``
+      (``asyncgraph.jobs.Evaluation``) or ``(loss, score)``. It must read the parameters
+      from ``program`` (copies run concurrently), never from ``module`` itself.
+    - The Pareto set: ``val_size`` examples of ``val_set`` (a seeded sample; all by
+      default). Every accepted candidate is scored on each of them.
+    - A round draws ``proposals`` parents from the frontier (weighted by the number of
+      examples each is best on; at most ``max_frontier`` candidates, the best covering
+      ones), each with a ``minibatch_size`` sample of ``train_set``. A proposal runs the
+      parent on its minibatch with grad, backpropagates the losses of the examples
+      scored below ``perfect_score``, and rewrites each parameter from its ``.grad``
+      with ``TGD`` (``tgd_options`` are passed on); the child is kept if it scores
+      better than the parent on that minibatch, then scored on the Pareto set.
+    - It also makes up to ``merges`` merges of frontier candidates that are each best
+      on examples where the other is not (each pair once): per parameter, the version
+      that changed since their common ancestor, or a model-written merge where both
+      changed. A merge is kept if it does at least as well as both parents on the
+      examples they win, then scored on the rest of the Pareto set.
+    - Budget: ``max_calls`` model calls and/or ``max_tokens`` tokens (counted with
+      ``asyncgraph.models.track_usage``: cache hits are free), and/or ``max_rounds``
+      (rounds after the seed's evaluation, which is round 0); at least one. It is checked between rounds, and a round is shrunk to what the
+      remaining budget affords at the average cost of past work, so the search stops
+      at most one work item's cost over it.
+    - ``model`` (a ChatModel or spec; default: the default feedback model) writes the
+      rewrites and merges; ``executor`` runs the backwards (e.g. a Redis fleet).
+
+    Everything that can run at once does: the proposals and merges of a round, the
+    examples of each evaluation (bounded by ``max_concurrency`` forwards at a time), and
+    each backward's independent feedback requests. ``history`` holds one row per round:
+    what ran, what was kept, the calls and tokens so far, and each work item's
+    ``stages`` (the sequence of model-call phases it went through).
+
+    Example::
+
+        search = ParetoSearch(program, train, val, model="openai:gpt-4o-mini",
+                              max_calls=2000, seed=0)
+        result = await search.run()
+        print(result.best_score, program.state_dict())
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        train_set: Sequence[Mapping[str, Any]],
+        val_set: Sequence[Mapping[str, Any]],
+        *,
+        forward: Forward | None = None,
+        model: ModelLike | None = None,
+        base_url: str | None = None,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_rounds: int | None = None,
+        proposals: int = 4,
+        merges: int = 1,
+        minibatch_size: int = 4,
+        val_size: int | None = None,
+        max_frontier: int = 8,
+        max_concurrency: int = 16,
+        perfect_score: float = 1.0,
+        seed: int = 0,
+        tgd_options: Mapping[str, Any] | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"ParetoSearch searches a Module's parameters, got {module!r:.80}")
+        if not list(module.named_parameters()):
+            raise ValueError(f"ParetoSearch: {type(module).__name__} has no parameters")
+        if not train_set or not val_set:
+            raise ValueError("ParetoSearch needs a non-empty train_set and val_set")
+        if max_calls is None and max_tokens is None and max_rounds is None:
+            raise ValueError("ParetoSearch needs a budget: max_calls, max_tokens and/or max_rounds")
+        for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens)):
+            _positive(name, value, allow_none=True)
+        _positive("max_rounds", max_rounds, allow_none=True)
+        _positive("proposals", proposals)
+        _positive("merges", merges, minimum=0)
+        _positive("minibatch_size", minibatch_size)
+        _positive("val_size", val_size, allow_none=True)
+        _positive("max_frontier", max_frontier)
+        _positive("max_concurrency", max_concurrency)
+        if model is not None and not isinstance(model, (str, ChatModel)):
+            raise TypeError(f"ParetoSearch: model must be a ChatModel or a spec, got {model!r}")
+        self.module = module
+        self.train_set = list(train_set)
+        self.val_set = list(val_set)
+        self.forward: Forward = forward if forward is not None else _call_program
+        self.model = model
+        self.base_url = base_url
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.max_rounds = max_rounds
+        self.proposals = proposals
+        self.merges = merges
+        self.minibatch_size = min(minibatch_size, len(self.train_set))
+        self.max_frontier = max_frontier
+        self.max_concurrency = max_concurrency
+        self.perfect_score = float(perfect_score)
+        self.seed = seed
+        self.tgd_options = dict(tgd_options or {})
+        self.executor = executor
+        n_val = len(self.val_set) if val_size is None else min(val_size, len(self.val_set))
+        indices = list(range(len(self.val_set)))
+        if n_val < len(indices):
+            indices = sorted(random.Random(f"{seed}:pareto").sample(indices, n_val))
+        self.pareto_indices = indices
+        # Search state (all of it in state_dict()).
+        self.pool: list[Candidate] = []
+        self.round = 0
+        self.calls = 0
+        self.tokens = 0
+        self.work_done = 0
+        self.merged_pairs: set[tuple[int, int]] = set()
+        self.history: list[dict[str, Any]] = []
+        self._limiter: anyio.CapacityLimiter | None = None
+        self.round_walls: list[float] = []
+        """Wall time of each round run by this object (not part of the state)."""
+
+    # -- state -----------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "parameters": sorted(self.module.state_dict()),
+            "seed": self.seed,
+            "pareto_indices": list(self.pareto_indices),
+            "train_size": len(self.train_set),
+            "minibatch_size": self.minibatch_size,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole search as JSON data (pool with scores, round, spending, history)."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "identity": self._identity(),
+            "round": self.round,
+            "calls": self.calls,
+            "tokens": self.tokens,
+            "work_done": self.work_done,
+            "pool": [c.to_data() for c in self.pool],
+            "merged_pairs": sorted([a, b] for a, b in self.merged_pairs),
+            "history": copy.deepcopy(self.history),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict()`` output (also after a JSON round trip) into a search
+        built the same way (``ValueError`` if it was not)."""
+        if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+            raise ValueError("ParetoSearch.load_state_dict expects ParetoSearch.state_dict()")
+        if state.get("version") != VERSION:
+            raise ValueError(f"ParetoSearch state version {state.get('version')!r} unknown")
+        identity = json.loads(json.dumps(self._identity()))
+        if state.get("identity") != identity:
+            raise ValueError(
+                f"this ParetoSearch state belongs to another search: {state.get('identity')!r:.200}"
+                f" was saved, this one is {identity!r:.200}"
+            )
+        try:
+            pool = [Candidate.from_data(c) for c in state["pool"]]
+            merged = {(int(a), int(b)) for a, b in state["merged_pairs"]}
+            numbers = [int(state[k]) for k in ("round", "calls", "tokens", "work_done")]
+            history = [dict(row) for row in state["history"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"ParetoSearch state is corrupt: {exc!r}") from None
+        for c in pool:
+            if len(c.scores) != len(self.pareto_indices):
+                raise ValueError(f"ParetoSearch state is corrupt: candidate {c.id}'s scores")
+        self.pool, self.merged_pairs, self.history = pool, merged, history
+        self.round, self.calls, self.tokens, self.work_done = numbers
+
+    # -- budget ------------------------------------------------------------------------
+    def exhausted(self) -> bool:
+        """True once a budget (calls, tokens or rounds) is spent."""
+        return (
+            (self.max_calls is not None and self.calls >= self.max_calls)
+            or (self.max_tokens is not None and self.tokens >= self.max_tokens)
+            or (self.max_rounds is not None and self.round > self.max_rounds)
+        )
+
+    def _affordable(self, wanted: int) -> int:
+        """How many work items the remaining budget affords at the average cost so far."""
+        if self.work_done == 0:
+            return wanted
+        spent_before = self.history[0]["calls"] if self.history else 0
+        per_item_calls = max(1.0, (self.calls - spent_before) / self.work_done)
+        tokens_before = self.history[0]["tokens"] if self.history else 0
+        per_item_tokens = max(1.0, (self.tokens - tokens_before) / self.work_done)
+        limit = wanted
+        if self.max_calls is not None:
+            limit = min(limit, math.ceil((self.max_calls - self.calls) / per_item_calls))
+        if self.max_tokens is not None:
+            limit = min(limit, math.ceil((self.max_tokens - self.tokens) / per_item_tokens))
+        return max(1, limit)
+
+    # -- models and evaluation -----------------------------------------------------
+    def _model(self) -> ChatModel:
+        model, base_url = self.model, self.base_url
+        if model is None:
+            model, base_url, _ = feedback_defaults("ParetoSearch", None, None)
+        return resolve_model(model, base_url) if isinstance(model, str) else model
+
+    def _program(self, values: Mapping[str, Any]) -> Module:
+        program = _clone(self.module, {})
+        program.load_state_dict(values)
+        return program
+
+    async def _run_examples(
+        self, program: Module, examples: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[Variable, float]]:
+        assert self._limiter is not None
+        limiter = self._limiter
+        results: list[tuple[Variable, float] | None] = [None] * len(examples)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                with graph_order(i):  # gradients meeting in a parameter sum in batch order
+                    results[i] = _unpack(await self.forward(program, examples[i]))
+
+        await run_all([functools.partial(one, i) for i in range(len(examples))])
+        return [r for r in results if r is not None]
+
+    async def _scores(self, values: Mapping[str, Any], indices: Sequence[int]) -> list[float]:
+        """Scores of a candidate on val examples ``indices`` (no graph recorded)."""
+        if not indices:
+            return []
+        with no_grad():
+            results = await self._run_examples(
+                self._program(values), [self.val_set[i] for i in indices]
+            )
+        return [score for _, score in results]
+
+    # -- the frontier ------------------------------------------------------------------
+    def _wins(self) -> dict[int, set[int]]:
+        """Candidate id -> the Pareto-set positions where it has the best score (> 0)."""
+        wins: dict[int, set[int]] = {c.id: set() for c in self.pool}
+        for j in range(len(self.pareto_indices)):
+            best = max(c.scores[j] for c in self.pool)
+            if best <= 0:
+                continue
+            for c in self.pool:
+                if c.scores[j] == best:
+                    wins[c.id].add(j)
+        return wins
+
+    def frontier(self) -> list[tuple[Candidate, int]]:
+        """The Pareto frontier: every candidate best on at least one example and dominated
+        by none, with the number of examples it is best on; at most ``max_frontier`` (the
+        widest coverage, then the best mean, then the oldest). Before any example is
+        solved, the best candidate by mean alone."""
+        wins = self._wins()
+        on = [c for c in self.pool if wins[c.id]]
+
+        def dominated(c: Candidate) -> bool:
+            return any(
+                d is not c
+                and all(x >= y for x, y in zip(d.scores, c.scores, strict=True))
+                and d.scores != c.scores
+                for d in on
+            )
+
+        kept = [c for c in on if not dominated(c)]
+        # Equal score vectors: the oldest one stands for all.
+        unique: dict[tuple[float, ...], Candidate] = {}
+        for c in kept:
+            unique.setdefault(tuple(c.scores), c)
+        kept = sorted(unique.values(), key=lambda c: (-len(wins[c.id]), -c.mean, c.id))
+        kept = kept[: self.max_frontier]
+        if not kept:
+            return [(self.best, 1)]
+        return [(c, len(wins[c.id])) for c in sorted(kept, key=lambda c: c.id)]
+
+    @property
+    def best(self) -> Candidate:
+        """The candidate with the highest mean score on the Pareto set (oldest on a tie)."""
+        if not self.pool:
+            raise RuntimeError("ParetoSearch has no candidates yet: run it first")
+        return max(self.pool, key=lambda c: (c.mean, -c.id))
+
+    def _by_id(self, cid: int) -> Candidate:
+        return next(c for c in self.pool if c.id == cid)
+
+    def _ancestors(self, cid: int) -> set[int]:
+        seen: set[int] = set()
+        stack = [cid]
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            stack.extend(self._by_id(current).parents)
+        return seen
+
+    # -- a round -----------------------------------------------------------------------
+    def _plan(self) -> list[tuple[str, Any]]:
+        """The round's work items, drawn from a generator seeded by (seed, round)."""
+        rng = random.Random(f"{self.seed}:round:{self.round}")
+        frontier = self.frontier()
+        items: list[tuple[str, Any]] = []
+        for pair in self._merge_pairs(frontier)[: self.merges]:
+            items.append(("merge", pair))
+        for _ in range(self.proposals):
+            (parent,) = rng.choices([c for c, _ in frontier], weights=[w for _, w in frontier])
+            batch = sorted(rng.sample(range(len(self.train_set)), self.minibatch_size))
+            items.append(("proposal", (parent.id, batch)))
+        return items[: self._affordable(len(items))]
+
+    def _merge_pairs(self, frontier: list[tuple[Candidate, int]]) -> list[tuple[int, int]]:
+        """Frontier pairs each best where the other is not, widest joint coverage first."""
+        wins = self._wins()
+        pairs: list[tuple[int, int, int]] = []
+        ids = [c.id for c, _ in frontier]
+        for i, a in enumerate(ids):
+            for b in ids[i + 1 :]:
+                if (a, b) in self.merged_pairs or not (wins[a] - wins[b] and wins[b] - wins[a]):
+                    continue
+                pairs.append((-len(wins[a] | wins[b]), a, b))
+        return [(a, b) for _, a, b in sorted(pairs)]
+
+    async def step(self) -> bool:
+        """Run one round (the seed's evaluation first, if not done); False if the budget
+        was already spent (nothing ran)."""
+        if self.pool and self.exhausted():
+            return False
+        started = time.perf_counter()
+        self._limiter = anyio.CapacityLimiter(self.max_concurrency)
+        with track_usage() as usage:
+            if not self.pool:
+                values = self.module.state_dict()
+                scores = await self._scores(values, self.pareto_indices)
+                self.pool.append(Candidate(0, values, (), "seed", 0, scores))
+                outcomes: list[_Outcome] = [_Outcome("seed", (), stages=["validation"])]
+            else:
+                outcomes = await self._round()
+        spent = usage.snapshot()
+        self.calls += spent.requests
+        self.tokens += spent.total_tokens
+        self.history.append(self._row(outcomes))
+        self.round_walls.append(time.perf_counter() - started)
+        self.round += 1
+        return True
+
+    async def _round(self) -> list[_Outcome]:
+        items = self._plan()
+        outcomes: list[_Outcome | None] = [None] * len(items)
+
+        async def run(i: int) -> None:
+            kind, arg = items[i]
+            if kind == "merge":
+                outcomes[i] = await self._merge(*arg)
+            else:
+                outcomes[i] = await self._propose(*arg)
+
+        await run_all([functools.partial(run, i) for i in range(len(items))])
+        done = [o for o in outcomes if o is not None]
+        self.work_done += len(done)
+        known = {json.dumps(c.values, sort_keys=True) for c in self.pool}
+        for outcome in done:  # in plan order: the pool does not depend on timing
+            if outcome.kind == "merge":
+                a, b = outcome.parents
+                self.merged_pairs.add((min(a, b), max(a, b)))
+            if outcome.child is None or outcome.scores is None:
+                continue
+            key = json.dumps(outcome.child, sort_keys=True)
+            if key in known:
+                outcome.note = "duplicate"
+                continue
+            known.add(key)
+            cid = max(c.id for c in self.pool) + 1
+            self.pool.append(
+                Candidate(
+                    cid, outcome.child, outcome.parents, outcome.kind, self.round, outcome.scores
+                )
+            )
+            outcome.note = f"kept as {cid}"
+        return done
+
+    def _row(self, outcomes: list[_Outcome]) -> dict[str, Any]:
+        best = self.best
+        return {
+            "round": self.round,
+            "work": [
+                {"kind": o.kind, "parents": list(o.parents), "stages": o.stages, "note": o.note}
+                for o in outcomes
+            ],
+            "pool": len(self.pool),
+            "frontier": [c.id for c, _ in self.frontier()],
+            "best_id": best.id,
+            "best_score": best.mean,
+            "calls": self.calls,
+            "tokens": self.tokens,
+        }
+
+    async def _propose(self, parent_id: int, batch: list[int]) -> _Outcome:
+        parent = self._by_id(parent_id)
+        outcome = _Outcome("proposal", (parent_id,))
+        program = self._program(parent.values)
+        examples = [self.train_set[i] for i in batch]
+        with enable_grad():
+            results = await self._run_examples(program, examples)
+        outcome.stages.append("forward")
+        failing = [loss for loss, score in results if score < self.perfect_score]
+        if not failing:
+            outcome.note = "parent perfect on its minibatch"
+            return outcome
+        await backward(failing, executor=self.executor)
+        outcome.stages.append("backward")
+        tgd = TGD(program.parameters(), model=self._model(), **self.tgd_options)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NoFeedbackWarning)
+                await tgd.step()
+        except UpdateParseError as exc:
+            outcome.note = f"rewrite unreadable: {exc.role!r}"
+            return outcome
+        outcome.stages.append("rewrite")
+        child = program.state_dict()
+        if child == parent.values:
+            outcome.note = "rewrite changed nothing"
+            return outcome
+        with no_grad():
+            child_results = await self._run_examples(self._program(child), examples)
+        outcome.stages.append("minibatch")
+        before = sum(score for _, score in results)
+        after = sum(score for _, score in child_results)
+        if after <= before:
+            outcome.note = f"no better on its minibatch ({after:g} <= {before:g})"
+            return outcome
+        outcome.scores = await self._scores(child, self.pareto_indices)
+        outcome.stages.append("validation")
+        outcome.child = child
+        return outcome
+
+    async def _merge(self, a_id: int, b_id: int) -> _Outcome:
+        a, b = self._by_id(a_id), self._by_id(b_id)
+        outcome = _Outcome("merge", (a_id, b_id))
+        merged = await self._merged_values(a, b, outcome)
+        if merged is None:
+            return outcome
+        if merged in (a.values, b.values):
+            outcome.note = "merge equals a parent"
+            return outcome
+        wins = self._wins()
+        shared = sorted(wins[a_id] | wins[b_id])
+        first_scores = await self._scores(merged, [self.pareto_indices[j] for j in shared])
+        outcome.stages.append("validation (won examples)")
+        got = sum(first_scores)
+        need = max(sum(a.scores[j] for j in shared), sum(b.scores[j] for j in shared))
+        if got < need:
+            outcome.note = f"worse than a parent where they win ({got:g} < {need:g})"
+            return outcome
+        rest = [j for j in range(len(self.pareto_indices)) if j not in set(shared)]
+        rest_scores = await self._scores(merged, [self.pareto_indices[j] for j in rest])
+        outcome.stages.append("validation (rest)")
+        scores = [0.0] * len(self.pareto_indices)
+        for j, s in [*zip(shared, first_scores, strict=True), *zip(rest, rest_scores, strict=True)]:
+            scores[j] = s
+        outcome.child, outcome.scores = merged, scores
+        return outcome
+
+    async def _merged_values(
+        self, a: Candidate, b: Candidate, outcome: _Outcome
+    ) -> dict[str, Any] | None:
+        """Per parameter: the shared value, the one that changed since the common ancestor,
+        or (both changed) a merge written by the model. None if a merge is unreadable."""
+        common = self._ancestors(a.id) & self._ancestors(b.id)
+        ancestor = self._by_id(max(common)).values if common else {}
+        merged: dict[str, Any] = {}
+        asks: list[str] = []
+        for name, first in a.values.items():
+            second, base = b.values[name], ancestor.get(name)
+            if first == second or second == base:
+                merged[name] = first
+            elif first == base:
+                merged[name] = second
+            elif isinstance(first, str) and isinstance(second, str):
+                asks.append(name)
+            else:
+                merged[name] = first if a.mean >= b.mean else second
+        if not asks:
+            return merged
+        model = self._model()
+        roles = {n: p.role for n, p in self.module.named_parameters()}
+
+        async def ask(name: str) -> None:
+            merged[name] = await self._merge_text(
+                model, roles.get(name, name), a.values[name], b.values[name], ancestor.get(name)
+            )
+
+        await run_all([functools.partial(ask, name) for name in asks])
+        outcome.stages.append("merge")
+        unreadable = [name for name in asks if not merged[name]]
+        if unreadable:
+            outcome.note = f"merge of {unreadable[0]!r} unreadable"
+            return None
+        return {name: merged[name] for name in a.values}
+
+    async def _merge_text(
+        self, model: ChatModel, role: str, first: str, second: str, ancestor: Any
+    ) -> str | None:
+        open_tag, close_tag = self.tgd_options.get("tags", DEFAULT_TAGS)
+        messages = merge_messages(
+            role=describe(role, "variable"),
+            first=first,
+            second=second,
+            ancestor=ancestor if isinstance(ancestor, str) else None,
+            open_tag=open_tag,
+            close_tag=close_tag,
+        )
+        params = self.tgd_options.get("model_params")
+        if params is None:
+            params = current_models().for_feedback()[2]
+
+        def usable(text: str) -> bool:
+            return bool(parse_tagged(text, open_tag, close_tag))
+
+        if isinstance(model, BaseChatModel):
+            completion = await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
+        else:
+            completion = await model.complete(messages, **params)
+        return parse_tagged(completion.text, open_tag, close_tag)
+
+    # -- running -------------------------------------------------------------------
+    async def run(
+        self, on_round: Callable[[ParetoSearch], Awaitable[None] | None] | None = None
+    ) -> SearchResult:
+        """Search until the budget is spent; ``on_round(self)`` (sync or async) after each
+        round, e.g. to checkpoint ``state_dict()``. Loads the best candidate into the
+        Module and returns the result."""
+        started = time.perf_counter()
+        while await self.step():
+            if on_round is not None:
+                result = on_round(self)
+                if result is not None:
+                    await result
+        return self.finish(time.perf_counter() - started)
+
+    def finish(self, wall_s: float = 0.0) -> SearchResult:
+        """Load the best candidate into the Module; the result so far."""
+        best = self.best
+        self.module.load_state_dict(best.values)
+        return SearchResult(
+            best=best,
+            rounds=self.round,
+            calls=self.calls,
+            tokens=self.tokens,
+            pool_size=len(self.pool),
+            frontier=[c.id for c, _ in self.frontier()],
+            history=copy.deepcopy(self.history),
+            wall_s=wall_s,
+        )
+
+
+async def _call_program(program: Module, example: Mapping[str, Any]) -> Any:
+    return await program(example)

@@ -1,0 +1,376 @@
+"""Optimizers that win: TGD against ParetoSearch at an equal budget of model calls, the
+search's wall time against its critical path and against one call at a time, and
+staged TGD updates against the critical path of a 3-stage pipeline.
+
+The task is scripted (a ``SimulatedModel`` with a responder; not a language model):
+every example needs one skill, and the solver answers it right when the system prompt
+holds that skill's instruction and not the one that conflicts with it (two pairs
+conflict: uppercase/lowercase, metric/imperial). The evaluator is code (the loss is its
+explanation: which instruction to add or remove); the feedback model passes that on to
+the prompt; the optimizer model applies the action named most often in its feedback;
+a merge keeps the first version's instructions and adds the second's that do not
+clash. TGD follows its batch's feedback wherever it leads (it oscillates between
+conflicting instructions); the search keeps what validates best.
+
+    python benchmarks/bench_optimizers.py [--latency-ms 50] [--budget 1000] [--fleet]
+
+Prints: final test accuracy of TGD (mean, min and max over 4 batch orders) and of the
+search at the same call budgets (300, 600, 1000, 1500); at ``--budget`` the search's wall
+time concurrently, its critical path (per round, the longest chain of
+dependent model-call phases of a work item, times the latency, summed over rounds) and
+one call at a time (measured, with a lock around every call); with ``--fleet`` the
+search again with its backwards on 2 local worker processes through Redis; and the
+staged-TGD pipeline's backward+step wall against its critical path. Exits 1 if a goal
+is missed (search accuracy > TGD's mean from 600 calls up; search wall <= 1.2x its
+critical path; staged backward+step <= 1.1x its critical path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from asyncgraph import Module, Parameter, Variable, backward, graph_order
+from asyncgraph.models import SimulatedModel, track_usage
+from asyncgraph.optim import TGD, ParetoSearch
+from asyncgraph.text import DeterministicEvaluator, LLMCall, llm_call, register_model
+
+MODEL = "bench-skills"
+LATENCY_ENV = "ASYNCGRAPH_BENCH_LATENCY_MS"
+BASE = "You answer questions."
+INSTRUCTIONS = {
+    "names": "Spell names in full.",
+    "units": "Show the unit.",
+    "upper": "Answer in uppercase.",
+    "lower": "Answer in lowercase.",
+    "metric": "Use metric units.",
+    "imperial": "Use imperial units.",
+    "dates": "Write dates as YYYY-MM-DD.",
+    "brief": "Answer in one word.",
+}
+CONFLICTS = {"upper": "lower", "lower": "upper", "metric": "imperial", "imperial": "metric"}
+TRAIN_COUNTS = {"names": 4, "units": 4, "upper": 6, "lower": 4, "metric": 4, "imperial": 6,
+                "dates": 4, "brief": 4}  # fmt: skip
+EVAL_COUNTS = {"names": 2, "units": 2, "upper": 3, "lower": 2, "metric": 2, "imperial": 3,
+               "dates": 2, "brief": 2}  # fmt: skip
+_ACTION = re.compile(r'(Add|Remove) the instruction: "([^"]+)"')
+_TAGS = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL)
+         for name in ("VARIABLE", "VARIABLE_A", "VARIABLE_B", "OUTPUT_FEEDBACK")}  # fmt: skip
+
+
+def examples(counts: Mapping[str, int], split: str) -> list[dict[str, Any]]:
+    return [
+        {"question": f"{split} {skill} question {i}?", "answer": f"{skill}-{i}", "skill": skill}
+        for skill, n in counts.items()
+        for i in range(n)
+    ]
+
+
+TRAIN = examples(TRAIN_COUNTS, "train")
+VAL = examples(EVAL_COUNTS, "val")
+TEST = examples(EVAL_COUNTS, "test")
+ROWS = {row["question"]: row for row in [*TRAIN, *VAL, *TEST]}
+
+
+def present(prompt: str) -> list[str]:
+    return [s for s in INSTRUCTIONS.values() if s in prompt]
+
+
+def prompt_of(instructions: Sequence[str]) -> str:
+    return " ".join([BASE, *instructions])
+
+
+def solve(prompt: str, question: str) -> str:
+    row = ROWS[question.strip()]
+    skill = row["skill"]
+    clash = skill in CONFLICTS and INSTRUCTIONS[CONFLICTS[skill]] in prompt
+    return row["answer"] if INSTRUCTIONS[skill] in prompt and not clash else "unsure"
+
+
+def grade(answer: str, question: str, prompt: str) -> tuple[float, str]:
+    row = ROWS[question.strip()]
+    if answer.strip() == row["answer"]:
+        return 1.0, ""
+    skill = row["skill"]
+    if INSTRUCTIONS[skill] not in prompt:
+        return 0.0, f'Wrong. Add the instruction: "{INSTRUCTIONS[skill]}"'
+    return 0.0, f'Wrong. Remove the instruction: "{INSTRUCTIONS[CONFLICTS[skill]]}"'
+
+
+def improve(prompt: str, feedback: str) -> str:
+    actions = Counter(_ACTION.findall(feedback))
+    kept = present(prompt)
+    if actions:
+        (verb, instruction), _ = max(actions.items(), key=lambda item: item[1])
+        if verb == "Add" and instruction not in kept:
+            kept.append(instruction)
+        elif verb == "Remove" and instruction in kept:
+            kept.remove(instruction)
+    return prompt_of(kept)
+
+
+def merge(first: str, second: str) -> str:
+    kept = present(first)
+    for instruction in present(second):
+        skill = next(k for k, v in INSTRUCTIONS.items() if v == instruction)
+        clash = skill in CONFLICTS and INSTRUCTIONS[CONFLICTS[skill]] in kept
+        if instruction not in kept and not clash:
+            kept.append(instruction)
+    return prompt_of(kept)
+
+
+def reply(messages: Sequence[Mapping[str, Any]]) -> str:
+    system = str(messages[0]["content"]) if messages[0]["role"] == "system" else ""
+    text = "\n".join(str(m["content"]) for m in messages)
+    if "<VARIABLE_A>" in text:
+        first, second = _TAGS["VARIABLE_A"].findall(text)[-1], _TAGS["VARIABLE_B"].findall(text)[-1]
+        return f"<IMPROVED_VARIABLE>{merge(first, second)}</IMPROVED_VARIABLE>"
+    if "IMPROVED_VARIABLE" in text:
+        current = _TAGS["VARIABLE"].findall(text)[-1]
+        feedback = text.split("<FEEDBACK>", 1)[-1]
+        return f"<IMPROVED_VARIABLE>{improve(current, feedback)}</IMPROVED_VARIABLE>"
+    if "<OUTPUT_FEEDBACK>" in text:
+        found = _TAGS["OUTPUT_FEEDBACK"].findall(text)[-1]
+        lines = [f'{verb} the instruction: "{s}"' for verb, s in _ACTION.findall(found)]
+        return "\n".join(lines) or "No change needed."
+    if "give feedback" in text.lower():
+        return "No change needed."
+    return solve(system, str(messages[-1]["content"]))
+
+
+class Clock:
+    """The scripted model's latency, and optionally one call at a time (a lock)."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+        self.lock: anyio.Lock | None = None
+
+    async def respond(self, messages: list[dict[str, Any]]) -> str:
+        if self.lock is not None:
+            async with self.lock:
+                await anyio.sleep(self.latency_s)
+        else:
+            await anyio.sleep(self.latency_s)
+        return reply(messages)
+
+
+CLOCK = Clock(float(os.environ.get(LATENCY_ENV, "50")) / 1000)
+register_model(MODEL, SimulatedModel(latency_s=0.0, responder=CLOCK.respond, tag_replies=False))
+
+
+class SkillAnswer(LLMCall):
+    """The solver call (a Function of this module, so workers can ``--import`` it)."""
+
+    remote_name = "bench_optimizers:SkillAnswer"  # also when this file runs as __main__
+
+
+class Program(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = Parameter(BASE, role="system prompt")
+
+    async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
+        question = Variable(example["question"], role="question")
+        answer: Variable = await SkillAnswer.apply(
+            self.prompt, question, model=MODEL, role="answer"
+        )
+        prompt = self.prompt.data
+
+        def check(prediction: str) -> tuple[float, str]:
+            return grade(prediction, example["question"], prompt)
+
+        score, loss = await DeterministicEvaluator.apply(check, answer)
+        return loss, float(score.data)
+
+
+def accuracy(prompt: str, rows: Sequence[Mapping[str, Any]]) -> float:
+    return sum(solve(prompt, r["question"]) == r["answer"] for r in rows) / len(rows)
+
+
+async def run_tgd(budget: int, batch_size: int = 8, seed: int = 0) -> tuple[str, int, float]:
+    """TGD over shuffled batches until ``budget`` calls are spent: (prompt, calls, wall)."""
+    import random
+
+    program = Program()
+    tgd = TGD(program.parameters(), model=MODEL)
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    with track_usage() as usage:
+        while usage.snapshot().requests < budget:
+            batch = rng.sample(TRAIN, batch_size)
+            results: list[tuple[Variable, float]] = [(Variable(""), 0.0)] * len(batch)
+
+            async def one(
+                i: int,
+                batch: list[dict[str, Any]] = batch,
+                results: list[tuple[Variable, float]] = results,
+            ) -> None:
+                with graph_order(i):
+                    results[i] = await program(batch[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(batch)):
+                    tg.start_soon(one, i)
+            failing = [loss for loss, score in results if score < 1]
+            tgd.zero_grad()
+            if failing:
+                await backward(failing)
+                await tgd.step()
+    return program.prompt.data, usage.snapshot().requests, time.perf_counter() - started
+
+
+def critical_path_s(history: list[dict[str, Any]], latency_s: float) -> float:
+    """Per round, the work item with the most dependent model-call phases; summed."""
+    return latency_s * sum(max(len(w["stages"]) for w in row["work"]) for row in history)
+
+
+async def run_search(budget: int, executor: Any = None, concurrency: int = 64) -> tuple[Any, float]:
+    program = Program()
+    search = ParetoSearch(
+        program, TRAIN, VAL, model=MODEL, max_calls=budget, seed=0, proposals=4, merges=1,
+        minibatch_size=4, max_concurrency=concurrency, executor=executor,
+    )  # fmt: skip
+    started = time.perf_counter()
+    result = await search.run()
+    return result, time.perf_counter() - started
+
+
+# -- staged TGD ------------------------------------------------------------------------
+STAGE_UPDATE_UNITS = {"stage 1 prompt": 1, "stage 2 prompt": 2, "stage 3 prompt": 3}
+
+
+async def staged_pipeline(latency_s: float, staged: bool) -> float:
+    """backward+step wall of a 3-stage text pipeline; stage k's feedback is final after
+    (4 - k) feedback calls, and its update takes k calls' time (a longer prompt)."""
+
+    async def respond(messages: list[dict[str, Any]]) -> str:
+        text = "\n".join(str(m["content"]) for m in messages)
+        if "IMPROVED_VARIABLE" in text:
+            role = re.search(r"<ROLE>(.*?)</ROLE>", text)
+            units = STAGE_UPDATE_UNITS.get(role.group(1).removeprefix("the ") if role else "", 1)
+            await anyio.sleep(units * latency_s)
+            value = _TAGS["VARIABLE"].findall(text)[-1]
+            return f"<IMPROVED_VARIABLE>{value} (revised)</IMPROVED_VARIABLE>"
+        await anyio.sleep(latency_s)
+        return "Be more specific." if "feedback" in text.lower() else "an output"
+
+    model = SimulatedModel(latency_s=0.0, responder=respond, tag_replies=False)
+    prompts = [Parameter(f"Do stage {k}.", role=f"stage {k} prompt") for k in (1, 2, 3)]
+    tgd = TGD(prompts, model=model, staged=staged)
+    out: Variable = Variable("input", role="input")
+    for p in prompts:
+        out = await llm_call(p, out, model=model, role="stage output")
+
+    def judge(text: str) -> tuple[float, str]:
+        return 0.0, "The final output is vague."
+
+    _, loss = await DeterministicEvaluator.apply(judge, out)
+    started = time.perf_counter()
+    await loss.backward()
+    await tgd.step()
+    wall = time.perf_counter() - started
+    assert all(p.data.endswith("(revised)") for p in prompts)
+    return wall
+
+
+async def accuracy_table(budgets: Sequence[int], seeds: int) -> bool:
+    """Test accuracy of TGD (several batch orders) and of the search at each budget."""
+    CLOCK.latency_s = 0.0  # the results do not depend on the latency
+    wins = True
+    print(f"{'budget':>6}  {'TGD test acc (mean; min-max over ' + str(seeds) + ' seeds)':<44}"
+          f"{'ParetoSearch test acc':<22}calls (TGD / search)")  # fmt: skip
+    for budget in budgets:
+        runs = [await run_tgd(budget, seed=seed) for seed in range(seeds)]
+        accs = [accuracy(prompt, TEST) for prompt, _, _ in runs]
+        result, _ = await run_search(budget)
+        search_acc = accuracy(result.best.values["prompt"], TEST)
+        mean = sum(accs) / len(accs)
+        print(f"{budget:>6}  {mean:.3f} ({min(accs):.3f}-{max(accs):.3f}){'':<27}"
+              f"{search_acc:<22.3f}{max(c for _, c, _ in runs)} / {result.calls}")  # fmt: skip
+        if budget >= 600:
+            wins &= search_acc > mean
+    return wins
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    latency_s = args.latency_ms / 1000
+    print(f"scripted skills task: {len(TRAIN)} train / {len(VAL)} val / {len(TEST)} test "
+          f"examples, {len(INSTRUCTIONS)} instructions (2 conflicting pairs), simulated model")  # fmt: skip
+    best = prompt_of([INSTRUCTIONS[k] for k in ("names", "units", "upper", "imperial", "dates",
+                                                  "brief")])  # fmt: skip
+    print(f"best possible test accuracy: {accuracy(best, TEST):.3f}; initial prompt: "
+          f"{accuracy(BASE, TEST):.3f}\n")  # fmt: skip
+    ok = await accuracy_table(args.budgets, args.seeds)
+    print("goal: the search beats TGD's mean at budgets >= 600 calls:", "met" if ok else "MISSED")
+
+    CLOCK.latency_s = latency_s
+    result, wall = await run_search(args.budget)
+    critical = critical_path_s(result.history, latency_s)
+    print(f"\nsearch at {args.budget} calls, {args.latency_ms:g} ms per call, concurrency limit "
+          f"64: wall {wall:.2f}s; critical path of its calls {critical:.2f}s ({result.rounds} "
+          f"rounds): {wall / critical:.2f}x (goal <= 1.2x)")  # fmt: skip
+    ok &= wall <= 1.2 * critical
+    if args.sequential:
+        CLOCK.lock = anyio.Lock()
+        seq_result, seq_wall = await run_search(args.budget)
+        CLOCK.lock = None
+        same = seq_result.best.values == result.best.values and seq_result.calls == result.calls
+        print(f"the same search one call at a time: {seq_wall:.1f}s ({seq_result.calls} calls, "
+              f"same result: {same}): concurrent is {seq_wall / wall:.1f}x faster")  # fmt: skip
+    if args.fleet:
+        await fleet_run(args, result, wall)
+    else:
+        print("(--fleet: the search again with its backwards on 2 local Redis workers)")
+
+    unit = latency_s * 5
+    for staged in (False, True):
+        w = min([await staged_pipeline(unit, staged) for _ in range(3)])
+        critical = 4 * unit
+        label = "TGD(staged=True)" if staged else "TGD (plain)     "
+        print(f"3-stage pipeline, {label} backward+step {w:.3f}s, critical path "
+              f"{critical:.3f}s: {w / critical:.2f}x" + (" (goal <= 1.1x)" if staged else ""))  # fmt: skip
+        if staged:
+            ok &= w <= 1.1 * critical
+    print("goals met" if ok else "GOAL MISSED")
+    return 0 if ok else 1
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+async def fleet_run(args: argparse.Namespace, local: Any, local_wall: float) -> None:
+    from asyncgraph.distributed import local_fleet, open_redis_executor
+
+    os.environ[LATENCY_ENV] = str(args.latency_ms)
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])
+    with local_fleet(2, ["asyncgraph.text", "bench_optimizers"], queue="bench-opt") as url:
+        async with open_redis_executor(url, queue="bench-opt", timeout_s=120.0) as executor:
+            result, wall = await run_search(args.budget, executor=executor)
+    same = result.best.values == local.best.values and result.calls == local.calls
+    print(f"search with backwards on 2 Redis workers: wall {wall:.1f}s (in-process "
+          f"{local_wall:.1f}s), same result: {same}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--budget", type=int, default=1000, help="calls, for the timings")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[300, 600, 1000, 1500])
+    parser.add_argument("--seeds", type=int, default=4, help="TGD batch orders per budget")
+    parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    parser.add_argument("--no-sequential", dest="sequential", action="store_false")
+    parser.add_argument("--fleet", action="store_true", help="also on 2 local Redis workers")
+    args = parser.parse_args()
+    return int(anyio.run(main_async, args, backend=args.backend))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

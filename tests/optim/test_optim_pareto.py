@@ -1,0 +1,270 @@
+"""ParetoSearch: frontier, proposals from textual gradients, merges, budget, determinism,
+resume from state_dict, concurrency."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import pytest
+from skills_task import (
+    BASE,
+    INSTRUCTIONS,
+    TRAIN,
+    VAL,
+    SkillProgram,
+    accuracy,
+    make_model,
+    respond,
+    with_instructions,
+)
+
+from asyncgraph import Module, Parameter, Variable
+from asyncgraph.models import SimulatedModel
+from asyncgraph.optim import Candidate, ParetoSearch
+
+pytestmark = pytest.mark.anyio
+
+BEST = with_instructions([INSTRUCTIONS["a"], INSTRUCTIONS["b"], INSTRUCTIONS["c"]])
+
+
+def search_for(program: Module, model: Any, **options: Any) -> ParetoSearch:
+    settings: dict[str, Any] = {"model": model, "max_calls": 600, "seed": 0, **options}
+    return ParetoSearch(program, TRAIN, VAL, **settings)
+
+
+async def test_finds_the_best_prompt_despite_conflicting_instructions() -> None:
+    model = make_model()
+    program = SkillProgram(model)
+    search = search_for(program, model)
+    result = await search.run()
+    assert program.prompt.data == BEST  # loaded into the Module
+    assert result.best.values == {"prompt": BEST}
+    assert result.best_score == pytest.approx(accuracy(BEST, VAL)) == pytest.approx(9 / 11)
+    assert accuracy(BASE, VAL) == 0
+    kinds = {w["kind"] for row in result.history for w in row["work"]}
+    assert kinds == {"seed", "proposal", "merge"}
+    assert search.best.origin == "merge"  # the best joins two lineages
+    # The lowercase variant stays on the frontier: it is best on the two 'd' examples.
+    assert len(result.frontier) == 2
+
+
+async def test_same_seed_same_search_and_another_seed_differs() -> None:
+    states = []
+    for seed in (0, 0, 1):
+        model = make_model()
+        search = search_for(SkillProgram(model), model, seed=seed)
+        await search.run()
+        states.append(search.state_dict())
+    assert states[0] == states[1]
+    assert states[0]["history"] != states[2]["history"]
+
+
+async def test_deterministic_whatever_the_timing() -> None:
+    # Replies arrive in an order set by per-request latencies: the pool is the same.
+    async def jittery(messages: list[dict[str, Any]]) -> str:
+        await anyio.sleep((hash(json.dumps(messages)) % 5) / 1000)
+        return respond(messages)
+
+    plain = make_model()
+    first = search_for(SkillProgram(plain), plain, max_calls=300)
+    await first.run()
+    slow = SimulatedModel(latency_s=0.0, responder=jittery, tag_replies=False)
+    second = search_for(SkillProgram(slow), slow, max_calls=300)
+    await second.run()
+    assert first.state_dict() == second.state_dict()
+
+
+async def test_resume_from_state_dict_ends_like_an_uninterrupted_run() -> None:
+    model = make_model()
+    whole = search_for(SkillProgram(model), model)
+    expected = await whole.run()
+
+    saved: list[dict[str, Any]] = []
+    model = make_model()
+    first = search_for(SkillProgram(model), model)
+    for _ in range(3):  # the seed's round and two search rounds, then "interrupted"
+        assert await first.step()
+    saved.append(json.loads(json.dumps(first.state_dict())))
+
+    model = make_model()
+    program = SkillProgram(model)
+    resumed = search_for(program, model)
+    resumed.load_state_dict(saved[0])
+    result = await resumed.run()
+    assert resumed.state_dict() == whole.state_dict()
+    assert result.best.values == expected.best.values and program.prompt.data == BEST
+    assert (result.calls, result.tokens, result.rounds) == (
+        expected.calls,
+        expected.tokens,
+        expected.rounds,
+    )
+
+
+async def test_load_state_dict_refuses_another_search() -> None:
+    model = make_model()
+    search = search_for(SkillProgram(model), model)
+    await search.step()
+    state = search.state_dict()
+    other = search_for(SkillProgram(model), model, seed=5)
+    with pytest.raises(ValueError, match="belongs to another search"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"expects ParetoSearch\.state_dict"):
+        other.load_state_dict({"pool": []})
+
+
+async def test_budget_in_calls_and_tokens_stops_the_search() -> None:
+    for budget in ({"max_calls": 150}, {"max_tokens": 3000}):
+        model = make_model()
+        search = search_for(SkillProgram(model), model, **{"max_calls": None, **budget})
+        result = await search.run()
+        assert model.usage.snapshot().requests == result.calls  # every call is counted
+        assert model.usage.snapshot().total_tokens == result.tokens
+        spent, limit = (
+            (result.calls, budget["max_calls"])
+            if "max_calls" in budget
+            else (result.tokens, budget["max_tokens"])
+        )
+        assert spent >= limit
+        # Over by less than one round's worth: the last rounds shrink to what is left.
+        per_round = spent / max(1, result.rounds - 1)
+        assert spent - limit < per_round
+        assert not await search.step()  # spent: nothing more runs
+
+
+async def test_max_rounds() -> None:
+    model = make_model()
+    result = await search_for(SkillProgram(model), model, max_calls=None, max_rounds=2).run()
+    assert result.rounds == 3 and [row["round"] for row in result.history] == [0, 1, 2]
+
+
+def candidate(cid: int, scores: list[float], parents: tuple[int, ...] = ()) -> Candidate:
+    return Candidate(cid, {"prompt": f"v{cid}"}, parents, "proposal", 0, scores)
+
+
+def test_frontier_keeps_a_candidate_best_on_one_example_and_is_bounded() -> None:
+    program = SkillProgram(make_model())
+    search = ParetoSearch(program, TRAIN, VAL[:4], max_rounds=1, max_frontier=2)
+    search.pool = [
+        candidate(0, [0, 0, 0, 0]),
+        candidate(1, [1, 1, 1, 0]),  # the best on average
+        candidate(2, [0, 0, 0, 1]),  # worse on average, but alone best on one example
+        candidate(3, [1, 1, 0, 0]),  # dominated by 1
+        candidate(4, [1, 0, 0, 0.5]),  # best on one (a tie), better than 1 on another
+    ]
+    search.max_frontier = 8
+    assert [(c.id, n) for c, n in search.frontier()] == [(1, 3), (2, 1), (4, 1)]
+    search.max_frontier = 2  # the widest coverage stays, then the best mean
+    assert [(c.id, n) for c, n in search.frontier()] == [(1, 3), (4, 1)]
+    assert search.best.id == 1
+
+
+async def test_merge_takes_what_each_changed_since_their_ancestor() -> None:
+    class Two(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = Parameter("f0", role="first")
+            self.second = Parameter("s0", role="second")
+
+        async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
+            good = {"x": "f1", "y": "s1"}[example["k"]]
+            hit = good in (self.first.data, self.second.data)
+            return Variable("" if hit else "wrong"), float(hit)
+
+    model = make_model()
+    asked: list[Any] = []
+    watcher = SimulatedModel(
+        latency_s=0.0, responder=lambda m: asked.append(m) or "", tag_replies=False
+    )
+    examples = [{"k": "x"}, {"k": "y"}]
+    search = ParetoSearch(Two(), examples, examples, model=watcher, max_rounds=1, proposals=1)
+    seed = Candidate(0, {"first": "f0", "second": "s0"}, (), "seed", 0, [0, 0])
+    a = Candidate(1, {"first": "f1", "second": "s0"}, (0,), "proposal", 1, [1, 0])
+    b = Candidate(2, {"first": "f0", "second": "s1"}, (0,), "proposal", 1, [0, 1])
+    search.pool = [seed, a, b]
+    search.round = 2
+    assert search._merge_pairs(search.frontier()) == [(1, 2)]
+    search._limiter = anyio.CapacityLimiter(4)
+    outcome = await search._merge(1, 2)
+    assert outcome.child == {"first": "f1", "second": "s1"} and outcome.scores == [1, 1]
+    assert asked == []  # each parameter changed on one side only: no model call
+    del model
+
+
+async def test_merge_asks_the_model_when_both_changed_one_parameter() -> None:
+    model = make_model()
+    search = search_for(SkillProgram(model), model)
+    seed = Candidate(0, {"prompt": BASE}, (), "seed", 0, [0.0] * len(VAL))
+    a_prompt = with_instructions([INSTRUCTIONS["a"]])
+    b_prompt = with_instructions([INSTRUCTIONS["b"]])
+    a = Candidate(
+        1, {"prompt": a_prompt}, (0,), "proposal", 1, [accuracy(a_prompt, [r]) for r in VAL]
+    )
+    b = Candidate(
+        2, {"prompt": b_prompt}, (0,), "proposal", 1, [accuracy(b_prompt, [r]) for r in VAL]
+    )
+    search.pool = [seed, a, b]
+    search._limiter = anyio.CapacityLimiter(4)
+    outcome = await search._merge(1, 2)
+    merged = with_instructions([INSTRUCTIONS["a"], INSTRUCTIONS["b"]])
+    assert outcome.child == {"prompt": merged}
+    assert outcome.stages == ["merge", "validation (won examples)", "validation (rest)"]
+    assert outcome.scores == [accuracy(merged, [r]) for r in VAL]
+
+
+async def test_rounds_run_their_work_at_once_within_the_concurrency_limit() -> None:
+    running = 0
+    peak = 0
+
+    async def counting(messages: list[dict[str, Any]]) -> str:
+        nonlocal running, peak
+        solver = str(messages[0]["content"]).startswith(BASE)  # a forward, not feedback
+        if solver:
+            running += 1
+            peak = max(peak, running)
+        await anyio.sleep(0.01)
+        if solver:
+            running -= 1
+        return respond(messages)
+
+    model = SimulatedModel(latency_s=0.0, responder=counting, tag_replies=False)
+    search = search_for(SkillProgram(model), model, max_calls=None, max_rounds=2, max_concurrency=6)
+    await search.run()
+    assert peak == 6  # 4 proposals x 4 examples at once, held to the limit
+
+
+def test_options_are_checked() -> None:
+    model = make_model()
+    program = SkillProgram(model)
+    with pytest.raises(ValueError, match="needs a budget"):
+        ParetoSearch(program, TRAIN, VAL)
+    with pytest.raises(ValueError, match="proposals must be an int >= 1"):
+        ParetoSearch(program, TRAIN, VAL, max_rounds=1, proposals=0)
+    with pytest.raises(ValueError, match="non-empty train_set and val_set"):
+        ParetoSearch(program, [], VAL, max_rounds=1)
+    with pytest.raises(TypeError, match="searches a Module"):
+        ParetoSearch([program.prompt], TRAIN, VAL, max_rounds=1)  # type: ignore[arg-type]
+
+
+async def test_forward_must_return_a_loss_and_a_score() -> None:
+    model = make_model()
+
+    async def bad(program: Module, example: Mapping[str, Any]) -> Any:
+        return "nope"
+
+    search = search_for(SkillProgram(model), model, forward=bad)
+    with pytest.raises(TypeError, match=r"\.loss \(a Variable\) and \.score"):
+        await search.run()
+
+
+async def test_the_searched_module_is_untouched_until_the_end() -> None:
+    model = make_model()
+    program = SkillProgram(model)
+    search = search_for(program, model)
+    for _ in range(3):
+        await search.step()
+    assert program.prompt.data == BASE and program.prompt.grad is None
+    search.finish()
+    assert program.prompt.data == search.best.values["prompt"] != BASE
