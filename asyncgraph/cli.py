@@ -14,6 +14,11 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
+# Layers whose policies the fleet must apply, installed as task hooks on import: the
+# worker serves whatever its --import modules hold, and the model policy (base-URL
+# allowlist, usage sent back) must apply even when none of them imports it.
+POLICY_LAYERS: dict[str, tuple[str, ...]] = {"worker": ("asyncgraph.models",)}
+
 # name -> (module, help). Each module defines ``add_arguments(parser)`` and
 # ``run(args) -> int``; only the module of the subcommand being run is imported.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -52,6 +57,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
+            for layer in POLICY_LAYERS.get(name, ()):
+                importlib.import_module(layer)
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
             sub_parser.set_defaults(_run=module.run, _parser=sub_parser)

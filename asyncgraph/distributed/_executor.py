@@ -45,8 +45,8 @@ from asyncgraph.distributed.wire._payload import (
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer, secret_from_env
 from asyncgraph.executors import Executor
-from asyncgraph.models import Usage, meters_for
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+from asyncgraph.taskhooks import task_hooks
 
 if TYPE_CHECKING:
     from asyncgraph import Node
@@ -221,9 +221,8 @@ class RedisExecutor:
             raise diagnose_unpackable(fn.__name__, ctx, values()) from None
         pending = await self.channel.send_and_wait(task_id, name, packed, signature)
         if pending.reply is not None:
-            if pending.reply.usage:
-                # Model usage the worker spent: counted by this caller's track_usage() blocks.
-                _count_remote_usage(pending.reply.usage)
+            if pending.reply.meta:
+                _on_reply_metadata(pending.reply.meta)
             if pending.reply.error is None:
                 return pending.reply.result
         describe = node.describe() if node is not None else f"{fn.__name__}.forward"
@@ -289,14 +288,19 @@ def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], An
     return outputs, result.get("ctx"), nd, is_tuple
 
 
-def _count_remote_usage(usage: dict[str, int | float]) -> None:
-    try:
-        spent = Usage.from_dict(usage)
-    except ValueError:
-        log.warning("ignoring a malformed usage report from a worker: %.200r", usage)
-        return
-    for meter in meters_for():
-        meter.add(spent)
+def _on_reply_metadata(meta: dict[str, Any]) -> None:
+    """Hand each task hook what its worker side sent back (e.g. model usage, for totals)."""
+    hooks = task_hooks()
+    for name, value in meta.items():
+        hook = hooks.get(name)
+        if hook is None:
+            continue
+        try:
+            hook.on_reply(value)
+        except (TypeError, ValueError) as exc:
+            log.warning(
+                "ignoring malformed %r metadata from a worker: %s (%.200r)", name, exc, value
+            )
 
 
 @asynccontextmanager

@@ -47,6 +47,7 @@ from asyncgraph.models._exceptions import (
     RateLimitWaitError,
 )
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
+from asyncgraph.models._policy import ModelPolicy
 from asyncgraph.models._prices import PRICES, PRICES_DATE, PRICES_SOURCE, default_pricing
 from asyncgraph.models._ratelimit import (
     LocalRateLimiter,
@@ -96,6 +97,7 @@ __all__ = [
     "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
+    "ModelPolicy",
     "ModelRateLimitedError",
     "ModelRequestError",
     "ModelRequestTimeoutError",

@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
 from asyncgraph import Function, Variable
+from asyncgraph.taskhooks import install_task_hook
+
+
+class WhereRan:
+    """A task hook of the tests' own: each reply carries the pid of the worker that ran it."""
+
+    name = "agdist"
+    seen: ClassVar[list[Any]] = []  # on the client: what came back
+
+    def serving(self, settings: Any) -> Any:
+        return lambda: None
+
+    def around_task(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext(lambda: {"pid": os.getpid()})
+
+    def on_reply(self, metadata: Any) -> None:
+        self.seen.append(metadata)
+
+
+install_task_hook(WhereRan())
 
 
 def _redis() -> Any:

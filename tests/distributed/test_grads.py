@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -385,3 +386,14 @@ async def test_model_usage_spent_on_workers_counts_for_the_caller(
     # "[simulated] one two three" is 4 words; "feedback on fb" 3; here: 1 + 3 ("[simulated] a b")
     assert spent.completion_tokens == 3 * 4 + 3
     assert spent.prompt_tokens == 3 * 3 + 1
+
+
+async def test_a_task_hook_sends_opaque_metadata_from_the_worker_to_the_client(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    F.WhereRan.seen.clear()
+    x = Parameter(1.0, role="x")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        await backward([F.Scale.apply(x, 2.0) for _ in range(3)], executor=ex)
+    assert len(F.WhereRan.seen) == 3
+    assert all(isinstance(m["pid"], int) and m["pid"] != os.getpid() for m in F.WhereRan.seen)

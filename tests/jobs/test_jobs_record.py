@@ -89,6 +89,7 @@ async def test_without_trace_or_log_only_steps_jsonl_is_written_and_resume_appen
     out = tmp_path / "run"
     await run_job(job, out, progress=False)
     assert sorted(p.name for p in out.iterdir()) == [
+        "best.json",
         "checkpoint.json",
         "history.json",
         "metrics.png",

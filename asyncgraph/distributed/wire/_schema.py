@@ -9,8 +9,9 @@ kind ``k`` and its queue ``q``:
            ``p`` the op's payload (ctx state and gradients, or arguments).
 ``reply``  worker -> one client. ``c``, ``id``, ``ok``; ``r`` the result when
            ok, else ``err`` = {``kind``, ``type``, ``message``, ``traceback``};
-           ``w`` the worker's consumer name; optional ``u``: the model usage the
-           task spent (``asyncgraph.models.Usage`` fields), for the caller's totals.
+           ``w`` the worker's consumer name; optional ``x``: an opaque metadata
+           map, one entry per task hook (``asyncgraph._task_hooks``: e.g. the model
+           usage the task spent, for the caller's totals).
 ``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
 
 ``decode`` raises ``WireError`` naming the first field that is missing or of
@@ -108,7 +109,7 @@ class ReplyMessage:
     worker: str
     result: Any = None
     error: ErrorInfo | None = None
-    usage: dict[str, int | float] | None = None
+    meta: dict[str, Any] | None = None  # opaque, one entry per task hook (asyncgraph._task_hooks)
 
     def to_map(self) -> dict[str, Any]:
         m: dict[str, Any] = {
@@ -120,8 +121,8 @@ class ReplyMessage:
             "w": self.worker,
             "ok": self.error is None,
         }
-        if self.usage:
-            m["u"] = self.usage
+        if self.meta:
+            m["x"] = self.meta
         if self.error is None:
             m["r"] = self.result
         else:
@@ -233,7 +234,7 @@ def decode(  # noqa: C901 (one check per message field, in the schema's order)
             _str(m, "w", _MAX_NAME),
             m.get("r"),
             error,
-            _usage(m),
+            _meta(m),
         )
     if kind == "cancel":
         ids = m.get("ids")
@@ -296,29 +297,20 @@ def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
     return client, task_id
 
 
-_USAGE_FIELDS = (
-    "requests",
-    "cache_hits",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "retries",
-    "errors",
-)
+_MAX_META_ENTRIES = 16
 
 
-def _usage(m: dict[str, Any]) -> dict[str, int | float] | None:
-    usage = m.get("u")
-    if usage is None:
+def _meta(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The reply's metadata map: names to values, opaque here (task hooks read them)."""
+    meta = m.get("x")
+    if meta is None:
         return None
-    if not isinstance(usage, dict) or len(usage) > len(_USAGE_FIELDS):
-        raise WireError("field 'u' must be a map of usage counters")
-    for key, value in usage.items():
-        if key not in _USAGE_FIELDS:
-            raise WireError(f"usage field {key!r:.40} is unknown")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise WireError(f"usage field {key!r} must be a number >= 0")
-    return usage
+    if not isinstance(meta, dict) or len(meta) > _MAX_META_ENTRIES:
+        raise WireError(f"field 'x' must be a map of at most {_MAX_META_ENTRIES} entries")
+    for key in meta:
+        if not isinstance(key, str) or not 0 < len(key) <= 32:
+            raise WireError(f"metadata name {key!r:.40} is not a string of 1 to 32 characters")
+    return meta
 
 
 def _str(m: dict[str, Any], key: str, max_len: int) -> str:

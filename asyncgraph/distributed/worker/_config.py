@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
-from asyncgraph.models import normalize_base_url
 from asyncgraph.resp import parse_redis_url
 
 __all__ = ["SETTINGS", "ConfigError", "Setting", "WorkerConfig", "log_level"]
@@ -255,7 +255,7 @@ class WorkerConfig:
                 "`python -c 'import secrets; print(secrets.token_hex(32))'`",
             )
         for url in self.allowed_base_urls:
-            _check("allowed_base_urls", normalize_base_url, url)
+            _check("allowed_base_urls", _check_base_url, url)
         if self.backend not in ("asyncio", "trio"):
             raise ConfigError("backend", f"must be asyncio or trio, got {self.backend!r}")
         if self.log_level not in LOG_LEVELS:
@@ -346,6 +346,12 @@ class WorkerConfig:
         if self.secret is not None:
             env["ASYNCGRAPH_SECRET"] = self.secret
         return env
+
+
+def _check_base_url(url: str) -> None:
+    parts = urlsplit(url.strip())
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"base URL {url!r} is not an http:// or https:// URL")
 
 
 def _check(field: str, check: Callable[[str], object], value: str) -> None:

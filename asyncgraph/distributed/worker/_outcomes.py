@@ -103,9 +103,9 @@ class Replies:
         info: ErrorInfo,
         outcome: str,
         *extra: list[Any],
-        usage: dict[str, int | float] | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> Settled:
-        reply = ReplyMessage(self.queue, client, task_id, self.consumer, error=info, usage=usage)
+        reply = ReplyMessage(self.queue, client, task_id, self.consumer, error=info, meta=meta)
         packed, signature = encode(reply, self.signer)
         return self.reply(held, client, task_id, packed, signature, outcome, *extra)
 
@@ -127,7 +127,7 @@ class Replies:
         data: dict[Any, Any],
         result: Any,
         error: BaseException | None,
-        usage: dict[str, int | float] | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> Settled:
         """The reply to a task that ran: its result, or its error with this worker's traceback."""
         if error is not None:
@@ -136,9 +136,9 @@ class Replies:
             dead = self.dead_letter(
                 held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data
             )
-            return self.error(held, message.client, message.id, info, "error", dead, usage=usage)
+            return self.error(held, message.client, message.id, info, "error", dead, meta=meta)
         reply = ReplyMessage(
-            self.queue, message.client, message.id, self.consumer, result, usage=usage
+            self.queue, message.client, message.id, self.consumer, result, meta=meta
         )
         try:
             packed, signature = encode(reply, self.signer, self.limits)

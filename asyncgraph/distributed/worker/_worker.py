@@ -41,6 +41,7 @@ settle it how), ``_outcomes`` (the commands that settle a task), ``_reply_writer
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -69,8 +70,8 @@ from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
 from asyncgraph.distributed.worker._redis_health import RedisHealth
 from asyncgraph.distributed.worker._registry import Registry
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
-from asyncgraph.models import Usage, restrict_base_urls, track_usage
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+from asyncgraph.taskhooks import task_hooks
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -163,9 +164,10 @@ class Worker:
         if self._draining:
             self._intake_scope.cancel()
             self._connecting.cancel()
-        # This process builds models from specs in tasks with its own API key: only the
-        # allowed base URLs may receive it (the restriction is lifted when serving ends).
-        restriction = restrict_base_urls(self.config.allowed_base_urls)
+        # Policies installed by other layers (asyncgraph.text's model policy: only the
+        # allowed base URLs may receive this process's API key), lifted when serving ends.
+        settings = {"allowed_base_urls": self.config.allowed_base_urls}
+        undo = [hook.serving(settings) for hook in task_hooks().values()]
         connect_error: RedisConnectionLost | None = None
         try:
             async with anyio.create_task_group() as services:
@@ -195,7 +197,8 @@ class Worker:
                 else:
                     await self._serve_connected(services, task_status)
         finally:
-            restriction.remove()
+            for lift in reversed(undo):
+                lift()
             if self._membership.connected:
                 with anyio.CancelScope(shield=True):
                     await self._membership.leave(self._drained)
@@ -323,7 +326,9 @@ class Worker:
         started = time.perf_counter()
         result: Any = None
         error: Exception | None = None
-        with anyio.CancelScope(deadline=held.deadline) as scope, track_usage() as usage:
+        hooks = contextlib.ExitStack()
+        collect = {name: hooks.enter_context(h.around_task()) for name, h in task_hooks().items()}
+        with hooks, anyio.CancelScope(deadline=held.deadline) as scope:
             held.scope = scope
             self._cancels.running[held.key] = held
             try:
@@ -337,16 +342,9 @@ class Worker:
             self._writer.queue(self._replies.settled(held, outcome))
             return
         self.metrics.observe("asyncgraph_worker_task_seconds", time.perf_counter() - started)
-        spent = usage.snapshot()
+        meta = {name: value for name, get in collect.items() if (value := get()) is not None}
         self._writer.queue(
-            self._replies.result(
-                held,
-                message,
-                admitted.data,
-                result,
-                error,
-                spent.to_dict() if spent != Usage() else None,
-            )
+            self._replies.result(held, message, admitted.data, result, error, meta or None)
         )
 
     def _written(self, entry_ids: list[bytes]) -> None:

@@ -120,3 +120,20 @@ def test_ids_of_a_message_that_does_not_decode_can_be_peeked() -> None:
     assert peek_ids(msgpack.packb([1, 2]), "q", "task") is None
     assert peek_ids(msgpack.packb({**message, "c": "not-a-client"}), "q", "task") is None
     assert peek_ids(msgpack.packb({**message, "id": 5}), "q", "task") is None
+
+
+def test_a_reply_carries_an_opaque_metadata_map_of_bounded_shape() -> None:
+    import msgpack
+
+    from asyncgraph.distributed.wire._schema import ReplyMessage, decode, encode
+    from asyncgraph.distributed.wire._signing import Signer
+
+    signer = Signer(None)
+    reply = ReplyMessage("q", "c" * 32, "1", "w", 1.0, meta={"models": {"requests": 2}, "x": [1]})
+    packed, signature = encode(reply, signer)
+    assert decode(packed, signature, signer, "q").meta == {"models": {"requests": 2}, "x": [1]}
+    for bad in ({"": 1}, {"n" * 33: 1}, {str(i): i for i in range(17)}, [1]):
+        m = msgpack.unpackb(packed)
+        m["x"] = bad
+        with pytest.raises(WireError, match=r"'x'|metadata name"):
+            decode(msgpack.packb(m), b"", signer, "q")

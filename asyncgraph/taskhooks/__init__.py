@@ -1,0 +1,61 @@
+"""Task hooks: what a policy layer does around remote work, without the transport knowing it.
+
+A leaf (it imports nothing of asyncgraph), so that any layer can install a hook and
+the fleet can run them. The distributed half moves tasks and replies; it knows
+nothing of models. A layer with a policy about remote work (``asyncgraph.models``:
+the usage a task's model calls spent, the base URLs a worker may send its API key
+to) installs a hook here when it is imported, and the fleet runs every installed hook:
+
+- ``serving(settings)`` when a worker starts serving (``settings``: plain values such
+  as ``{"allowed_base_urls": (...)}``); it returns the function that undoes it;
+- ``around_task()`` on the worker, around each task: a context manager whose value,
+  called once the task ends, gives the metadata to send back (None: nothing);
+- ``on_reply(metadata)`` on the client, with what its hook sent back.
+
+A reply carries an opaque metadata map, one entry per hook name: the wire checks its
+shape and size, never its meaning. Metadata from a hook the client has not
+installed is ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+__all__ = ["TaskHook", "install_task_hook", "task_hooks", "uninstall_task_hook"]
+
+
+class TaskHook(Protocol):
+    name: str
+
+    def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]: ...
+
+    def around_task(self) -> AbstractContextManager[Callable[[], Any]]: ...
+
+    def on_reply(self, metadata: Any) -> None: ...
+
+
+_lock = threading.Lock()
+_hooks: dict[str, TaskHook] = {}
+
+
+def install_task_hook(hook: TaskHook) -> None:
+    """Install ``hook`` under ``hook.name`` (replacing one of the same name)."""
+    name = getattr(hook, "name", None)
+    if not isinstance(name, str) or not 0 < len(name) <= 32:
+        raise ValueError(f"a task hook needs a name of 1 to 32 characters, got {name!r}")
+    with _lock:
+        _hooks[name] = hook
+
+
+def uninstall_task_hook(name: str) -> None:
+    with _lock:
+        _hooks.pop(name, None)
+
+
+def task_hooks() -> dict[str, TaskHook]:
+    """The installed hooks by name (a copy)."""
+    with _lock:
+        return dict(_hooks)
