@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import anyio.to_thread
-import redis
 
 from asyncgraph.models._exceptions import ModelBackendError
 from asyncgraph.models._keys import CACHE_PREFIX, cache_key
@@ -218,11 +217,8 @@ class RedisCache:
     async def get(self, key: str) -> Completion | None:
         name = cache_key(key, self.prefix)
 
-        def run(client: redis.Redis) -> bytes | None:
-            value = client.get(name)
-            return value if isinstance(value, bytes) else None
-
-        raw = await self._redis.call(run)
+        value = await self._redis.call("GET", name)
+        raw = value if isinstance(value, bytes) else None
         return None if raw is None else _decode(raw)
 
     async def set(self, key: str, completion: Completion) -> None:
@@ -230,21 +226,15 @@ class RedisCache:
         data = _encode(completion)
         px = None if self.ttl_s is None else max(1, round(self.ttl_s * 1000))
 
-        def run(client: redis.Redis) -> None:
-            client.set(name, data, px=px)
-
-        await self._redis.call(run)
+        await self._redis.call("SET", name, data, *(["PX", px] if px is not None else []))
 
     async def delete(self, key: str) -> None:
         name = cache_key(key, self.prefix)
 
-        def run(client: redis.Redis) -> None:
-            client.delete(name)
-
-        await self._redis.call(run)
+        await self._redis.call("DEL", name)
 
     async def aclose(self) -> None:
-        self._redis.close()
+        await self._redis.aclose()
 
     def __repr__(self) -> str:
         return f"RedisCache(ttl_s={self.ttl_s!r}, prefix={self.prefix!r})"

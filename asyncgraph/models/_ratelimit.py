@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import anyio
-import redis
 
 from asyncgraph.models._exceptions import RateLimitWaitError
 from asyncgraph.models._keys import rate_limit_keys
-from asyncgraph.models._redis import RedisHandle
+from asyncgraph.models._redis import RedisHandle, Script
 
 __all__ = [
     "LocalRateLimiter",
@@ -286,6 +285,8 @@ end
 redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PX', math.ceil((new_tat - now) / 1000) + 1000)
 return 1
 """
+_RESERVE = Script(_RESERVE_LUA)
+_SETTLE = Script(_SETTLE_LUA)
 
 
 class RedisRateLimiter:
@@ -309,19 +310,6 @@ class RedisRateLimiter:
         self._redis = RedisHandle(
             url, timeout_s=limit.redis_timeout_s, purpose=f"rate limit {name!r}"
         )
-        self._lock = threading.Lock()
-        self._scripts: tuple[redis.commands.core.Script, redis.commands.core.Script] | None = None
-
-    def _get_scripts(
-        self, client: redis.Redis
-    ) -> tuple[redis.commands.core.Script, redis.commands.core.Script]:
-        with self._lock:
-            if self._scripts is None:
-                self._scripts = (
-                    client.register_script(_RESERVE_LUA),
-                    client.register_script(_SETTLE_LUA),
-                )
-            return self._scripts
 
     async def reserve(self, tokens: int = 0) -> float:
         """Book a slot without waiting; return the seconds until it starts."""
@@ -332,11 +320,8 @@ class RedisRateLimiter:
         for _, interval, tolerance, cost in buckets:
             args += [repr(interval * 1e6), repr(tolerance * 1e6), repr(cost)]
 
-        def run(client: redis.Redis) -> list[int]:
-            reserve, _ = self._get_scripts(client)
-            return list(reserve(keys=keys, args=args, client=client))
-
-        granted, wait_us = await self._redis.call(run)
+        granted, wait = await self._redis.run_script(_RESERVE, keys, args)
+        wait_us = float(wait)
         if not granted:
             raise _wait_error(self.limit, self.name, wait_us / 1e6)
         return max(wait_us / 1e6, 0.0)
@@ -354,14 +339,10 @@ class RedisRateLimiter:
         args = [repr(float(used_tokens - reserved_tokens)), repr(interval * 1e6)]
         keys = [self._keys[1]]
 
-        def run(client: redis.Redis) -> None:
-            _, settle = self._get_scripts(client)
-            settle(keys=keys, args=args, client=client)
-
-        await self._redis.call(run)
+        await self._redis.run_script(_SETTLE, keys, args)
 
     async def aclose(self) -> None:
-        self._redis.close()
+        await self._redis.aclose()
 
     def __repr__(self) -> str:
         return f"RedisRateLimiter({self.limit.describe()}, name={self.name!r})"

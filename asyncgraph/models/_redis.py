@@ -1,35 +1,39 @@
-"""A synchronous redis-py client driven from worker threads, with a timeout on every call.
+"""The Redis client of the rate limiter and the cache: asyncgraph's own (``asyncgraph.resp``).
 
-redis-py's asyncio client runs on asyncio only; asyncgraph must also run under trio, so
-the limiter and the cache call the thread-safe synchronous client through
-``anyio.to_thread.run_sync``. Every call is bounded by the socket timeouts, and redis-py's
-own retries are off so a timed-out script is never run twice behind our back.
+The same client serves the worker fleet's streams (picked by measurement:
+``benchmarks/bench_redis_clients.py``). It runs on asyncio and trio alike, so no call
+takes a thread hop. Every call has a deadline (``timeout_s``); a script is sent by its
+SHA1 and loaded once when Redis does not know it (``NOSCRIPT``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import TypeVar
+import hashlib
+from collections.abc import Sequence
+from typing import Any
 
-import anyio.to_thread
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry as RedisRetry
+import anyio.lowlevel
 
 from asyncgraph.models._exceptions import ModelBackendError
-from asyncgraph.resp import redact_url
+from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url, redact_url
 
-__all__ = ["RedisHandle", "redact_url"]
+__all__ = ["RedisHandle", "Script", "redact_url"]
 
-T = TypeVar("T")
+
+class Script:
+    """A Lua script, run with EVALSHA (EVAL once if Redis has not seen it)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
 class RedisHandle:
-    """A lazily connected client for ``url``; ``await handle.call(fn)`` runs ``fn(client)``.
+    """A lazily connected client for ``url``: ``await handle.call(command, ...)``.
 
     Raises ``ModelBackendError`` (naming ``purpose``) on any Redis error or timeout.
-    ``close()`` drops the connections; a later call reconnects.
+    Connections belong to the event loop that opened them: a handle used from another
+    ``anyio.run`` (a later one, or trio after asyncio) opens its own.
     """
 
     def __init__(self, url: str, *, timeout_s: float, purpose: str) -> None:
@@ -38,33 +42,55 @@ class RedisHandle:
         self.url = url
         self.timeout_s = timeout_s
         self.purpose = purpose
-        self._lock = threading.Lock()
-        self._client: redis.Redis | None = None
+        self._address = parse_redis_url(url)
+        self._pools: dict[int, tuple[object, Pool]] = {}
 
-    def client(self) -> redis.Redis:
-        with self._lock:
-            if self._client is None:
-                self._client = redis.Redis.from_url(
-                    self.url,
-                    socket_timeout=self.timeout_s,
-                    socket_connect_timeout=self.timeout_s,
-                    retry=RedisRetry(NoBackoff(), 0),
-                )
-            return self._client
+    def _pool(self) -> Pool:
+        token = anyio.lowlevel.current_token()
+        loop = getattr(token, "native_token", token)
+        entry = self._pools.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            entry = (loop, Pool(self._address, timeout_s=self.timeout_s, max_idle=4))
+            self._pools[id(loop)] = entry
+        return entry[1]
 
-    async def call(self, fn: Callable[[redis.Redis], T]) -> T:
-        client = self.client()
+    async def call(self, *command: Any) -> Any:
+        (reply,) = await self.pipeline([command])
+        return reply
+
+    async def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         try:
-            return await anyio.to_thread.run_sync(fn, client)
-        except redis.RedisError as exc:
-            raise ModelBackendError(
-                f"Redis at {redact_url(self.url)} failed during {self.purpose}: "
-                f"{type(exc).__name__}: {exc} (each Redis call has a {self.timeout_s}s timeout; "
-                "check that Redis is up and reachable)"
-            ) from exc
+            replies = await self._pool().pipeline(commands)
+        except RedisConnectionLost as exc:
+            raise self._error(exc) from exc
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise self._error(reply) from reply
+        return replies
 
-    def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+    async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except ModelBackendError as exc:
+            if not (isinstance(exc.__cause__, ReplyError) and exc.__cause__.code == "NOSCRIPT"):
+                raise
+        return await self.call("EVAL", script.source, len(keys), *keys, *args)
+
+    def _error(self, exc: Exception) -> ModelBackendError:
+        return ModelBackendError(
+            f"Redis at {redact_url(self.url)} failed during {self.purpose}: "
+            f"{type(exc).__name__}: {exc} (each Redis call has a {self.timeout_s}s timeout; "
+            "check that Redis is up and reachable)"
+        )
+
+    async def aclose(self) -> None:
+        """Close the connections of the current event loop's pool (others are dropped)."""
+        pools, self._pools = self._pools, {}
+        try:
+            token = anyio.lowlevel.current_token()
+        except RuntimeError:
+            return
+        loop = getattr(token, "native_token", token)
+        for owner, pool in pools.values():
+            if owner is loop:
+                await pool.aclose()
