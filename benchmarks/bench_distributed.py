@@ -4,10 +4,15 @@ redis-py streams baseline, arq and saq, all in one run on one throwaway redis-se
     python benchmarks/bench_distributed.py [--quick] [--no-others]
 
 Prints, for each system: round trip of one no-op remote node (median, p99), throughput
-of 5,000 no-op nodes with 1 and 2 worker processes, and for asyncgraph the wall time of
-256 remote nodes sleeping 200 ms on 2 workers x 128 concurrency over the critical-path
-ideal (200 ms). Then the ratios the goals are stated in. arq and saq are optional
-(``pip install arq saq``); they are skipped when missing.
+of 5,000 no-op nodes with 1 and 2 worker processes, CPU seconds per task (client +
+workers + redis-server, from /proc, over the throughput runs), and for asyncgraph the
+wall time of 256 remote nodes sleeping 200 ms on 2 workers x 128 concurrency over the
+critical-path ideal (200 ms). Then the ratios the goals are stated in. arq and saq are
+optional (``pip install arq saq``); they are skipped when missing.
+
+The raw baseline is redis-py *with hiredis*, as its users run it (``redis[hiredis]``;
+``pip install -e ".[bench-redis]"``): the run refuses to start without hiredis unless
+``--allow-no-hiredis`` is given, and says which parser the baseline used.
 
 asyncgraph's no-op node has an async backward (it runs on the worker's event loop); a
 worker runs every synchronous backward in a thread, so a synchronous no-op (measured on
@@ -44,7 +49,9 @@ QUEUE = "bench"
 
 
 @contextlib.contextmanager
-def processes(argvs: list[list[str]], ready: Callable[[], bool] | None = None) -> Iterator[None]:
+def processes(
+    argvs: list[list[str]], ready: Callable[[], bool] | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     )
@@ -67,7 +74,7 @@ def processes(argvs: list[list[str]], ready: Callable[[], bool] | None = None) -
             time.sleep(0.05)
         if ready is None:
             time.sleep(1.5)
-        yield
+        yield procs
     finally:
         for p in procs:
             p.terminate()
@@ -98,6 +105,25 @@ def asyncgraph_workers(url: str, count: int, concurrency: int) -> list[list[str]
         ]
         for _ in range(count)
     ]
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds (user + system) spent so far by ``pids`` and by this process."""
+    total = sum(os.times()[:2])
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
+
+
+def with_cpu(pids: list[int], run: Callable[[], float], tasks: int) -> tuple[float, float]:
+    """``run()``'s result and the CPU seconds per task that ``pids`` + this process spent."""
+    before = cpu_of(pids)
+    result = run()
+    return result, (cpu_of(pids) - before) / tasks
 
 
 def workers_alive(url: str, count: int) -> Callable[[], bool]:
@@ -164,11 +190,59 @@ def other(script: str, url: str, latency_n: int, tasks: int) -> tuple[list[float
     return times, rate
 
 
+def report(
+    rows: list[tuple[str, str, str, str, str]], figures: dict[str, float], local_ratio: float
+) -> None:
+    print()
+    print(f"{'system':34} {'rt med ms':>9} {'rt p99 ms':>9} {'1 worker/s':>10} {'2 workers/s':>11}")
+    for r in rows:
+        print(f"{r[0]:34} {r[1]:>9} {r[2]:>9} {r[3]:>10} {r[4]:>11}")
+    print()
+    print(
+        f"256 remote nodes x 200 ms, 2 workers x 128: wall / critical-path ideal = "
+        f"{figures['critical_path_ratio']:.3f} (goal <= 1.15; local executor: {local_ratio:.3f})"
+    )
+    for backend in ("asyncio", "trio", "sync"):
+        rt = figures[f"ag_{backend}_median"] / figures["raw_median"]
+        t1 = figures[f"ag_{backend}_one"] / figures["raw_one"]
+        t2 = figures[f"ag_{backend}_two"] / figures["raw_two"]
+        p1 = figures[f"ag_{backend}_one"] / figures["piped_one"]
+        p2 = figures[f"ag_{backend}_two"] / figures["piped_two"]
+        name = "sync no-op, asyncio" if backend == "sync" else backend
+        print(
+            f"asyncgraph ({name}) vs raw per task: round trip {rt:.2f}x (goal <= 1.4x), "
+            f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2 (goal >= 75%); vs the "
+            f"single-pipeline floor: {p1:.0%} and {p2:.0%}"
+        )
+    for backend in ("asyncio", "trio"):
+        c1, c2 = figures[f"ag_{backend}_cpu1"], figures[f"ag_{backend}_cpu2"]
+        r1, r2 = figures["raw_cpu1"], figures["raw_cpu2"]
+        print(
+            f"CPU per task, client + workers + redis-server ({backend}): {c1 * 1e6:.0f} us with 1 "
+            f"worker, {c2 * 1e6:.0f} us with 2; raw {r1 * 1e6:.0f} / {r2 * 1e6:.0f} us: "
+            f"{c1 / r1:.2f}x and {c2 / r2:.2f}x (goal <= 1.5x)"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--no-others", action="store_true", help="skip arq and saq")
+    parser.add_argument(
+        "--allow-no-hiredis", action="store_true", help="run with a pure-Python raw baseline"
+    )
     args = parser.parse_args()
+    import redis.utils
+
+    if not redis.utils.HIREDIS_AVAILABLE and not args.allow_no_hiredis:
+        print(
+            "the raw baseline must be redis-py with hiredis, as its users run it: "
+            'pip install -e ".[bench-redis]" (or pass --allow-no-hiredis)',
+            file=sys.stderr,
+        )
+        return 2
+    parser_name = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure Python (no hiredis)"
+    print(f"raw baseline: redis-py {redis.__version__} asyncio, {parser_name} parser")
     lat_n = 200 if args.quick else 1000
     tasks = 5000
     rows: list[tuple[str, str, str, str, str]] = []
@@ -190,6 +264,8 @@ def main() -> int:
 
     with RedisServer() as server:
         url = server.url
+        redis_pid = server._proc.pid if server._proc is not None else None
+        assert redis_pid is not None
         flush = redis.Redis.from_url(url).flushall
 
         # In-process reference.
@@ -220,13 +296,24 @@ def main() -> int:
         # asyncgraph: 1 worker, then 2.
         for backend in ("asyncio", "trio"):
             flush()
-            with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 1)):
+            with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 1)) as first:
                 times = round_trips[backend]
-                one = run_remote(url, lambda ex: graph_throughput(ex, tasks), backend)
-                with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 2)):
-                    two = run_remote(url, lambda ex: graph_throughput(ex, tasks), backend)
+                one, cpu1 = with_cpu(
+                    [redis_pid, *(p.pid for p in first)],
+                    lambda b=backend: run_remote(url, lambda ex: graph_throughput(ex, tasks), b),
+                    3 * tasks,
+                )
+                with processes(asyncgraph_workers(url, 1, 256), workers_alive(url, 2)) as second:
+                    two, cpu2 = with_cpu(
+                        [redis_pid, *(p.pid for p in first + second)],
+                        lambda b=backend: run_remote(
+                            url, lambda ex: graph_throughput(ex, tasks), b
+                        ),
+                        3 * tasks,
+                    )
             figures[f"ag_{backend}_median"] = stats(times)[0]
             figures[f"ag_{backend}_one"], figures[f"ag_{backend}_two"] = one, two
+            figures[f"ag_{backend}_cpu1"], figures[f"ag_{backend}_cpu2"] = cpu1, cpu2
             row(f"asyncgraph Redis ({backend} client)", times, one, two)
 
         flush()  # a synchronous no-op: the same, plus a thread hop on the worker
@@ -247,10 +334,21 @@ def main() -> int:
 
         # Plain redis-py streams.
         flush()
-        with processes([raw]):
-            _, one, piped_one = asyncio.run(dist_raw.measure(url, 10, tasks))
-            with processes([raw]):
-                _, two, piped_two = asyncio.run(dist_raw.measure(url, 10, tasks))
+        with processes([raw]) as first:
+            _, _, piped_one = asyncio.run(dist_raw.measure(url, 10, tasks))
+            one, raw_cpu1 = with_cpu(
+                [redis_pid, *(p.pid for p in first)],
+                lambda: asyncio.run(dist_raw.throughput(url, tasks)),
+                3 * tasks,
+            )
+            with processes([raw]) as second:
+                _, _, piped_two = asyncio.run(dist_raw.measure(url, 10, tasks))
+                two, raw_cpu2 = with_cpu(
+                    [redis_pid, *(p.pid for p in first + second)],
+                    lambda: asyncio.run(dist_raw.throughput(url, tasks)),
+                    3 * tasks,
+                )
+        figures["raw_cpu1"], figures["raw_cpu2"] = raw_cpu1, raw_cpu2
         times = round_trips["raw"]
         figures["raw_median"], figures["raw_one"], figures["raw_two"] = stats(times)[0], one, two
         figures["piped_one"], figures["piped_two"] = piped_one, piped_two
@@ -280,27 +378,7 @@ def main() -> int:
                     two, note = None, f"2 workers: {type(exc).__name__}"
             row(f"{name} (tuned)", times, one, two, note)
 
-    print()
-    print(f"{'system':34} {'rt med ms':>9} {'rt p99 ms':>9} {'1 worker/s':>10} {'2 workers/s':>11}")
-    for r in rows:
-        print(f"{r[0]:34} {r[1]:>9} {r[2]:>9} {r[3]:>10} {r[4]:>11}")
-    print()
-    print(
-        f"256 remote nodes x 200 ms, 2 workers x 128: wall / critical-path ideal = "
-        f"{figures['critical_path_ratio']:.3f} (goal <= 1.25; local executor: {local_ratio:.3f})"
-    )
-    for backend in ("asyncio", "trio", "sync"):
-        rt = figures[f"ag_{backend}_median"] / figures["raw_median"]
-        t1 = figures[f"ag_{backend}_one"] / figures["raw_one"]
-        t2 = figures[f"ag_{backend}_two"] / figures["raw_two"]
-        p1 = figures[f"ag_{backend}_one"] / figures["piped_one"]
-        p2 = figures[f"ag_{backend}_two"] / figures["piped_two"]
-        name = "sync no-op, asyncio" if backend == "sync" else backend
-        print(
-            f"asyncgraph ({name}) vs raw per task: round trip {rt:.2f}x (goal <= 1.5x), "
-            f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2 (goal >= 70%); vs the "
-            f"single-pipeline floor: {p1:.0%} and {p2:.0%}"
-        )
+    report(rows, figures, local_ratio)
     return 0
 
 

@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio

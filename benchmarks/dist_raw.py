@@ -140,6 +140,16 @@ async def latency(url: str, n: int) -> list[float]:
         await client.close()
 
 
+async def throughput(url: str, tasks: int, rounds: int = 3) -> float:
+    """Per-task throughput, best of ``rounds`` (the figure the CPU-per-task one is taken on)."""
+    client = Client(url)
+    try:
+        await client.round_trips(20)
+        return max([await client.throughput(tasks) for _ in range(rounds)])
+    finally:
+        await client.close()
+
+
 async def measure(url: str, latency_n: int, tasks: int) -> tuple[list[float], float, float]:
     """Round trips, per-task throughput, pipelined throughput (best of 3)."""
     client = Client(url)
