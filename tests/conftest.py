@@ -21,6 +21,7 @@ SLOW_PATHS = (
     "tests/text/test_text_distributed.py",
     "tests/text/test_text_program.py",
     "tests/test_cli.py",
+    "tests/test_docs.py",
     "tests/test_packaging.py",
     "tests/test_readme.py",
 )

@@ -75,3 +75,16 @@ def test_readme_snippet_runs_as_written(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     if expected:
         assert done.stdout == expected
+
+
+def test_every_python_block_runs_in_the_suite_or_says_it_is_a_fragment() -> None:
+    text = README.read_text()
+    first = text.index("```python")
+    for match in re.finditer(r"```python\n", text):
+        if match.start() == first:
+            continue  # test_readme_core_example_runs
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        assert before.startswith(("<!-- readme-test:", "<!-- fragment:")), (
+            f"README line {text[: match.start()].count(chr(10)) + 1}: a python block that "
+            f"no test runs; add <!-- readme-test: NAME --> or <!-- fragment: why -->"
+        )
