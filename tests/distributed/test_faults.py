@@ -211,3 +211,13 @@ async def test_tasks_of_a_client_whose_heartbeat_is_gone_are_skipped(
     started = [client.llen(f"agdist:started:orphan{i}") for i in range(4)]
     assert started == [1, 0, 0, 0], started
     client.close()
+
+
+def test_an_entry_settled_a_moment_ago_is_not_run_again_when_a_late_claim_returns_it() -> None:
+    """Point 6a: the reclaimer's XAUTOCLAIM ran just before this worker's reply write."""
+    from asyncgraph.distributed import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig("redis://127.0.0.1:1/0"), {})
+    worker._written([b"5-0"])  # settled and acknowledged by this worker
+    worker._take(b"5-0", [b"m", b"whatever", b"s", b""], 2)  # then a late claim returns it
+    assert b"5-0" not in worker._held  # not taken, not run, not answered twice

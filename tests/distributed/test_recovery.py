@@ -316,7 +316,7 @@ async def test_idle_consumers_are_deleted_and_a_drained_worker_deletes_its_own(
             for c in client.xinfo_consumers(stream, keys.GROUP)
         }
 
-    # lease 200 ms: consumers idle 2 s (10 leases), holding nothing, without a heartbeat go.
+    # lease 200 ms: consumers idle 0.4 s (2 leases), holding nothing, without a heartbeat go.
     worker = start_worker(redis_url, "tidy", "--lease-ms", "200", "--drain-timeout-s", "1")
     x = Parameter(1.0)
     async with open_redis_executor(redis_url, queue="tidy", timeout_s=20) as ex:
