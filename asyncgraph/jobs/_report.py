@@ -67,6 +67,10 @@ class Reporter:
             )
             from rich.table import Column
 
+            console = Console(stderr=True)
+            # Three columns free: the "^C" a terminal echoes on Ctrl-C then fits on the
+            # bar's line instead of wrapping to a new one (which left the bar twice).
+            console.width = max(40, console.width - 3)
             self._progress = Progress(
                 TextColumn(
                     "[bold]{task.description}",
@@ -83,7 +87,7 @@ class Reporter:
                     "{task.fields[metrics]}",
                     table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
                 ),
-                console=Console(stderr=True),
+                console=console,
                 transient=False,
                 # Expand: the metrics column (ratio 1) gets the width the others leave, and
                 # is cut short there; without it rich shrinks every column, elapsed time too.
@@ -141,10 +145,26 @@ class Reporter:
         else:
             print(f"{self.name}: step {step}/{self.total}  {self._metrics(rows)}", flush=True)
 
-    def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+    def stop(self, *, interrupted: bool = False) -> None:
+        """Stop the live bar. After Ctrl-C the terminal has echoed ``^C`` into the bar's
+        line, so rich's final render would print the bar a second time below it: the bar
+        is erased instead, and one plain line says where the job stopped."""
+        if self._progress is None:
+            return
+        progress, self._progress = self._progress, None
+        if interrupted:
+            task = progress.tasks[0] if progress.tasks else None
+            progress.live.transient = True
+            progress.stop()
+            step = int(task.completed) if task is not None else 0
+            metrics = task.fields.get("metrics", "") if task is not None else ""
+            progress.console.print(
+                f"{self.name}: interrupted after step {step}/{self.total}  {metrics}".rstrip(),
+                highlight=False,
+                markup=False,
+            )
+        else:
+            progress.stop()
 
 
 def write_history(path: Path, history: list[dict[str, Any]]) -> None:

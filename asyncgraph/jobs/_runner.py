@@ -771,7 +771,7 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
 
     def finish() -> Path | None:
         """Stop the display, roll back a half-done step, write history and plot."""
-        reporter.stop()
+        reporter.stop(interrupted=interrupted)
         recorder.close()
         if not checkpointed:  # out_dir could not even take the step-0 checkpoint
             return None
