@@ -55,10 +55,9 @@ def test_a_local_tutorial_runs_as_written(name: str, tmp_path: Path) -> None:
     assert done.stdout == expected
 
 
-def test_the_fleet_tutorial_runs_against_real_workers(tmp_path: Path) -> None:
-    from conftest import requires_redis_server
-
-    requires_redis_server()
+def test_the_fleet_tutorial_runs_against_real_workers(
+    tmp_path: Path, redis_server_binary: None
+) -> None:
     from asyncgraph.distributed import RedisServer, wait_for_workers
 
     functions, _ = snippets()["fleet-functions"]
