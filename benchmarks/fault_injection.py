@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ from asyncgraph.distributed.wire import _keys as keys  # noqa: E402
 from asyncgraph.executors import open_redis_executor  # noqa: E402
 
 QUEUE = "faults"
+reasons: Counter[str] = Counter()  # why passes failed with RemoteConnectionError
 NODES = 24
 PASS_TIMEOUT_S = 20.0
 
@@ -174,8 +176,10 @@ async def one_pass(
         else:
             report["hangs"] += 1
         return
-    except RemoteConnectionError:
+    except RemoteConnectionError as exc:
         report["failed: Redis restarted"] += 1
+        reasons[re.sub(r"\d+", "N", str(exc))[:160]] += 1
+        await anyio.sleep(0.2)  # as a caller would before retrying: Redis is restarting
         return
     report["passes"] += 1
     for leaf, seed in zip(leaves, seeds, strict=True):
@@ -229,6 +233,8 @@ def main() -> int:
         f"  faults: {sum(faults.values())}  "
         + ", ".join(f"{k} {v}" for k, v in sorted(faults.items()))
     )
+    for reason, count in reasons.most_common(5):
+        print(f"    {count:6d} x {reason}")
     bad = {k: report[k] for k in ("wrong gradients", "lost tasks", "double joins", "hangs")}
     print("  " + ", ".join(f"{k}: {v}" for k, v in bad.items()))
     return 1 if any(bad.values()) else 0
