@@ -113,3 +113,38 @@ def test_python_m_workers_check_lists_the_default_functions() -> None:
             timeout=60,
         )
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_a_fresh_workers_series_exist_at_zero_and_durations_are_histograms_per_function() -> None:
+    from asyncgraph.distributed import Worker, WorkerConfig
+
+    worker = Worker(WorkerConfig("redis://127.0.0.1:1/0"), {})
+    text = worker.metrics.render()
+    for series in (
+        'asyncgraph_worker_tasks_total{outcome="ok"} 0',
+        'asyncgraph_worker_tasks_total{outcome="client_gone"} 0',
+        'asyncgraph_worker_dead_letters_total{reason="forged"} 0',
+        'asyncgraph_worker_dead_letters_total{reason="oversize"} 0',
+        "asyncgraph_worker_reclaimed_total 0",
+        "asyncgraph_worker_abandoned_calls 0",
+        'asyncgraph_worker_redis_refusals_total{code="OOM"} 0',
+    ):
+        assert series + "\n" in text, series
+    for process in (
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+    ):
+        assert process in text
+    metrics = worker.metrics
+    for seconds in (0.003, 0.2, 7.0):
+        metrics.observe_histogram(
+            "asyncgraph_worker_task_duration_seconds", seconds, function="f", op="backward"
+        )
+    text = metrics.render()
+    assert "# TYPE asyncgraph_worker_task_duration_seconds histogram\n" in text
+    bucket = 'asyncgraph_worker_task_duration_seconds_bucket{function="f",le="%s",op="backward"}'
+    for le, count in (("0.005", 1), ("0.25", 2), ("5.0", 2), ("10.0", 3), ("+Inf", 3)):
+        assert f"{bucket % le} {count}\n" in text, le
+    count = 'asyncgraph_worker_task_duration_seconds_count{function="f",op="backward"} 3\n'
+    assert count in text

@@ -19,7 +19,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Metrics", "format_value", "merge_snapshots", "read_health", "render"]
+__all__ = [
+    "Metrics",
+    "format_value",
+    "merge_snapshots",
+    "process_metrics",
+    "read_health",
+    "render",
+    "worker_metrics",
+]
 
 # Metric families: name -> (type, help). A summary's samples are <name>_sum and <name>_count.
 HELP: dict[str, tuple[str, str]] = {
@@ -31,6 +39,22 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     "asyncgraph_worker_redis_errors_total": ("counter", "Redis calls that failed."),
     "asyncgraph_worker_task_seconds": ("summary", "Seconds spent running tasks."),
+    "asyncgraph_worker_task_duration_seconds": (
+        "histogram",
+        "Seconds a task ran, by function and op (backward or forward).",
+    ),
+    "asyncgraph_worker_abandoned_calls": (
+        "gauge",
+        "Synchronous calls cancelled but still running in their threads (their slots are held).",
+    ),
+    "asyncgraph_worker_redis_refusals_total": (
+        "counter",
+        "Reply writes Redis refused (e.g. OOM at maxmemory), by error code.",
+    ),
+    "process_cpu_seconds_total": ("counter", "CPU seconds (user + system) of the process."),
+    "process_resident_memory_bytes": ("gauge", "Resident memory of the process, in bytes."),
+    "process_open_fds": ("gauge", "Open file descriptors of the process."),
+    "process_start_time_seconds": ("gauge", "Start time of the process, Unix seconds."),
     "asyncgraph_worker_tasks_in_flight": ("gauge", "Tasks read and not yet acknowledged."),
     "asyncgraph_worker_processes": ("gauge", "Worker processes alive."),
     "asyncgraph_worker_restarts_total": (
@@ -42,12 +66,29 @@ HELP: dict[str, tuple[str, str]] = {
 Key = tuple[str, tuple[tuple[str, str], ...]]
 Number = int | float
 
+# Every outcome and dead-letter reason a worker can count: their series exist from the
+# start at 0 (a rate() over a series that appears only at its first event misses it).
+OUTCOMES = (
+    "ok",
+    "error",
+    "rejected",
+    "cancelled",
+    "expired",
+    "dead_letter",
+    "unknown_function",
+    "fingerprint",
+    "client_gone",
+)
+DEAD_LETTER_REASONS = ("forged", "malformed", "oversize", "max_attempts", "error", "bad_cancel")
+# Task durations: from a no-op (about a millisecond) to an LLM call of minutes.
+DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
 
 def _family(name: str) -> str:
-    """The family a sample belongs to (``x_sum`` / ``x_count`` of summary ``x``)."""
-    for suffix in ("_sum", "_count"):
+    """The family a sample belongs to (``x_sum`` / ``x_count`` / ``x_bucket`` of ``x``)."""
+    for suffix in ("_sum", "_count", "_bucket"):
         base = name.removesuffix(suffix)
-        if base != name and HELP.get(base, ("", ""))[0] == "summary":
+        if base != name and HELP.get(base, ("", ""))[0] in ("summary", "histogram"):
             return base
     return name
 
@@ -61,6 +102,22 @@ class Metrics:
 
     def __init__(self) -> None:
         self.values: dict[Key, Number] = {}
+
+    def zero(self, name: str, **labels: str) -> None:
+        """Make series ``name{labels}`` exist (at 0) before its first event."""
+        self.values.setdefault((name, tuple(sorted(labels.items()))), 0)
+
+    def observe_histogram(
+        self, name: str, value: float, buckets: Iterable[float] = DURATION_BUCKETS, **labels: str
+    ) -> None:
+        """One observation of histogram ``name``: cumulative buckets, ``_sum``, ``_count``."""
+        for bound in (*buckets, math.inf):
+            if value <= bound:
+                self.inc(f"{name}_bucket", 1, **labels, le=format_value(float(bound)))
+            else:
+                self.zero(f"{name}_bucket", **labels, le=format_value(float(bound)))
+        self.inc(f"{name}_sum", value, **labels)
+        self.inc(f"{name}_count", 1, **labels)
 
     def inc(self, name: str, amount: Number = 1, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
@@ -93,7 +150,49 @@ class Metrics:
         tmp.replace(path)
 
     def render(self) -> str:
-        return render(self.values)
+        return render({**self.values, **process_metrics()})
+
+
+def worker_metrics() -> Metrics:
+    """A worker's metrics, every fixed series present from the start."""
+    metrics = Metrics()
+    for outcome in OUTCOMES:
+        metrics.zero("asyncgraph_worker_tasks_total", outcome=outcome)
+    for reason in DEAD_LETTER_REASONS:
+        metrics.zero("asyncgraph_worker_dead_letters_total", reason=reason)
+    for name in (
+        "asyncgraph_worker_reclaimed_total",
+        "asyncgraph_worker_redis_errors_total",
+        "asyncgraph_worker_task_seconds_sum",
+        "asyncgraph_worker_task_seconds_count",
+        "asyncgraph_worker_tasks_in_flight",
+        "asyncgraph_worker_abandoned_calls",
+    ):
+        metrics.zero(name)
+    metrics.zero("asyncgraph_worker_redis_refusals_total", code="OOM")
+    return metrics
+
+
+_START = time.time()
+
+
+def process_metrics(pid: int | str = "self") -> dict[Key, Number]:
+    """CPU, resident memory, open file descriptors and start time of a process, from /proc.
+
+    Empty where /proc is not there (not Linux).
+    """
+    out: dict[Key, Number] = {}
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        out[("process_cpu_seconds_total", ())] = (int(stat[11]) + int(stat[12])) / ticks
+        out[("process_resident_memory_bytes", ())] = int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+        out[("process_open_fds", ())] = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError, IndexError):
+        return {}
+    if pid == "self":
+        out[("process_start_time_seconds", ())] = _START
+    return out
 
 
 def _read(path: Path) -> dict[str, Any] | None:

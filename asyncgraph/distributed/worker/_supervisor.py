@@ -31,7 +31,13 @@ import anyio
 import anyio.abc
 
 from asyncgraph.distributed.worker._health import serve_health
-from asyncgraph.distributed.worker._metrics import Metrics, merge_snapshots, read_health, render
+from asyncgraph.distributed.worker._metrics import (
+    Metrics,
+    merge_snapshots,
+    process_metrics,
+    read_health,
+    render,
+)
 
 __all__ = ["Supervisor"]
 
@@ -126,6 +132,14 @@ class Supervisor:
         values: dict[Any, Any] = dict(merge_snapshots(Path(self._dir).glob("*.json"), live))
         self.metrics.set("asyncgraph_worker_processes", len(live))
         values.update(self.metrics.values)
+        # The process series cover the whole service: the supervisor and its live children.
+        for pid in [*live, "self"]:
+            for key, value in process_metrics(pid).items():
+                values[key] = (
+                    value
+                    if key[0] == "process_start_time_seconds"
+                    else (values.get(key, 0) + value)
+                )
         return render(values)
 
     async def _keep_alive(self, slot: int) -> None:

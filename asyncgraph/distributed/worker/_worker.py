@@ -65,7 +65,7 @@ from asyncgraph.distributed.worker._execute import Threads, execute
 from asyncgraph.distributed.worker._health import serve_health
 from asyncgraph.distributed.worker._intake import Intake
 from asyncgraph.distributed.worker._membership import Membership
-from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._metrics import worker_metrics
 from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
 from asyncgraph.distributed.worker._redis_health import RedisHealth
 from asyncgraph.distributed.worker._registry import Registry
@@ -93,7 +93,7 @@ class Worker:
         self.consumer = config.consumer or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
-        self.metrics = Metrics()
+        self.metrics = worker_metrics()
         signer = Signer(config.secret)
         self._pool = Pool(parse_redis_url(config.redis_url), timeout_s=config.redis_timeout_s)
         self._health = RedisHealth(self.consumer, self.metrics)
@@ -341,7 +341,14 @@ class Worker:
             outcome = "cancelled" if held.key in self._cancels else "expired"
             self._writer.queue(self._replies.settled(held, outcome))
             return
-        self.metrics.observe("asyncgraph_worker_task_seconds", time.perf_counter() - started)
+        spent = time.perf_counter() - started
+        self.metrics.observe("asyncgraph_worker_task_seconds", spent)
+        self.metrics.observe_histogram(
+            "asyncgraph_worker_task_duration_seconds",
+            spent,
+            function=message.function,
+            op=message.op,
+        )
         meta = {name: value for name, get in collect.items() if (value := get()) is not None}
         self._writer.queue(
             self._replies.result(held, message, admitted.data, result, error, meta or None)
