@@ -9,7 +9,7 @@ from asyncgraph.executors import Executor, LocalExecutor, current_executor, use_
 
 from ._accumulate import accumulate, register_accumulator
 from ._autodiff import backward, grad
-from ._engine import NodeEvent, current_node, observe_nodes
+from ._engine import NodeEvent, PassInfo, current_node, observe_nodes, observe_passes
 from ._exceptions import (
     AsyncGraphError,
     BackwardError,
@@ -42,6 +42,7 @@ __all__ = [
     "Module",
     "Node",
     "NodeEvent",
+    "PassInfo",
     "Parameter",
     "RemoteConnectionError",
     "RemoteError",
@@ -59,6 +60,7 @@ __all__ = [
     "is_grad_enabled",
     "no_grad",
     "observe_nodes",
+    "observe_passes",
     "register_accumulator",
     "set_grad_enabled",
     "use_executor",

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
@@ -105,6 +105,40 @@ def observe_nodes(listener: Listener) -> Iterator[None]:
         yield
     finally:
         _LISTENERS.reset(token)
+
+
+@dataclass(frozen=True)
+class PassInfo:
+    """What a pass observer learns of a backward pass when it starts."""
+
+    roots: int
+    create_graph: bool
+    executor: str
+
+
+PassObserver = Callable[[PassInfo], AbstractContextManager[object]]
+_PASS_OBSERVERS: contextvars.ContextVar[tuple[PassObserver, ...]] = contextvars.ContextVar(
+    "asyncgraph_pass_observers", default=()
+)
+
+
+@contextmanager
+def observe_passes(observer: PassObserver) -> Iterator[None]:
+    """Enter ``observer(PassInfo)`` (a context manager) around every pass started in the block.
+
+    The pass runs inside it: what it sets in the context (a tracing span, say) is seen
+    by every node of the pass, in every task the pass starts. A contextvar, like
+    ``observe_nodes``; blocks nest.
+    """
+    if not callable(observer):
+        raise TypeError(
+            f"observe_passes expects a callable returning a context manager, got {observer!r}"
+        )
+    token = _PASS_OBSERVERS.set((*_PASS_OBSERVERS.get(), observer))
+    try:
+        yield
+    finally:
+        _PASS_OBSERVERS.reset(token)
 
 
 def current_node() -> Node | None:
@@ -375,6 +409,23 @@ class Engine:
         accumulate: bool = True,
     ) -> None:
         """Run the pass; raise BackwardError naming the node if any backward failed."""
+        observers = _PASS_OBSERVERS.get()
+        if observers:
+            info = PassInfo(len(roots), self.create_graph, type(self.executor).__name__)
+            with ExitStack() as stack:
+                for observer in observers:
+                    stack.enter_context(observer(info))
+                await self._run(roots, capture_leaves, capture_outputs, accumulate)
+            return
+        await self._run(roots, capture_leaves, capture_outputs, accumulate)
+
+    async def _run(
+        self,
+        roots: Sequence[tuple[Edge, Variable | None]],
+        capture_leaves: Sequence[Variable] | None,
+        capture_outputs: Sequence[tuple[Node, int]],
+        accumulate: bool,
+    ) -> None:
         self._plan(roots, capture_leaves, capture_outputs)
         self._accumulate = accumulate
         token = _GRAD_ENABLED.set(self.create_graph)

@@ -34,6 +34,27 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _worker_tracing() -> None:
+    """Export a worker's spans when OpenTelemetry's variables ask for it (and it is installed)."""
+    import os
+
+    if not any(
+        os.environ.get(name)
+        for name in (
+            "ASYNCGRAPH_OTEL",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        )
+    ):
+        return
+    try:
+        otel = importlib.import_module("asyncgraph.observe.otel")
+    except ImportError as exc:
+        print(f"asyncgraph worker: tracing asked for but not available: {exc}", file=sys.stderr)
+        return
+    otel.setup_worker_from_env()
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -59,6 +80,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         if name == command:
             for layer in POLICY_LAYERS.get(name, ()):
                 importlib.import_module(layer)
+            if name == "worker":
+                _worker_tracing()
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
             sub_parser.set_defaults(_run=module.run, _parser=sub_parser)

@@ -10,7 +10,10 @@ backward time per node:
 - ``off``: no observer (what every pass pays for the hooks: a contextvar read per pass
   and a contextvar set per node);
 - ``on``: inside ``asyncgraph.observe.trace_pass()`` (a span per node, opened and
-  closed by the engine's events), plus the cost of writing the trace JSON per node.
+  closed by the engine's events), plus the cost of writing the trace JSON per node;
+- ``otel``: inside ``asyncgraph.observe.otel.otel_tracing()`` with the OpenTelemetry
+  SDK's tracer provider and a batch span processor (its exporter drops the spans), when
+  ``asyncgraph[otel]`` is installed: a span per pass and per node.
 
 ``--mode off`` runs only the first and imports nothing of ``asyncgraph.observe``, so
 the same script measures a checkout without it (``PYTHONPATH=/path/to/main``): that is
@@ -82,12 +85,32 @@ GRAPHS: dict[str, Callable[[int], Variable]] = {
 }
 
 
-async def per_node_us(build: Callable[[int], Variable], n: int, traced: bool) -> float:
+def otel_provider() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Drop(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop(), max_queue_size=1_000_000))
+    return provider
+
+
+async def per_node_us(build: Callable[[int], Variable], n: int, traced: bool | str) -> float:
     root = build(n)
     gc.collect()
     gc.disable()
     try:
-        if traced:
+        if traced == "otel":
+            from asyncgraph.observe.otel import otel_tracing
+
+            with otel_tracing(PROVIDER[0]):
+                start = time.perf_counter()
+                await backward(root)
+                took = time.perf_counter() - start
+        elif traced:
             from asyncgraph.observe import trace_pass
 
             with trace_pass() as timeline:
@@ -117,18 +140,32 @@ def write_us(n: int) -> float:
         return (time.perf_counter() - start) / n * 1e6
 
 
+PROVIDER: list[Any] = []
+
+
 async def main(args: argparse.Namespace) -> None:
     modes = ["off"] if args.mode == "off" else ["off", "on"]
+    if args.mode == "both":
+        try:
+            PROVIDER.append(otel_provider())
+            modes.append("otel")
+        except ImportError:
+            print("OpenTelemetry is not installed (asyncgraph[otel]): its row is skipped")
     print(f"{args.nodes:,} nodes per graph, median of {args.rounds} rounds, {args.backend}")
     for name, build in GRAPHS.items():
         results: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.rounds):
             for mode in modes:  # interleaved, so both see the same machine
-                results[mode].append(await per_node_us(build, args.nodes, mode == "on"))
+                traced = "otel" if mode == "otel" else mode == "on"
+                results[mode].append(await per_node_us(build, args.nodes, traced))
         medians = {mode: statistics.median(values) for mode, values in results.items()}
         line = f"{name:26s} off {medians['off']:6.2f} us/node"
-        if "on" in medians:
-            line += f"   on {medians['on']:6.2f} us/node   (+{medians['on'] - medians['off']:.2f})"
+        for mode in ("on", "otel"):
+            if mode in medians:
+                line += (
+                    f"   {mode} {medians[mode]:6.2f} us/node "
+                    f"(+{medians[mode] - medians['off']:.2f})"
+                )
         print(line, flush=True)
 
 

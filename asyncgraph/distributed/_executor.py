@@ -214,6 +214,7 @@ class RedisExecutor:
             op,
             max(1, int(self.timeout_s * 1000)),
             payload,
+            _task_metadata(),
         )
         try:
             packed, signature = encode(message, self._signer, self._limits)
@@ -286,6 +287,16 @@ def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], An
     ):
         raise WireError("forward result 'nd' must list output indices")
     return outputs, result.get("ctx"), nd, is_tuple
+
+
+def _task_metadata() -> dict[str, Any] | None:
+    """What each task hook's worker side should know of this task (e.g. a trace context)."""
+    meta = {}
+    for name, hook in task_hooks().items():
+        value = hook.task_metadata()
+        if value is not None:
+            meta[name] = value
+    return meta or None
 
 
 def _on_reply_metadata(meta: dict[str, Any]) -> None:

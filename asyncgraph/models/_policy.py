@@ -29,8 +29,11 @@ class ModelPolicy:
     def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]:
         return restrict_base_urls(tuple(settings.get("allowed_base_urls", ()))).remove
 
+    def task_metadata(self) -> None:
+        return None  # the worker needs nothing from the client to count usage
+
     @contextmanager
-    def around_task(self) -> Iterator[Callable[[], Any]]:
+    def around_task(self, metadata: Any, info: Any) -> Iterator[Callable[[], Any]]:
         with track_usage() as usage:
 
             def spent() -> dict[str, int | float] | None:

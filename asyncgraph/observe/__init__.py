@@ -11,7 +11,10 @@ the models see no observer at all.
   cached, retries, cost, node, trace), secrets kept out (``CallLog``);
 - ``draw_graph(loss)``: the graph as Graphviz DOT / SVG / PNG or Mermaid, grouped so
   it stays readable at hundreds of nodes (``GraphPicture``);
-- ``labels(step=3)``: what the calls and spans of the block belong to.
+- ``labels(step=3)``: what the calls and spans of the block belong to;
+- ``asyncgraph.observe.otel.otel_tracing()`` (``pip install asyncgraph[otel]``, imported
+  only when used): OpenTelemetry spans of passes, nodes, model calls and the remote
+  tasks of a worker fleet, one trace across machines.
 """
 
 from ._calllog import CallLog, call_record, log_calls, read_call_log

@@ -8,11 +8,16 @@ to) installs a hook here when it is imported, and the fleet runs every installed
 
 - ``serving(settings)`` when a worker starts serving (``settings``: plain values such
   as ``{"allowed_base_urls": (...)}``); it returns the function that undoes it;
-- ``around_task()`` on the worker, around each task: a context manager whose value,
-  called once the task ends, gives the metadata to send back (None: nothing);
+- ``task_metadata()`` on the client, when a task is sent, in the context of the node
+  that sends it: what its worker side should know (None: nothing; e.g. the trace
+  context of the node's span);
+- ``around_task(metadata, info)`` on the worker, around each task, with what the client
+  side sent (None if nothing) and what the task is (``TaskInfo``): a context manager
+  whose value, called once the task ends, gives the metadata to send back (None:
+  nothing);
 - ``on_reply(metadata)`` on the client, with what its hook sent back.
 
-A reply carries an opaque metadata map, one entry per hook name: the wire checks its
+A task and its reply carry an opaque metadata map, one entry per hook name: the wire checks its
 shape and size, never its meaning. Metadata from a hook the client has not
 installed is ignored.
 """
@@ -22,9 +27,23 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["TaskHook", "install_task_hook", "task_hooks", "uninstall_task_hook"]
+__all__ = ["TaskHook", "TaskInfo", "install_task_hook", "task_hooks", "uninstall_task_hook"]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What a worker's hooks learn of the task they run around."""
+
+    function: str  # the registered name
+    op: str  # "backward" or "forward"
+    queue: str
+    worker: str  # the worker's consumer name
+    task_id: str
+    queued_s: float  # from the client's XADD to the start of the run (Redis's clock)
+    delivery: int  # 1, or more when reclaimed from a worker that died or stalled
 
 
 class TaskHook(Protocol):
@@ -32,7 +51,11 @@ class TaskHook(Protocol):
 
     def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]: ...
 
-    def around_task(self) -> AbstractContextManager[Callable[[], Any]]: ...
+    def task_metadata(self) -> Any: ...
+
+    def around_task(
+        self, metadata: Any, info: TaskInfo
+    ) -> AbstractContextManager[Callable[[], Any]]: ...
 
     def on_reply(self, metadata: Any) -> None: ...
 

@@ -25,10 +25,13 @@ class WhereRan:
     def serving(self, settings: Any) -> Any:
         return lambda: None
 
-    def around_task(self) -> Any:
+    def task_metadata(self) -> Any:
+        return {"sent_by": os.getpid()}
+
+    def around_task(self, metadata: Any, info: Any) -> Any:
         from contextlib import nullcontext
 
-        return nullcontext(lambda: {"pid": os.getpid()})
+        return nullcontext(lambda: {"pid": os.getpid(), "client_said": metadata})
 
     def on_reply(self, metadata: Any) -> None:
         self.seen.append(metadata)

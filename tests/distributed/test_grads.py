@@ -397,3 +397,5 @@ async def test_a_task_hook_sends_opaque_metadata_from_the_worker_to_the_client(
         await backward([F.Scale.apply(x, 2.0) for _ in range(3)], executor=ex)
     assert len(F.WhereRan.seen) == 3
     assert all(isinstance(m["pid"], int) and m["pid"] != os.getpid() for m in F.WhereRan.seen)
+    # and what the client side sent with the task reached the worker side
+    assert all(m["client_said"] == {"sent_by": os.getpid()} for m in F.WhereRan.seen)

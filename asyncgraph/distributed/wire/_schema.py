@@ -6,7 +6,9 @@ kind ``k`` and its queue ``q``:
 ``task``   client -> workers. ``c`` client id, ``id`` task id, ``fn`` registered
            function name, ``fp`` its fingerprint, ``op`` "backward" or
            "forward", ``ttl`` milliseconds the client waits from enqueueing,
-           ``p`` the op's payload (ctx state and gradients, or arguments).
+           ``p`` the op's payload (ctx state and gradients, or arguments);
+           optional ``x``: an opaque metadata map from the client's task hooks
+           (e.g. the trace context of the node that sent it).
 ``reply``  worker -> one client. ``c``, ``id``, ``ok``; ``r`` the result when
            ok, else ``err`` = {``kind``, ``type``, ``message``, ``traceback``};
            ``w`` the worker's consumer name; optional ``x``: an opaque metadata
@@ -69,9 +71,10 @@ class TaskMessage:
     op: Op
     ttl_ms: int
     payload: dict[str, Any]
+    meta: dict[str, Any] | None = None  # opaque, one entry per task hook (e.g. trace context)
 
     def to_map(self) -> dict[str, Any]:
-        return {
+        m = {
             "v": PROTOCOL_VERSION,
             "k": "task",
             "q": self.queue,
@@ -83,6 +86,9 @@ class TaskMessage:
             "ttl": self.ttl_ms,
             "p": self.payload,
         }
+        if self.meta:
+            m["x"] = self.meta
+        return m
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +214,7 @@ def decode(  # noqa: C901 (one check per message field, in the schema's order)
             op,  # type: ignore[arg-type]
             ttl,
             payload,
+            _meta(m),
         )
     if kind == "reply":
         ok = m.get("ok")

@@ -120,6 +120,13 @@ class Membership:
     def redis_now_ms(self) -> float:
         return time.time() * 1000 + self.clock_offset_ms
 
+    def queued_s(self, entry_id: bytes) -> float:
+        """Seconds from the entry's XADD (its id is Redis time) until now (Redis's clock)."""
+        try:
+            return max(0.0, (self.redis_now_ms() - int(entry_id.split(b"-", 1)[0])) / 1000)
+        except ValueError:
+            return 0.0
+
     def deadline(self, entry_id: bytes, ttl_ms: int) -> float:
         """A task's deadline on this process's anyio clock (entry ids are Redis time)."""
         try:

@@ -42,6 +42,7 @@ class Held:
     key: tuple[str, str] | None = None
     scope: anyio.CancelScope | None = None
     deadline: float = 0.0
+    delivery: int = 1
 
 
 @dataclass(eq=False)

@@ -71,7 +71,7 @@ from asyncgraph.distributed.worker._redis_health import RedisHealth
 from asyncgraph.distributed.worker._registry import Registry
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
-from asyncgraph.taskhooks import task_hooks
+from asyncgraph.taskhooks import TaskInfo, task_hooks
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -301,7 +301,7 @@ class Worker:
             # Settled and acknowledged by this worker a moment ago: an XAUTOCLAIM that
             # ran just before that write returned it (after a stall past the lease).
             return
-        held = self._held[entry_id] = Held(entry_id)
+        held = self._held[entry_id] = Held(entry_id, delivery=deliveries)
         decided = admit(
             held,
             fields,
@@ -327,7 +327,20 @@ class Worker:
         result: Any = None
         error: Exception | None = None
         hooks = contextlib.ExitStack()
-        collect = {name: hooks.enter_context(h.around_task()) for name, h in task_hooks().items()}
+        sent = message.meta or {}
+        info = TaskInfo(
+            message.function,
+            message.op,
+            self.config.queue,
+            self.consumer,
+            message.id,
+            self._membership.queued_s(held.entry_id),
+            held.delivery,
+        )
+        collect = {
+            name: hooks.enter_context(hook.around_task(sent.get(name), info))
+            for name, hook in task_hooks().items()
+        }
         with hooks, anyio.CancelScope(deadline=held.deadline) as scope:
             held.scope = scope
             self._cancels.running[held.key] = held
