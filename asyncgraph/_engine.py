@@ -32,6 +32,7 @@ from ._exceptions import BackwardError, GraphError
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import Edge, Hook, Node, PostAccumulateHook, Seq
+from ._planning import make_plan
 from ._variable import Variable
 
 if TYPE_CHECKING:
@@ -320,84 +321,11 @@ class Engine:
         capture_leaves: Sequence[Variable] | None,
         capture_outputs: Sequence[tuple[Node, int]],
     ) -> None:
-        deps: dict[Target, int] = {}
-        nodes: list[Node] = []
-        stack: list[Node] = []
-        seen: set[Node] = set()
-        for (target, _), _grad in roots:
-            deps[target] = deps.get(target, 0) + 1
-            if target.__class__ is Node and target not in seen and not self._cut(target):
-                seen.add(target)
-                stack.append(target)
-        while stack:
-            node = stack.pop()
-            nodes.append(node)
-            for edge in node.next_edges:
-                if edge is None:
-                    continue
-                target = edge[0]
-                deps[target] = deps.get(target, 0) + 1
-                if target.__class__ is Node and target not in seen and not self._cut(target):
-                    seen.add(target)
-                    stack.append(target)
-        self._pending = deps
-
-        executing: Iterable[Node] = nodes
-        if capture_leaves is not None:
-            self._capture_nodes = {node for node, _ in capture_outputs}
-            wanted: set[Target] = set(capture_leaves) | self._capture_nodes
-            execute = self._nodes_leading_to(roots, deps, wanted, self._cut)
-            self._receives = wanted | execute
-            self._execute = execute
-            executing = execute
-        for node in executing:
-            if node.freed:
-                raise GraphError(
-                    f"Trying to backward through the graph a second time: the graph "
-                    f"through {node.describe()} was freed by an earlier backward. Specify "
-                    f"retain_graph=True on the first backward (or call backward once)."
-                )
-
-    def _cut(self, node: Any) -> bool:
-        """True for a node made before the recording window (see ``since``)."""
-        return self._since is not None and node.seq[-1] < self._since
-
-    @staticmethod
-    def _nodes_leading_to(
-        roots: Sequence[tuple[Edge, Variable | None]],
-        deps: dict[Target, int],
-        wanted: set[Target],
-        cut: Callable[[Any], bool],
-    ) -> set[Node]:
-        """Nodes with a path to a wanted target, found in reverse topological order.
-
-        A ``cut`` node is a target (its gradient may be wanted) but never runs, so no
-        path goes through it.
-        """
-        counts = dict(deps)
-        order: list[Node] = []
-        queue: list[Node] = []
-        for (target, _), _grad in roots:
-            counts[target] -= 1
-            if counts[target] == 0 and target.__class__ is Node and not cut(target):
-                queue.append(target)
-        while queue:
-            node = queue.pop()
-            order.append(node)
-            for edge in node.next_edges:
-                if edge is None:
-                    continue
-                target = edge[0]
-                counts[target] -= 1
-                if counts[target] == 0 and target.__class__ is Node and not cut(target):
-                    queue.append(target)
-        execute: set[Node] = set()
-        for node in reversed(order):
-            for edge in node.next_edges:
-                if edge is not None and (edge[0] in wanted or edge[0] in execute):
-                    execute.add(node)
-                    break
-        return execute
+        plan = make_plan(roots, capture_leaves, capture_outputs, self._since)
+        self._pending = plan.pending
+        self._receives = plan.receives
+        self._execute = plan.execute
+        self._capture_nodes = plan.capture_nodes
 
     # -- running ----------------------------------------------------------------
     async def run(
