@@ -585,7 +585,7 @@ def _load(job: Job, path: Path, identity: Mapping[str, Any]) -> dict[str, Any]:
     return state
 
 
-async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
+async def run_job(
     job: Job,
     out_dir: str | Path,
     *,
@@ -623,19 +623,16 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
     ckpt_path = out / "checkpoint.json"
     started = time.perf_counter()
     identity = job.identity()
-
-    history: list[dict[str, Any]]
-    initial_val: float | None
     if resume:
         if overwrite:
             raise ValueError("run_job: resume=True and overwrite=True exclude each other")
         state = _load(job, ckpt_path, identity)
-        step = state["step"]
-        history = list(state["history"])
-        initial_val = state.get("initial_val_score")
         best = _Best(job, out, state)
-        if step >= job.total_steps or best.stopped_early:
-            return _result(job, history, initial_val, step, False, out, started, None, True, best)
+        run = _JobRun(job, out, identity, started, executor, best, resume=True)
+        run.step, run.history = state["step"], list(state["history"])
+        run.initial_val = state.get("initial_val_score")
+        if run.step >= job.total_steps or best.stopped_early:
+            return run.result(None, already_finished=True)
     else:
         if ckpt_path.exists() and not overwrite:
             raise CheckpointError(
@@ -643,10 +640,9 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
                 f"--resume (resume=True), start it over with --overwrite (overwrite=True), "
                 f"or choose another output directory"
             )
-        step, history, initial_val = 0, [], None
-        best = _Best(job, out, None)
-    reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
-    recorder = JobRecorder(
+        run = _JobRun(job, out, identity, started, executor, _Best(job, out, None), resume=False)
+    run.reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
+    run.recorder = JobRecorder(
         out,
         job.params,
         names=job.param_names,
@@ -655,70 +651,106 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
         trace=trace,
         log_calls=log_calls,
     )
+    return await run.execute(handle_sigint)
 
-    checkpointed = resume  # out_dir holds this job's checkpoint (then history and plot too)
 
-    def save() -> None:
-        nonlocal checkpointed
-        epoch, position = divmod(step, job.steps_per_epoch)
+class _JobRun:
+    """One run of a job: the loop, its checkpoints, Ctrl-C, and the records at the end.
+
+    ``step``, ``history`` and ``initial_val`` are the job's progress; the checkpoint is
+    written from them after every step (``save``).
+    """
+
+    reporter: Reporter
+    recorder: JobRecorder
+
+    def __init__(
+        self,
+        job: Job,
+        out: Path,
+        identity: dict[str, Any],
+        started: float,
+        executor: Executor | None,
+        best: _Best,
+        *,
+        resume: bool,
+    ) -> None:
+        self.job = job
+        self.out = out
+        self.ckpt_path = out / "checkpoint.json"
+        self.identity = identity
+        self.started = started
+        self.executor = executor
+        self.best = best
+        self.resume = resume
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.initial_val: float | None = None
+        self.checkpointed = resume  # out holds this job's checkpoint (then history and plot)
+        self.interrupted = False
+        self.running = True
+        self.stop = anyio.CancelScope()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self) -> None:
+        job = self.job
+        epoch, position = divmod(self.step, job.steps_per_epoch)
         try:
-            _write_checkpoint(epoch, position)
-            checkpointed = True
+            atomic_write_json(
+                self.ckpt_path,
+                {
+                    "format": FORMAT,
+                    "version": VERSION,
+                    "job": self.identity,
+                    "step": self.step,
+                    "epoch": epoch,
+                    "position": position * job.batch_size,
+                    **_parameter_fields(job),
+                    "optimizer": job.optimizer.state_dict(),
+                    "history": self.history,
+                    "initial_val_score": self.initial_val,
+                    **self.best.fields(),
+                },
+            )
+            self.checkpointed = True
         except OSError as exc:
             raise CheckpointError(
-                f"cannot write the checkpoint {str(ckpt_path)!r}: {exc}; choose an output "
+                f"cannot write the checkpoint {str(self.ckpt_path)!r}: {exc}; choose an output "
                 f"directory you can write to"
             ) from exc
 
-    def _write_checkpoint(epoch: int, position: int) -> None:
-        atomic_write_json(
-            ckpt_path,
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "job": identity,
-                "step": step,
-                "epoch": epoch,
-                "position": position * job.batch_size,
-                **_parameter_fields(job),
-                "optimizer": job.optimizer.state_dict(),
-                "history": history,
-                "initial_val_score": initial_val,
-                **best.fields(),
-            },
-        )
-
-    async def run() -> None:
-        nonlocal step, initial_val
-        reporter.start(step, history)
-        recorder.start(step, resume=resume)
-        if not resume:
-            save()  # before the initial validation: an interrupt there leaves a checkpoint
-        if job.val_set and initial_val is None and step == 0:
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self) -> None:
+        job, recorder = self.job, self.recorder
+        self.reporter.start(self.step, self.history)
+        recorder.start(self.step, resume=self.resume)
+        if not self.resume:
+            self.save()  # before the initial validation: an interrupt there leaves a checkpoint
+        if job.val_set and self.initial_val is None and self.step == 0:
             recorder.phase("validation")
             with recorder.recording():
-                initial_val = await evaluate(job, job.val_set)
-            best.observe(0, initial_val)
-            save()
+                self.initial_val = await evaluate(job, job.val_set)
+            self.best.observe(0, self.initial_val)
+            self.save()
         # Usage is counted from here: the initial validation's calls are not in the
         # history, whether it ran in this process or in an interrupted one.
         with track_usage() as usage, recorder.recording():
-            await steps(usage)
+            await self.steps(usage)
 
-    async def steps(usage: UsageMeter) -> None:
-        nonlocal step
+    async def steps(self, usage: UsageMeter) -> None:
+        job, recorder, history = self.job, self.recorder, self.history
         base_tokens = int(history[-1]["tokens"]) if history else 0
         base_cost = float(history[-1]["cost_usd"]) if history else 0.0
         base_unpriced = int(history[-1].get("unpriced_calls", 0)) if history else 0
-        while step < job.total_steps:
+        while self.step < job.total_steps:
             t0 = time.perf_counter()
-            recorder.start_step(step + 1)
+            recorder.start_step(self.step + 1)
             job.optimizer.zero_grad()
-            batch = job.batch(step)
+            batch = job.batch(self.step)
             recorder.phase("forward")
             evals = await _map_bounded(job.forward, batch, job.max_concurrency)
             recorder.phase("backward")
-            await backward([e.loss for e in evals], executor=executor)
+            await backward([e.loss for e in evals], executor=self.executor)
             recorder.feedback()
             recorder.phase("optimizer step")
             await job.optimizer.step()
@@ -726,17 +758,17 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
             train_score = sum(e.score for e in evals) / len(evals)
             val_score = None
             if job.val_set and (
-                (step + 1) % job.validate_every == 0 or step + 1 == job.total_steps
+                (self.step + 1) % job.validate_every == 0 or self.step + 1 == job.total_steps
             ):
                 recorder.phase("validation")
                 val_score = await evaluate(job, job.val_set)
             spent = usage.snapshot()
-            step += 1
-            reverted = best.observe(step, val_score)
+            self.step += 1
+            reverted = self.best.observe(self.step, val_score)
             history.append(
                 {
-                    "step": step,
-                    "epoch": (step - 1) // job.steps_per_epoch,
+                    "step": self.step,
+                    "epoch": (self.step - 1) // job.steps_per_epoch,
                     "train_score": train_score,
                     "train_loss": train_loss(evals, train_score),
                     "val_score": val_score,
@@ -750,73 +782,87 @@ async def run_job(  # noqa: C901 (the job loop; to split into a runner class)
             # No await between the history row and the checkpoint: an interrupt cannot
             # split them (an interrupt before this point redoes the step on resume).
             recorder.end_step(history[-1])
-            early = best.stop()
-            save()
-            reporter.update(step, history[-1])
+            early = self.best.stop()
+            self.save()
+            self.reporter.update(self.step, history[-1])
             if early:
                 break
 
-    interrupted = False
-    running = True
-    stop = anyio.CancelScope()
-
-    async def watch_sigint(signals: Any) -> None:
-        nonlocal interrupted
+    # -- stopping ------------------------------------------------------------------------
+    async def watch_sigint(self, signals: Any) -> None:
         async for _ in signals:
-            if running and not interrupted:
-                interrupted = True
-                stop.cancel()
-            elif running:
-                print(f"{job.name}: already stopping after Ctrl-C", file=sys.stderr, flush=True)
+            if self.running and not self.interrupted:
+                self.interrupted = True
+                self.stop.cancel()
+            elif self.running:
+                print(
+                    f"{self.job.name}: already stopping after Ctrl-C", file=sys.stderr, flush=True
+                )
 
-    def finish() -> Path | None:
+    def finish(self) -> Path | None:
         """Stop the display, roll back a half-done step, write history and plot."""
-        reporter.stop(interrupted=interrupted)
-        recorder.close()
-        if not checkpointed:  # out_dir could not even take the step-0 checkpoint
+        self.reporter.stop(interrupted=self.interrupted)
+        self.recorder.close()
+        if not self.checkpointed:  # out could not even take the step-0 checkpoint
             return None
-        if interrupted:
+        if self.interrupted:
             # Parameters may hold a half-finished step: put back the saved state.
-            _load(job, ckpt_path, identity)
+            _load(self.job, self.ckpt_path, self.identity)
         try:
-            write_history(out / "history.json", history)
-            drawn = write_plot(out / "metrics.png", history, job.name, initial_val)
+            write_history(self.out / "history.json", self.history)
+            drawn = write_plot(
+                self.out / "metrics.png", self.history, self.job.name, self.initial_val
+            )
         except Exception as exc:  # do not hide the job's own outcome behind a reporting error
             print(
-                f"note: could not write {out}/history.json or metrics.png: {exc}", file=sys.stderr
+                f"note: could not write {self.out}/history.json or metrics.png: {exc}",
+                file=sys.stderr,
             )
             return None
-        return out / "metrics.png" if drawn else None
+        return self.out / "metrics.png" if drawn else None
 
-    failure: Exception | None = None
-    plot_path: Path | None = None
-    receiver = anyio.open_signal_receiver(signal.SIGINT) if handle_sigint else None
-    with receiver if receiver is not None else contextlib.nullcontext() as signals:
-        async with anyio.create_task_group() as tg:
-            if signals is not None:
-                tg.start_soon(watch_sigint, signals)
-            try:
-                with stop:
-                    await run()
-            except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
-                failure = exc
-            except BaseException:  # cancelled from outside: still report the completed steps
-                running = False
-                with contextlib.suppress(Exception):
-                    finish()
-                raise
-            running = False
-            try:
-                plot_path = finish()
-            except Exception as exc:
-                failure = failure or exc
-            tg.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    async def execute(self, handle_sigint: bool) -> JobResult:
+        """Run to the end, a failure or Ctrl-C; write the records either way."""
+        failure: Exception | None = None
+        plot_path: Path | None = None
+        receiver = anyio.open_signal_receiver(signal.SIGINT) if handle_sigint else None
+        with receiver if receiver is not None else contextlib.nullcontext() as signals:
+            async with anyio.create_task_group() as tg:
+                if signals is not None:
+                    tg.start_soon(self.watch_sigint, signals)
+                try:
+                    with self.stop:
+                        await self.run()
+                except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
+                    failure = exc
+                except BaseException:  # cancelled from outside: still report the steps done
+                    self.running = False
+                    with contextlib.suppress(Exception):
+                        self.finish()
+                    raise
+                self.running = False
+                try:
+                    plot_path = self.finish()
+                except Exception as exc:
+                    failure = failure or exc
+                tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return self.result(plot_path)
 
-    return _result(
-        job, history, initial_val, step, interrupted, out, started, plot_path, False, best
-    )
+    def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
+        return _result(
+            self.job,
+            self.history,
+            self.initial_val,
+            self.step,
+            self.interrupted,
+            self.out,
+            self.started,
+            plot_path,
+            already_finished,
+            self.best,
+        )
 
 
 def _result(
