@@ -269,6 +269,11 @@ async def run_post_hooks(
 class Engine:
     """One backward pass. Create, ``await run(...)``, read the results.
 
+    Over 300 lines, and one concept: running a planned pass (planning is
+    ``_planning.make_plan``, a pure function). Delivery, the ready queue, the runners
+    and the commit share the per-pass state (pending counts, buffers, staged grads)
+    that makes the all-or-nothing rule hold; split, that rule would be spread thin.
+
     ``captures``: when given, only gradients reaching these leaves or these
     ``(node, output_nr)`` pairs are computed (nodes that lead nowhere useful
     never run). ``accumulate``: stage leaves' gradients to be committed into

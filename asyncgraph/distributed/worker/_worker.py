@@ -83,6 +83,11 @@ _FINISHED_MEMORY = 4096  # entry ids of tasks just settled, not to be re-run if 
 class Worker:
     """Serves ``registry`` on ``config.queue`` until cancelled or drained (SIGTERM).
 
+    The composition root of the pieces listed in the module docstring: it holds the
+    table of held tasks they share, runs one task per admitted entry, and owns the
+    lifecycle (connect, serve, drain, leave). About 350 lines of wiring, no protocol
+    logic of its own.
+
     ``await Worker(config, registry).serve()``; ``drain()`` stops taking tasks
     and lets the ones held finish (at most ``drain_timeout_s``).
     """
