@@ -5,7 +5,9 @@ variable                        default                      meaning
 ==============================  ===========================  ==================================
 ASYNCGRAPH_REDIS_URL            (required)                   redis://, rediss://, user:pass@...
 ASYNCGRAPH_QUEUE                grads                        queue served
-ASYNCGRAPH_IMPORTS              workers.functions            comma-separated function modules
+ASYNCGRAPH_IMPORTS              asyncgraph.text,             comma-separated function modules
+                                asyncgraph.jobs.demo,
+                                workers.functions
 ASYNCGRAPH_CONCURRENCY          64                           tasks per process at once
 ASYNCGRAPH_PROCESSES            1                            worker processes (supervised)
 ASYNCGRAPH_SECRET               (none)                       shared HMAC secret, >= 16 bytes
@@ -38,7 +40,8 @@ from asyncgraph.distributed import WorkerConfig
 
 __all__ = ["DEFAULT_IMPORTS", "load"]
 
-DEFAULT_IMPORTS = ("workers.functions",)
+# The text Functions (LLM calls, losses, feedback), the demo's, and the example.
+DEFAULT_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs.demo", "workers.functions")
 DEFAULT_HEALTH_PORT = 9100
 
 
