@@ -174,3 +174,18 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return int(exc.code), str(exc.read().decode())
     except OSError as exc:
         return 0, str(exc)
+
+
+async def check_limiter_and_cache(url: str, name: str) -> None:
+    """The shared rate limiter (a Lua script) and the response cache work through ``url``."""
+    from asyncgraph.models import Completion, RateLimit, RedisCache
+    from asyncgraph.models._ratelimit import RedisRateLimiter
+
+    limiter = RedisRateLimiter(RateLimit(requests_per_minute=600), name=name, redis_url=url)
+    assert await limiter.reserve() >= 0.0
+    await limiter.aclose()
+    cache = RedisCache(url, ttl_s=60)
+    await cache.set(name, Completion(f"cached for {name}", "m"))
+    got = await cache.get(name)
+    assert got is not None and got.text == f"cached for {name}"
+    await cache.aclose()

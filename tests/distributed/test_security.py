@@ -281,19 +281,9 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
             with pytest.raises(RemoteTimeoutError, match="no worker of queue 'acl-idle'"):
                 await backward(F.Noop.apply(x), executor=ex)  # the diagnosis's commands
         # The shared rate limiter (a script) and the response cache, as the same user.
-        from asyncgraph.models import RateLimit, RedisCache
-        from asyncgraph.models._ratelimit import RedisRateLimiter
+        from agdist_helpers import check_limiter_and_cache
 
-        limiter = RedisRateLimiter(RateLimit(requests_per_minute=600), name="acl-rl", redis_url=url)
-        assert await limiter.reserve() >= 0.0
-        await limiter.aclose()
-        from asyncgraph.models import Completion
-
-        cache = RedisCache(url, ttl_s=60)
-        await cache.set("k", Completion("cached text", "m"))
-        got = await cache.get("k")
-        assert got is not None and got.text == "cached text"
-        await cache.aclose()
+        await check_limiter_and_cache(url, "acl")
         await anyio.sleep(2.2)
         worker.signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import agdist_functions as F
 import pytest
-from agdist_helpers import StartWorker
+from agdist_helpers import StartWorker, check_limiter_and_cache
 
 from asyncgraph import Parameter, RemoteConnectionError, backward
 from asyncgraph.distributed import open_redis_executor
@@ -104,17 +104,7 @@ async def test_a_pass_runs_over_verified_tls_and_a_wrong_ca_is_refused(
         await backward(F.Scale.apply(x, 2.0), executor=ex)
     assert x.grad is not None and x.grad.data == 2.0
 
-    from asyncgraph.models import Completion, RateLimit, RedisCache
-    from asyncgraph.models._ratelimit import RedisRateLimiter
-
-    limiter = RedisRateLimiter(RateLimit(requests_per_minute=600), name="tls-rl", redis_url=url)
-    assert await limiter.reserve() >= 0.0
-    await limiter.aclose()
-    cache = RedisCache(url, ttl_s=60)
-    await cache.set("tls", Completion("over tls", "m"))
-    got = await cache.get("tls")
-    assert got is not None and got.text == "over tls"
-    await cache.aclose()
+    await check_limiter_and_cache(url, "tls")
 
     other = trustme.CA()  # a CA that did not sign the proxy's certificate
     wrong = tmp_path / "other.pem"
