@@ -221,3 +221,36 @@ def test_an_entry_settled_a_moment_ago_is_not_run_again_when_a_late_claim_return
     worker._written([b"5-0"])  # settled and acknowledged by this worker
     worker._take(b"5-0", [b"m", b"whatever", b"s", b""], 2)  # then a late claim returns it
     assert b"5-0" not in worker._held  # not taken, not run, not answered twice
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_abandoned_calls_are_counted_until_they_return_and_never_before_they_start() -> None:
+    """Point 5, the bookkeeping: a call cancelled while it waits for a thread never runs."""
+    import threading
+
+    from asyncgraph.distributed.worker._execute import Threads
+
+    threads = Threads(1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def blocking(name: str) -> str:
+        ran.append(name)
+        release.wait(10)
+        return name
+
+    ended = anyio.Event()
+    threads.on_ended = ended.set
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(threads.run, blocking, "first")  # holds the only thread
+        await wait_until(lambda: ran == ["first"])
+        with anyio.move_on_after(0.2):
+            await threads.run(blocking, "second")  # waits for the thread, then is cancelled
+        assert threads.abandoned == 0
+        tg.cancel_scope.cancel()  # the first is cancelled while it runs: abandoned
+    assert threads.abandoned == 1
+    release.set()
+    with anyio.fail_after(5):
+        await ended.wait()
+    assert threads.abandoned == 0
+    assert ran == ["first"]  # the second never ran

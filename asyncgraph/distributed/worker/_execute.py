@@ -41,9 +41,15 @@ class Threads:
 
     async def run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         lock = threading.Lock()
-        state = {"finished": False, "abandoned": False}
+        # started: the thread began the call; skip: cancelled before it began (then it
+        # must not begin); abandoned: cancelled while it ran (counted until it returns).
+        state = {"started": False, "finished": False, "skip": False, "abandoned": False}
 
         def in_thread() -> Any:
+            with lock:
+                if state["skip"]:
+                    return None
+                state["started"] = True
             try:
                 with no_grad():  # grad mode is a contextvar: set it in the thread too
                     return method(*args, **kwargs)
@@ -63,7 +69,9 @@ class Threads:
             )
         except anyio.get_cancelled_exc_class():
             with lock:
-                if not state["finished"]:
+                if not state["started"]:
+                    state["skip"] = True
+                elif not state["finished"]:
                     state["abandoned"] = True
                     self.abandoned += 1
             raise
