@@ -7,15 +7,18 @@ from collections.abc import Iterator
 import pytest
 
 # The fast tier (`pytest -m "not slow"`) leaves these out: tests with a real redis-server,
-# worker processes or other subprocesses (CLI runs, README snippets, builds, a browser).
+# worker processes or other subprocesses (CLI runs, README snippets, builds, a browser),
+# and the ones that run whole jobs end to end (checkpoints, resume, best.json on disk).
 SLOW_PATHS = (
     "tests/distributed/",
     "tests/resp/",
+    "tests/jobs/test_jobs_best.py",
     "tests/jobs/test_jobs_demo.py",
     "tests/jobs/test_jobs_fleet.py",
     "tests/jobs/test_jobs_module.py",
     "tests/jobs/test_jobs_record.py",
     "tests/jobs/test_jobs_run_cli.py",
+    "tests/jobs/test_jobs_runner.py",
     "tests/jobs/test_jobs_sigint.py",
     "tests/jobs/test_jobs_ui.py",
     "tests/text/test_text_distributed.py",
