@@ -293,7 +293,11 @@ def _task_metadata() -> dict[str, Any] | None:
     """What each task hook's worker side should know of this task (e.g. a trace context)."""
     meta = {}
     for name, hook in task_hooks().items():
-        value = hook.task_metadata()
+        try:
+            value = hook.task_metadata()
+        except Exception:  # a hook must not fail the node it observes
+            log.exception("task hook %r failed to give a task's metadata", name)
+            continue
         if value is not None:
             meta[name] = value
     return meta or None
@@ -308,7 +312,7 @@ def _on_reply_metadata(meta: dict[str, Any]) -> None:
             continue
         try:
             hook.on_reply(value)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # malformed metadata, or a hook's bug: not the node's failure
             log.warning(
                 "ignoring malformed %r metadata from a worker: %s (%.200r)", name, exc, value
             )

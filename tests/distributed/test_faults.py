@@ -254,3 +254,39 @@ async def test_abandoned_calls_are_counted_until_they_return_and_never_before_th
         await ended.wait()
     assert threads.abandoned == 0
     assert ran == ["first"]  # the second never ran
+
+
+def test_a_task_hook_that_fails_on_the_worker_is_logged_and_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a client sends as task metadata must never crash a worker."""
+    import contextlib
+
+    from asyncgraph.distributed import Worker, WorkerConfig
+    from asyncgraph.taskhooks import TaskInfo, install_task_hook, uninstall_task_hook
+
+    class Fragile:
+        name = "fragile"
+
+        def serving(self, settings: object) -> object:
+            return lambda: None
+
+        def task_metadata(self) -> None:
+            return None
+
+        def around_task(self, metadata: object, info: object) -> object:
+            raise ValueError(f"cannot read {metadata!r}")
+
+        def on_reply(self, metadata: object) -> None:
+            return None
+
+    install_task_hook(Fragile())
+    try:
+        worker = Worker(WorkerConfig("redis://127.0.0.1:1/0"), {})
+        info = TaskInfo("f", "backward", "q", "w", "1", 0.0, 1)
+        with contextlib.ExitStack() as hooks:
+            collect = worker._enter_hooks(hooks, {"fragile": "junk"}, info)
+        assert "fragile" not in collect
+        assert "task hook 'fragile' failed before a task" in caplog.text
+    finally:
+        uninstall_task_hook("fragile")

@@ -342,10 +342,7 @@ class Worker:
             self._membership.queued_s(held.entry_id),
             held.delivery,
         )
-        collect = {
-            name: hooks.enter_context(hook.around_task(sent.get(name), info))
-            for name, hook in task_hooks().items()
-        }
+        collect = self._enter_hooks(hooks, sent, info)
         with hooks, anyio.CancelScope(deadline=held.deadline) as scope:
             held.scope = scope
             self._cancels.running[held.key] = held
@@ -367,10 +364,30 @@ class Worker:
             function=message.function,
             op=message.op,
         )
-        meta = {name: value for name, get in collect.items() if (value := get()) is not None}
+        meta = {}
+        for name, get in collect.items():
+            try:
+                value = get()
+            except Exception:  # a hook must not lose the task's reply
+                log.exception("worker %s: task hook %r failed after a task", self.consumer, name)
+                continue
+            if value is not None:
+                meta[name] = value
         self._writer.queue(
             self._replies.result(held, message, admitted.data, result, error, meta or None)
         )
+
+    def _enter_hooks(
+        self, hooks: contextlib.ExitStack, sent: dict[str, Any], info: TaskInfo
+    ) -> dict[str, Any]:
+        """Enter every task hook around this task; one that fails is logged and left out."""
+        collect = {}
+        for name, hook in task_hooks().items():
+            try:
+                collect[name] = hooks.enter_context(hook.around_task(sent.get(name), info))
+            except Exception:  # what a client sent must not crash the worker
+                log.exception("worker %s: task hook %r failed before a task", self.consumer, name)
+        return collect
 
     def _written(self, entry_ids: list[bytes]) -> None:
         """``entry_ids`` were settled in Redis: release their slots."""
