@@ -27,7 +27,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -85,12 +85,21 @@ class RedisAddress:
     username: str | None = None
     password: str | None = None
     ssl_context: ssl.SSLContext | None = None
+    # redis+sentinel://: the sentinels to ask for the master of ``service`` (host and port
+    # above are unused then), and the sentinels' own password if they have one.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str | None = None
+    sentinel_password: str | None = None
 
 
 def parse_redis_url(url: str) -> RedisAddress:
     """``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS, ``?ssl_cert_reqs=none``,
-    ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``, ``ssl_check_hostname=``) or
-    ``unix:///path?db=N``; raise ``ValueError`` for anything else."""
+    ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``, ``ssl_check_hostname=``),
+    ``unix:///path?db=N``, or ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]``
+    (``?sentinel_password=``; the password is the master's); raise ``ValueError`` for
+    anything else."""
+    if url.startswith("redis+sentinel://"):
+        return _parse_sentinel_url(url)
     from redis.connection import parse_url
 
     try:
@@ -119,6 +128,69 @@ def parse_redis_url(url: str) -> RedisAddress:
         username=kw.get("username"),
         password=kw.get("password"),
         ssl_context=context,
+    )
+
+
+def _parse_sentinel_url(url: str) -> RedisAddress:
+    from urllib.parse import parse_qs, unquote
+
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    sentinels = []
+    for item in filter(None, netloc.split(",")):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"invalid Redis URL {redact_url(url)!r}: each sentinel must be host:port, got "
+                f"{item!r}"
+            )
+        sentinels.append((host.strip("[]"), int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(
+            f"invalid Redis URL {redact_url(url)!r}: expected "
+            f"redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/db]"
+        )
+    query = parse_qs(parts.query)
+    return RedisAddress(
+        display=redact_url(url).split("?", 1)[0],  # no sentinel_password
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        sentinels=tuple(sentinels),
+        service=path[0],
+        sentinel_password=query.get("sentinel_password", [None])[0],
+    )
+
+
+async def _master_of(address: RedisAddress) -> tuple[str, int]:
+    """Ask the sentinels, in turn, where the master of ``address.service`` is."""
+    errors = []
+    for host, port in address.sentinels:
+        sentinel = RedisAddress(
+            display=f"sentinel {host}:{port}",
+            host=host,
+            port=port,
+            password=address.sentinel_password,
+        )
+        try:
+            conn = await Connection.open(sentinel, 2.0)
+        except (RedisConnectionLost, ReplyError) as exc:
+            errors.append(f"{host}:{port}: {exc}")
+            continue
+        try:
+            reply = await conn.execute("SENTINEL", "get-master-addr-by-name", address.service or "")
+        except (RedisConnectionLost, ReplyError) as exc:
+            errors.append(f"{host}:{port}: {exc}")
+            continue
+        finally:
+            await conn.aclose()
+        if isinstance(reply, list) and len(reply) == 2:
+            return bytes(reply[0]).decode(), int(reply[1])
+        errors.append(f"{host}:{port}: does not know {address.service!r}")
+    raise RedisConnectionLost(
+        f"no sentinel of {address.display} named the master of {address.service!r}: "
+        + "; ".join(errors)
     )
 
 
@@ -289,7 +361,13 @@ class Connection:
 
     @classmethod
     async def open(cls, address: RedisAddress, timeout_s: float) -> Connection:
-        """Connect, authenticate and select the database, all within ``timeout_s``."""
+        """Connect, authenticate and select the database, all within ``timeout_s``.
+
+        Through sentinels: to the master they name, checked with ``ROLE`` (a master the
+        sentinels have not yet demoted after a failover is refused, to ask again).
+        """
+        if address.sentinels:
+            return await cls._open_master(address, timeout_s)
         stream: anyio.abc.ByteStream | None = None
         try:
             with anyio.fail_after(timeout_s):
@@ -337,6 +415,28 @@ class Connection:
                 f"cannot connect to Redis at {address.display}: {type(exc).__name__}: {exc}"
             ) from exc
 
+    @classmethod
+    async def _open_master(cls, address: RedisAddress, timeout_s: float) -> Connection:
+        try:
+            with anyio.fail_after(timeout_s):
+                host, port = await _master_of(address)
+                conn = await cls.open(
+                    replace(address, host=host, port=port, sentinels=()), timeout_s
+                )
+                conn.address = address
+                role = await conn.execute("ROLE")
+        except TimeoutError:
+            raise RedisConnectionLost(
+                f"no master of {address.display} answered within {timeout_s:g}s"
+            ) from None
+        if not (isinstance(role, list) and role and role[0] == b"master"):
+            await conn.aclose()
+            raise RedisConnectionLost(
+                f"{host}:{port}, named master of {address.service!r} by the sentinels of "
+                f"{address.display}, is not a master (a failover is in progress)"
+            )
+        return conn
+
     async def execute(
         self, *args: Arg, max_bulk: int | None = None, max_items: int | None = None
     ) -> Any:
@@ -366,7 +466,7 @@ class Connection:
             _encode(command, out)
         try:
             await self._stream.send(b"".join(out))
-            return [await self._read(max_bulk, max_items) for _ in commands]
+            replies = [await self._read(max_bulk, max_items) for _ in commands]
         except BaseException as exc:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
@@ -386,6 +486,17 @@ class Connection:
                     f"{type(exc).__name__}: {exc or 'connection closed'}"
                 ) from exc
             raise
+        if self.address.sentinels:
+            for reply in replies:
+                if isinstance(reply, ReplyError) and reply.code == "READONLY":
+                    # The master we had was demoted by a failover: ask the sentinels again.
+                    self.broken = True
+                    await anyio.aclose_forcefully(self._stream)
+                    raise RedisConnectionLost(
+                        f"{self.address.display}: the master became a replica ({reply}); "
+                        f"the sentinels name the new one on the next connection"
+                    )
+        return replies
 
     async def _read(self, cap: int | None, max_items: int | None) -> Any:
         reader = self._reader

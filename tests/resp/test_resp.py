@@ -225,3 +225,25 @@ async def test_pooled_connections_the_network_dropped_silently_are_replaced_at_o
     finally:
         await pool.aclose()
         proxy.close()
+
+
+def test_a_sentinel_url_names_its_sentinels_service_db_and_hides_its_passwords() -> None:
+    address = parse_redis_url(
+        "redis+sentinel://user:pw@10.0.0.1:26379,sentinel-b:26380/mymaster/2?sentinel_password=sp"
+    )
+    assert address.sentinels == (("10.0.0.1", 26379), ("sentinel-b", 26380))
+    assert (address.service, address.db, address.username, address.password) == (
+        "mymaster",
+        2,
+        "user",
+        "pw",
+    )
+    assert address.sentinel_password == "sp"
+    assert "pw" not in address.display and "sp" not in address.display
+    for bad in (
+        "redis+sentinel://10.0.0.1:26379",  # no service
+        "redis+sentinel://10.0.0.1/mymaster",  # no port
+        "redis+sentinel://10.0.0.1:26379/mymaster/db0",
+    ):
+        with pytest.raises(ValueError, match="sentinel"):
+            parse_redis_url(bad)
