@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from asyncgraph.distributed._liveness import live_consumers
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._signing import SECRET_ENV
 from asyncgraph.resp import ReplyError
@@ -51,9 +52,7 @@ def explain(
 ) -> str:
     """The diagnosis sentence from the replies to ``commands`` (raises on a malformed one)."""
     now, beats, length, dead, summary = replies[:5]
-    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-    beats = beats if isinstance(beats, list) else []
-    alive = {bytes(beats[i]) for i in range(0, len(beats), 2) if int(beats[i + 1]) >= now_ms}
+    alive = live_consumers(now, beats)
     holders = _holders(summary)
     silent = {name: count for name, count in holders.items() if name not in alive}
     held_silently = sum(silent.values())

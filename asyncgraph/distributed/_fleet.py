@@ -31,6 +31,7 @@ import anyio
 import redis
 
 from asyncgraph import AsyncGraphError, RemoteConnectionError
+from asyncgraph.distributed._liveness import live_consumers
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._config import WorkerConfig
@@ -75,59 +76,8 @@ def child_setup() -> Callable[[], None]:
     return setup
 
 
-def _live_now(client: redis.Redis, queue: str) -> set[bytes]:
-    """Consumers of ``queue`` whose heartbeat has not expired (expiry ms in Redis TIME)."""
-    now_s, now_us = client.time()
-    now_ms = int(now_s) * 1000 + int(now_us) // 1000
-    beats: Any = client.hgetall(keys.workers_hash(queue))  # sync client: a dict
-    live = set()
-    for consumer, expiry in beats.items():
-        try:
-            if int(expiry) >= now_ms:
-                live.add(consumer)
-        except ValueError:
-            continue
-    return live
-
-
-def wait_for_workers(
-    url: str,
-    queue: str,
-    count: int,
-    *,
-    timeout_s: float = 30.0,
-    proc: subprocess.Popen[bytes] | None = None,
-    ignore: frozenset[bytes] = frozenset(),
-) -> None:
-    """Block until ``count`` live workers of ``queue``, not in ``ignore``, sent a heartbeat.
-
-    Raises FleetError when the supervisor ``proc`` exits first or ``timeout_s`` passes.
-    """
-    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise FleetError(
-                    f"the worker supervisor (`asyncgraph worker --processes {count}`) exited with "
-                    f"code {proc.returncode} at start; run it by hand to see why"
-                )
-            if len(_live_now(client, queue) - ignore) >= count:
-                return
-            time.sleep(0.05)
-    finally:
-        client.close()
-    raise FleetError(f"{count} worker(s) of queue {queue!r} did not start within {timeout_s}s")
-
-
-async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
-    """How many workers of ``queue`` at ``url`` are alive (heartbeat not expired).
-
-    The workers' heartbeat hash maps each consumer to the expiry of its last
-    heartbeat, in ms of the Redis server's clock (``TIME``). Raises
-    ``RemoteConnectionError`` when Redis does not answer within ``timeout_s``,
-    ``ValueError`` for a bad URL or queue name.
-    """
+async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
+    """The live consumers of ``queue``; ``RemoteConnectionError`` when Redis does not answer."""
     keys.check_queue_name(queue)
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=timeout_s)
@@ -147,14 +97,49 @@ async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
             f"Redis at {address.display} refused to report the workers of queue {queue!r}: "
             f"{now if isinstance(now, ReplyError) else beats}"
         )
-    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-    alive = 0
-    for expiry in beats[1::2] if isinstance(beats, list) else ():
+    return live_consumers(now, beats)
+
+
+def wait_for_workers(
+    url: str,
+    queue: str,
+    count: int,
+    *,
+    timeout_s: float = 30.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    ignore: frozenset[bytes] = frozenset(),
+) -> None:
+    """Block until ``count`` live workers of ``queue``, not in ``ignore``, sent a heartbeat.
+
+    Any URL the workers take (``redis+sentinel://`` too). Call it from a thread without a
+    running event loop. Raises FleetError when the supervisor ``proc`` exits first or
+    ``timeout_s`` passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise FleetError(
+                f"the worker supervisor (`asyncgraph worker --processes {count}`) exited with "
+                f"code {proc.returncode} at start; run it by hand to see why"
+            )
         try:
-            alive += int(expiry) >= now_ms
-        except ValueError:
-            continue
-    return alive
+            if len(anyio.run(_live_set, url, queue, 2.0) - ignore) >= count:
+                return
+        except RemoteConnectionError:
+            pass  # Redis is starting, or failing over: keep waiting until the deadline
+        time.sleep(0.05)
+    raise FleetError(f"{count} worker(s) of queue {queue!r} did not start within {timeout_s}s")
+
+
+async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
+    """How many workers of ``queue`` at ``url`` are alive (heartbeat not expired).
+
+    The workers' heartbeat hash maps each consumer to the expiry of its last
+    heartbeat, in ms of the Redis server's clock (``TIME``). Raises
+    ``RemoteConnectionError`` when Redis does not answer within ``timeout_s``,
+    ``ValueError`` for a bad URL or queue name.
+    """
+    return len(await _live_set(url, queue, timeout_s))
 
 
 def no_live_workers_message(queue: str, imports: Sequence[str] = ("MODULE",)) -> str:

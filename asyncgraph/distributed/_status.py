@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 
 from asyncgraph import RemoteConnectionError
+from asyncgraph.distributed._liveness import live_consumers, redis_time_ms
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
@@ -87,7 +88,8 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     for reply in (now, beats, infos, exists, dead_len, latest):
         if isinstance(reply, ReplyError):
             raise RemoteConnectionError(f"Redis at {address.display} refused: {reply}")
-    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    now_ms = redis_time_ms(now)
+    alive = live_consumers(now, beats)
     workers = []
     info_by_name = _pairs(infos)
     for name, expiry in _pairs(beats).items():
@@ -98,9 +100,10 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
         workers.append(
             {
                 "name": name,
-                "alive": int(expiry) >= now_ms,
+                "alive": name.encode() in alive,
                 "expires_in_s": round((int(expiry) - now_ms) / 1000, 1),
                 **{k: info.get(k) for k in ("host", "pid", "concurrency", "in_flight")},
+                "abandoned": info.get("abandoned", 0),
                 **{k: info.get(k) for k in ("version", "draining", "started")},
             }
         )
@@ -153,7 +156,12 @@ def format_status(status: dict[str, Any], rate: float | None = None) -> str:
         lines.append(
             f"  {w['name']}: {state}, host {w.get('host')}, pid {w.get('pid')}, "
             f"{w.get('in_flight')}/{w.get('concurrency')} in flight, "
-            f"heartbeat expires in {w['expires_in_s']} s, version {w.get('version')}"
+            + (
+                f"{w['abandoned']} abandoned synchronous call(s) holding slots, "
+                if w.get("abandoned")
+                else ""
+            )
+            + f"heartbeat expires in {w['expires_in_s']} s, version {w.get('version')}"
         )
     lines.append(f"dead letters: {status['dead_letters']}")
     for d in status["latest_dead_letters"]:

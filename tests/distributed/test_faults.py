@@ -126,6 +126,10 @@ async def test_abandoned_synchronous_calls_hold_their_slots_and_drain_still_exit
         )
     )
     client.close()
+    from asyncgraph.distributed._status import fleet_status, format_status
+
+    shown = format_status(await fleet_status(redis_url, "hung"))
+    assert "2 abandoned synchronous call(s) holding slots" in shown, shown
     started = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert await anyio.to_thread.run_sync(worker.proc.wait, 20) == 0
