@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -100,6 +101,28 @@ async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
     return live_consumers(now, beats)
 
 
+def _live_set_blocking(url: str, queue: str, timeout_s: float) -> set[bytes]:
+    """``_live_set`` from synchronous code, in a thread of its own: the caller may be
+    inside a running event loop (``local_fleet`` in the demo), where ``anyio.run`` is not
+    allowed."""
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(anyio.run(_live_set, url, queue, timeout_s))
+        except BaseException as exc:  # handed to the caller's thread below
+            result.append(exc)
+
+    thread = threading.Thread(target=target, name="asyncgraph-live-workers", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 5.0)
+    if not result:
+        raise RemoteConnectionError(f"Redis did not answer within {timeout_s:g}s (queue {queue!r})")
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return set(result[0])
+
+
 def wait_for_workers(
     url: str,
     queue: str,
@@ -111,8 +134,8 @@ def wait_for_workers(
 ) -> None:
     """Block until ``count`` live workers of ``queue``, not in ``ignore``, sent a heartbeat.
 
-    Any URL the workers take (``redis+sentinel://`` too). Call it from a thread without a
-    running event loop. Raises FleetError when the supervisor ``proc`` exits first or
+    Any URL the workers take (``redis+sentinel://`` too); it blocks the calling thread.
+    Raises FleetError when the supervisor ``proc`` exits first or
     ``timeout_s`` passes.
     """
     deadline = time.monotonic() + timeout_s
@@ -123,7 +146,7 @@ def wait_for_workers(
                 f"code {proc.returncode} at start; run it by hand to see why"
             )
         try:
-            if len(anyio.run(_live_set, url, queue, 2.0) - ignore) >= count:
+            if len(_live_set_blocking(url, queue, 2.0) - ignore) >= count:
                 return
         except RemoteConnectionError:
             pass  # Redis is starting, or failing over: keep waiting until the deadline
