@@ -479,6 +479,10 @@ class TaskChannel:
     async def connect_listener(self) -> Connection:
         """A connection for the listener; fails the waiting nodes if Redis restarted meanwhile."""
         conn = await self._pool.connect()
+        if self._pool.address.cluster:
+            # Each master has its own run_id and the queue's slot may move to another one:
+            # in a Cluster, tasks lost with a master are found by their deadlines.
+            return conn
         try:
             run_id = await _run_id(conn, self._pool.timeout_s)
         except BaseException:

@@ -28,11 +28,14 @@ import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
+
+if TYPE_CHECKING:
+    from asyncgraph.resp._cluster import ClusterRouter
 
 __all__ = [
     "Connection",
@@ -90,16 +93,21 @@ class RedisAddress:
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str | None = None
     sentinel_password: str | None = None
+    # redis+cluster://: some nodes of a Redis Cluster (the seeds); host and port are unused.
+    cluster: tuple[tuple[str, int], ...] = ()
 
 
 def parse_redis_url(url: str) -> RedisAddress:
     """``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS, ``?ssl_cert_reqs=none``,
     ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``, ``ssl_check_hostname=``),
-    ``unix:///path?db=N``, or ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]``
-    (``?sentinel_password=``; the password is the master's); raise ``ValueError`` for
-    anything else."""
+    ``unix:///path?db=N``, ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]``
+    (``?sentinel_password=``; the password is the master's), or
+    ``redis+cluster://[user:pass@]host:port[,host:port...]`` (``rediss+cluster://`` with the
+    TLS options above): some nodes of a Redis Cluster; raise ``ValueError`` for anything else."""
     if url.startswith("redis+sentinel://"):
         return _parse_sentinel_url(url)
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        return _parse_cluster_url(url)
     from redis.connection import parse_url
 
     try:
@@ -135,16 +143,7 @@ def _parse_sentinel_url(url: str) -> RedisAddress:
     from urllib.parse import parse_qs, unquote
 
     parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    sentinels = []
-    for item in filter(None, netloc.split(",")):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(
-                f"invalid Redis URL {redact_url(url)!r}: each sentinel must be host:port, got "
-                f"{item!r}"
-            )
-        sentinels.append((host.strip("[]"), int(port)))
+    sentinels = _host_ports(url, parts.netloc)
     path = [p for p in parts.path.split("/") if p]
     if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError(
@@ -161,6 +160,36 @@ def _parse_sentinel_url(url: str) -> RedisAddress:
         service=path[0],
         sentinel_password=query.get("sentinel_password", [None])[0],
     )
+
+
+def _host_ports(url: str, netloc: str) -> list[tuple[str, int]]:
+    nodes = []
+    for item in filter(None, netloc.rsplit("@", 1)[-1].split(",")):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"invalid Redis URL {redact_url(url)!r}: each node must be host:port, got {item!r}"
+            )
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes
+
+
+def _parse_cluster_url(url: str) -> RedisAddress:
+    scheme, rest = url.split("+cluster://", 1)
+    netloc, _, tail = rest.partition("/")
+    nodes = _host_ports(url, netloc)
+    db, _, query = tail.partition("?")
+    if not nodes or db not in ("", "0"):
+        raise ValueError(
+            f"invalid Redis URL {redact_url(url)!r}: expected "
+            f"{scheme}+cluster://[user:password@]host:port[,host:port...] (a cluster has "
+            f"database 0 only)"
+        )
+    # Credentials and TLS options as for one node (the first).
+    userinfo = netloc.rsplit("@", 1)[0] + "@" if "@" in netloc else ""
+    host, port = nodes[0]
+    one = parse_redis_url(f"{scheme}://{userinfo}{host}:{port}/0" + (f"?{query}" if query else ""))
+    return replace(one, display=redact_url(url).split("?", 1)[0], cluster=tuple(nodes))
 
 
 async def _master_of(address: RedisAddress) -> tuple[str, int]:
@@ -350,6 +379,23 @@ def _keep_alive(stream: anyio.abc.ByteStream) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+async def _connect(address: RedisAddress) -> anyio.abc.ByteStream:
+    if address.path is not None:
+        return await anyio.connect_unix(address.path)
+    if address.ssl_context is not None:
+        # Redis servers may close TLS without close_notify: not an error here.
+        stream: anyio.abc.ByteStream = await anyio.connect_tcp(
+            address.host,
+            address.port,
+            ssl_context=address.ssl_context,
+            tls_standard_compatible=False,
+        )
+    else:
+        stream = await anyio.connect_tcp(address.host, address.port)
+    _keep_alive(stream)
+    return stream
+
+
 class Connection:
     """One connection. Not shared between tasks; ``Pool`` hands them out."""
 
@@ -368,22 +414,14 @@ class Connection:
         """
         if address.sentinels:
             return await cls._open_master(address, timeout_s)
+        if address.cluster:
+            from asyncgraph.resp._cluster import ClusterRouter
+
+            return await ClusterRouter(address, timeout_s).connect()
         stream: anyio.abc.ByteStream | None = None
         try:
             with anyio.fail_after(timeout_s):
-                if address.path is not None:
-                    stream = await anyio.connect_unix(address.path)
-                elif address.ssl_context is not None:
-                    # Redis servers may close TLS without close_notify: not an error here.
-                    stream = await anyio.connect_tcp(
-                        address.host,
-                        address.port,
-                        ssl_context=address.ssl_context,
-                        tls_standard_compatible=False,
-                    )
-                else:
-                    stream = await anyio.connect_tcp(address.host, address.port)
-                _keep_alive(stream)
+                stream = await _connect(address)
                 conn = cls(address, stream)
                 setup: list[list[Arg]] = []
                 if address.password is not None:
@@ -523,11 +561,23 @@ class Pool:
         self._idle: list[Connection] = []
         self._max_idle = max_idle
         self._closed = False
+        # Of a Redis Cluster: where each slot is served, shared by the pool's connections.
+        self.router: ClusterRouter | None = None
+        if address.cluster:
+            from asyncgraph.resp._cluster import ClusterRouter
+
+            self.router = ClusterRouter(address, timeout_s)
 
     async def connect(self) -> Connection:
-        """A new connection that the caller owns (for blocking reads); close it when done."""
+        """A new connection that the caller owns (for blocking reads); close it when done.
+
+        Of a Redis Cluster: one that routes each command to its slot's master (the
+        pool's connections share what they learn of the cluster).
+        """
         if self._closed:
             raise RedisConnectionLost(f"the client of Redis at {self.address.display} is closed")
+        if self.router is not None:
+            return await self.router.connect()
         return await Connection.open(self.address, self.timeout_s)
 
     @asynccontextmanager
