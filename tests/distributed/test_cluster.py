@@ -73,6 +73,7 @@ class Cluster:
             node_dir.mkdir()
             with (node_dir / "log").open("wb") as log:
                 self.procs.append(self._start(binary, port, node_dir, log))
+        self.binary, self.directory = binary, directory
         self.clients = [redis.Redis(port=p, socket_timeout=5) for p in self.ports]
         wait(lambda: all(self._ping(c) for c in self.clients), what="the nodes")
         self.ids = [c.execute_command("CLUSTER", "MYID").decode() for c in self.clients]
@@ -125,6 +126,31 @@ class Cluster:
             if sum(int(s[1]) - int(s[0]) + 1 for s in slots) != 16384 or len(slots) != 3:
                 return False
         return True
+
+    def add_master(self) -> int:
+        """Start a fourth node, empty, and join it to the cluster; return its index."""
+        port = cluster_port()
+        node_dir = self.directory / str(port)
+        node_dir.mkdir()
+        with (node_dir / "log").open("wb") as log:
+            self.procs.append(self._start(self.binary, port, node_dir, log))
+        self.ports.append(port)
+        client = redis.Redis(port=port, socket_timeout=5)
+        self.clients.append(client)
+        wait(lambda: self._ping(client), what="the new node")
+        self.ids.append(client.execute_command("CLUSTER", "MYID").decode())
+        client.execute_command("CLUSTER", "MEET", "127.0.0.1", self.ports[0])
+        count = len(self.ports)
+
+        def joined() -> bool:
+            for c in self.clients:
+                info = c.execute_command("CLUSTER", "INFO").decode()
+                if f"cluster_known_nodes:{count}" not in info or "cluster_state:ok" not in info:
+                    return False
+            return True
+
+        wait(joined, 30, what="the new node to join")
+        return count - 1
 
     @property
     def url(self) -> str:
@@ -248,6 +274,12 @@ async def test_pool_follows_moved_and_ask(cluster: Cluster) -> None:
             assert replies[0] == i + 1
             assert replies[4] == [i + 1, i + 1]
             assert replies[5] == str(i % 20).encode()
+        # A topology change: a new master joins and the slot moves to it; the pool's
+        # connections learn of a node they never knew.
+        newcomer = await anyio.to_thread.run_sync(cluster.add_master)
+        await anyio.to_thread.run_sync(lambda: cluster.reshard(slot, newcomer, 0))
+        assert await pool.execute("INCR", "{moving}:counter") == n + 1
+        assert followed["MOVED"] >= 2
         # A blocking read on a dedicated connection, then a value pushed from elsewhere.
         conn = await pool.connect()
         try:
