@@ -83,8 +83,11 @@ class OTelTracing:
 
     def on_node(self, event: NodeEvent) -> None:
         node = event.node
-        key = (id(node), anyio.get_current_task().id)
         if event.kind == "started":
+            if not trace.get_current_span().get_span_context().trace_flags.sampled:
+                # The pass was not sampled: no node span (its context, unsampled, still
+                # reaches the workers, which record nothing either).
+                return
             remote = node is not None and node.function.dispatch == "remote"
             span = self.tracer.start_span(
                 f"{event.function}.backward",
@@ -96,9 +99,11 @@ class OTelTracing:
                 },
             )
             token = otel_context.attach(trace.set_span_in_context(span))
-            self._open[key] = (span, token)
+            self._open[(id(node), anyio.get_current_task().id)] = (span, token)
             return
-        opened = self._open.pop(key, None)
+        if not self._open:
+            return
+        opened = self._open.pop((id(node), anyio.get_current_task().id), None)
         if opened is None:
             return
         span, token = opened

@@ -89,6 +89,30 @@ async def test_a_pass_its_nodes_and_their_model_calls_are_nested_spans() -> None
 
 
 @pytest.mark.anyio
+async def test_sampled_passes_are_whole_and_the_others_record_nothing() -> None:
+    """Head sampling per pass (a ParentBased ratio sampler): a sampled pass has all its
+    node and model-call spans; an unsampled one, none (and costs a few microseconds)."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.5)))
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    passes = 24
+    with otel_tracing(tracer_provider) as tracing:
+        for _ in range(passes):
+            leaves = [Parameter(f"answer {i}", role="answer") for i in range(4)]
+            await concat(*[Critique.apply(p) for p in leaves]).backward()
+        assert not tracing._open  # nothing left open by the unsampled passes
+    spans = exporter.get_finished_spans()
+    recorded = {s.context.trace_id for s in spans if s.name == "asyncgraph.backward"}
+    assert 0 < len(recorded) < passes  # some sampled, some not (p of failure ~ 1e-7)
+    for trace_id in recorded:
+        names = sorted(s.name for s in spans if s.context.trace_id == trace_id)
+        assert names.count("Critique.backward") == 4 and names.count("chat simulated") == 4
+    assert {s.context.trace_id for s in spans} == recorded  # nothing of the others
+
+
+@pytest.mark.anyio
 async def test_a_failed_node_is_an_error_span_and_content_is_captured_on_request() -> None:
     tracer_provider, exporter = provider()
     x = Parameter("x", role="x")
