@@ -367,5 +367,11 @@ async def test_queues_on_three_masters_and_a_reshard_during_a_pass(
                 await backward(F.Scale.apply(again[q], 2.0), executor=ex)
     assert [again[q].grad.data for q in queues] == [2.0] * 3  # type: ignore[union-attr]
     await check_limiter_and_cache(url, "cluster")
+    # `asyncgraph status` reads each queue on its master, the moved one on its new one.
+    from asyncgraph.distributed._status import fleet_status
+
+    for q in queues:
+        status = await fleet_status(url, q)
+        assert status["known"] and status["alive"] == 1 and status["pending"] == 0, status
     for client in cluster.clients:  # the ACL user was never refused anything
         assert client.execute_command("ACL", "LOG") == []

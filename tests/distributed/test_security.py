@@ -284,6 +284,11 @@ async def test_the_readme_acl_is_enough_for_clients_and_workers(
         from agdist_helpers import check_limiter_and_cache
 
         await check_limiter_and_cache(url, "acl")
+        # `asyncgraph status` as the same user.
+        from asyncgraph.distributed._status import fleet_status
+
+        status = await fleet_status(url, "acl")
+        assert status["known"] and status["alive"] == 1, status
         await anyio.sleep(2.2)
         worker.signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0
