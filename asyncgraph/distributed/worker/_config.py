@@ -112,8 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "redis_url",
         "--redis",
-        "Redis URL: redis://, rediss:// (TLS), user:password@ for ACLs; default "
-        "redis://127.0.0.1:6379/0",
+        "Redis URL: redis://, rediss:// (TLS), redis+sentinel://, redis+cluster://, "
+        "user:password@ for ACLs; default redis://127.0.0.1:6379/0",
         secret=True,
     ),
     Setting("queue", "--queue", "queue name"),
