@@ -148,3 +148,32 @@ def test_a_fresh_workers_series_exist_at_zero_and_durations_are_histograms_per_f
         assert f"{bucket % le} {count}\n" in text, le
     count = 'asyncgraph_worker_task_duration_seconds_count{function="f",op="backward"} 3\n'
     assert count in text
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive_and_snapshot_like_counters() -> None:
+    from asyncgraph.distributed.worker._metrics import Metrics, merge_snapshots
+
+    metrics = Metrics()
+    for seconds in (0.005, 0.005, 0.0051, 400.0):  # on a bound counts in it (le: <=)
+        metrics.observe_histogram("asyncgraph_worker_task_duration_seconds", seconds, op="b")
+    get = metrics.get
+    name = "asyncgraph_worker_task_duration_seconds"
+    assert get(f"{name}_bucket", op="b", le="0.005") == 2
+    assert get(f"{name}_bucket", op="b", le="0.025") == 3
+    assert get(f"{name}_bucket", op="b", le="300.0") == 3
+    assert get(f"{name}_bucket", op="b", le="+Inf") == 4
+    assert get(f"{name}_count", op="b") == 4
+    assert get(f"{name}_sum", op="b") == pytest.approx(400.0151)
+    # A supervisor sums two children's snapshots series by series.
+    import json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for pid in ("1", "2"):
+            path = Path(tmp) / f"{pid}.json"
+            path.write_text(json.dumps({"metrics": metrics.snapshot()}))
+            paths.append(path)
+        total = merge_snapshots(paths, live={"1", "2"})
+    assert total[(f"{name}_bucket", (("le", "+Inf"), ("op", "b")))] == 8

@@ -11,6 +11,7 @@ floats with ``repr`` (shortest round-trip form).
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -97,31 +98,70 @@ def _kind(name: str) -> str:
     return HELP.get(_family(name), ("gauge", ""))[0]
 
 
+class _Histogram:
+    """One histogram series: a count per bucket (not cumulative), the sum and the count.
+
+    An observation is one bisection and three additions; the cumulative ``_bucket``
+    samples are computed only when the metrics are rendered or snapshotted.
+    """
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total: float = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def samples(
+        self, name: str, labels: tuple[tuple[str, str], ...]
+    ) -> Iterable[tuple[Key, Number]]:
+        running = 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            le = (*labels, ("le", format_value(float(bound))))
+            yield (f"{name}_bucket", tuple(sorted(le))), running
+        yield (f"{name}_sum", labels), self.total
+        yield (f"{name}_count", labels), self.count
+
+
 class Metrics:
-    """Counters and gauges with labels; ``render()`` gives the exposition text."""
+    """Counters, gauges and histograms with labels; ``render()`` gives the exposition text."""
 
     def __init__(self) -> None:
-        self.values: dict[Key, Number] = {}
+        self._values: dict[Key, Number] = {}
+        self._histograms: dict[Key, _Histogram] = {}
+
+    @property
+    def values(self) -> dict[Key, Number]:
+        """Every sample (histograms as their ``_bucket``, ``_sum`` and ``_count`` series)."""
+        out = dict(self._values)
+        for (name, labels), histogram in self._histograms.items():
+            out.update(histogram.samples(name, labels))
+        return out
 
     def zero(self, name: str, **labels: str) -> None:
         """Make series ``name{labels}`` exist (at 0) before its first event."""
-        self.values.setdefault((name, tuple(sorted(labels.items()))), 0)
+        self._values.setdefault((name, tuple(sorted(labels.items()))), 0)
 
     def observe_histogram(
         self, name: str, value: float, buckets: Iterable[float] = DURATION_BUCKETS, **labels: str
     ) -> None:
         """One observation of histogram ``name``: cumulative buckets, ``_sum``, ``_count``."""
-        for bound in (*buckets, math.inf):
-            if value <= bound:
-                self.inc(f"{name}_bucket", 1, **labels, le=format_value(float(bound)))
-            else:
-                self.zero(f"{name}_bucket", **labels, le=format_value(float(bound)))
-        self.inc(f"{name}_sum", value, **labels)
-        self.inc(f"{name}_count", 1, **labels)
+        key = (name, tuple(sorted(labels.items())))
+        histogram = self._histograms.get(key)
+        if histogram is None:
+            histogram = self._histograms[key] = _Histogram(tuple(sorted(buckets)))
+        histogram.observe(value)
 
     def inc(self, name: str, amount: Number = 1, **labels: str) -> None:
         key = (name, tuple(sorted(labels.items())))
-        self.values[key] = self.values.get(key, 0) + amount
+        self._values[key] = self._values.get(key, 0) + amount
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """One observation of summary ``name``: adds to ``name_sum``, counts in ``name_count``."""
@@ -129,10 +169,13 @@ class Metrics:
         self.inc(f"{name}_count", 1, **labels)
 
     def set(self, name: str, value: Number, **labels: str) -> None:
-        self.values[(name, tuple(sorted(labels.items())))] = value
+        self._values[(name, tuple(sorted(labels.items())))] = value
 
     def get(self, name: str, **labels: str) -> Number:
-        return self.values.get((name, tuple(sorted(labels.items()))), 0)
+        key = (name, tuple(sorted(labels.items())))
+        if key in self._values:
+            return self._values[key]
+        return self.values.get(key, 0)
 
     def snapshot(self) -> list[list[object]]:
         return [[name, dict(labels), value] for (name, labels), value in self.values.items()]
