@@ -51,9 +51,12 @@ class SentinelSet:
         self.master, self.replica = free_port(), free_port()
         self.sentinels = [free_port() for _ in range(3)]
         plain = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        for name in ("master", "replica"):  # the full sync writes an RDB file in each
+            (directory / name).mkdir()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.procs[self.master] = subprocess.Popen(
-            [binary, "--port", str(self.master), *plain], stdout=subprocess.DEVNULL
+            [binary, "--port", str(self.master), *plain, "--dir", str(directory / "master")],
+            stdout=subprocess.DEVNULL,
         )
         self.procs[self.replica] = subprocess.Popen(
             [
@@ -61,6 +64,8 @@ class SentinelSet:
                 "--port",
                 str(self.replica),
                 *plain,
+                "--dir",
+                str(directory / "replica"),
                 "--replicaof",
                 "127.0.0.1",
                 str(self.master),
