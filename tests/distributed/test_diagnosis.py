@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from asyncgraph.distributed._diagnosis import commands, explain
 
 NOW = [b"1700000000", b"0"]  # TIME: 1,700,000,000,000 ms
@@ -52,3 +54,27 @@ def test_dead_letters_of_this_client_name_the_secret_problem() -> None:
     text = explain(replies, queue="q", task_id="a", client_id=me, signed=False)
     assert "1 task(s) of this client were dead-lettered as unsigned or forged" in text
     assert "this client has no secret" in text
+
+
+@pytest.mark.anyio
+async def test_a_worker_keeps_a_task_past_its_clients_deadline_for_the_diagnosis() -> None:
+    import anyio
+
+    from asyncgraph.distributed.worker._config import WorkerConfig
+    from asyncgraph.distributed.worker._membership import EXPIRY_GRACE_MS, Membership
+
+    # No Redis, health or metrics: the deadline is clock arithmetic.
+    membership = Membership(
+        WorkerConfig("redis://127.0.0.1:1/0", queue="q"),
+        "w",
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        held=list,
+        info_json=str,
+    )
+    enqueued = f"{int(membership.redis_now_ms())}-0".encode()
+    left = membership.deadline(enqueued, 1000) - anyio.current_time()
+    # The client gives up after 1 s, then diagnoses and cancels: the worker holds on.
+    assert EXPIRY_GRACE_MS >= 500
+    assert 1 + EXPIRY_GRACE_MS / 1000 - 0.1 < left <= 1 + EXPIRY_GRACE_MS / 1000

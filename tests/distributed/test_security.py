@@ -136,7 +136,8 @@ async def test_task_past_its_deadline_is_skipped(redis_url: str, start_worker: S
     client = redis.Redis.from_url(redis_url)
     client.xgroup_create(keys.task_stream("late"), keys.GROUP, id="0", mkstream=True)
     packed, sig = task(Signer(None), queue="late", ttl_ms=1)
-    client.xadd(keys.task_stream("late"), {keys.F_MESSAGE: packed, keys.F_SIGNATURE: sig})
+    # Enqueued long ago (its entry id is its Redis time): past its deadline, and its grace.
+    client.xadd(keys.task_stream("late"), {keys.F_MESSAGE: packed, keys.F_SIGNATURE: sig}, id="1-1")
     port = free_port()
     start_worker(redis_url, "late", "--health-port", str(port), "--health-host", "127.0.0.1")
 
