@@ -311,6 +311,10 @@ class Engine:
         self._ran: list[Node] = []
         # Slow nodes waiting for a task, and the runner tasks that take them.
         self._slow: deque[WorkItem] = deque()
+        # The batching probe, made once (a bound method would be made per node, and one
+        # kept on self would be a reference cycle, leaving the pass to the collector).
+        slow = self._slow
+        self._more_ready_probe: Callable[[], bool] = lambda: bool(slow)
         self._runners_starting = 0
         self._runners_alive = 0
         # The task group exists only once a pass needs a second task (runners, hooks):
@@ -470,10 +474,6 @@ class Engine:
             self._grow()
         return keep if self._error is None else None
 
-    def _more_ready(self) -> bool:
-        """Ready slow nodes not yet taken by a task (``BatchingExecutor``'s ``more_coming``)."""
-        return bool(self._slow)
-
     def _grow(self) -> None:
         """Start runner tasks for waiting slow nodes, doubling the pool while it is short.
 
@@ -561,7 +561,7 @@ class Engine:
             cell[0] = node
             try:
                 if self._batched is not None:  # the protocol's optional batching method
-                    result = await self._batched(node, grads, self._more_ready)
+                    result = await self._batched(node, grads, self._more_ready_probe)
                 else:
                     result = await self.executor.run_backward(node, grads)
                 grads_in = normalize_grads(node, result)

@@ -30,7 +30,7 @@ waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
 
 from __future__ import annotations
 
-import contextvars
+import asyncio
 import itertools
 import logging
 import uuid
@@ -56,7 +56,7 @@ from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer
 from asyncgraph.executors import let_ready_tasks_run
 from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
 
-__all__ = ["RedisExecutorStats", "TaskChannel", "more_coming_probe"]
+__all__ = ["RedisExecutorStats", "TaskChannel"]
 
 log = logging.getLogger("asyncgraph.executors.redis")
 
@@ -72,23 +72,41 @@ CLIENT_BEAT_S = 2.0  # a client's heartbeat period; its expiry is CLIENT_TTL_S a
 CLIENT_TTL_S = 15.0
 
 
-# The probe of the node this task submits (run_backward_batched): per task, since one
-# executor serves many passes and many nodes at once.
-more_coming_probe: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
-    "asyncgraph_redis_more_coming", default=None
-)
+class _FutureEvent:
+    """A one-shot event on asyncio: one future, awaited as is.
+
+    A wide pass keeps one waiting per remote node in flight; an ``anyio.Event`` there
+    is an asyncio.Event, its deque, a future and two coroutines per wait, all walked by
+    the garbage collector's full collections while they wait.
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[None]) -> None:
+        self._future = future
+
+    def set(self) -> None:
+        if not self._future.done():  # a waiter cancelled meanwhile has cancelled it
+            self._future.set_result(None)
+
+    def wait(self) -> asyncio.Future[None]:
+        return self._future
 
 
-def _more_coming() -> bool:
-    probe = more_coming_probe.get()
-    return probe is not None and probe()
+def _event_factory() -> Callable[[], anyio.Event | _FutureEvent]:
+    """One-shot events for this event loop: futures on asyncio, ``anyio.Event`` elsewhere."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        return anyio.Event
+    return lambda: _FutureEvent(loop.create_future())
 
 
 @dataclass(eq=False, slots=True)
 class _Pending:
     task_id: str
     function: str
-    event: anyio.Event
+    event: anyio.Event | _FutureEvent
     packed: bytes
     signature: bytes
     deadline: float
@@ -151,6 +169,7 @@ class TaskChannel:
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
         self._submitted = anyio.Event()
+        self._new_event = _event_factory()
         self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
         self._flushing = 0  # flushes on their way to Redis
 
@@ -158,16 +177,23 @@ class TaskChannel:
         return f"{next(self._ids):x}"
 
     async def send_and_wait(
-        self, task_id: str, function: str, packed: bytes, signature: bytes
+        self,
+        task_id: str,
+        function: str,
+        packed: bytes,
+        signature: bytes,
+        more_coming: Callable[[], bool] | None,
     ) -> _Pending:
         """Send one task (batched with others) and wait until it is answered, failed or timed out.
 
-        Cancelled meanwhile, the task is cancelled on the workers too.
+        ``more_coming``: the engine's probe for the node this task runs (the
+        ``run_backward_batched`` protocol), None outside a pass. Cancelled meanwhile,
+        the task is cancelled on the workers too.
         """
         pending = _Pending(
             task_id,
             function,
-            anyio.Event(),
+            self._new_event(),
             packed,
             signature,
             anyio.current_time() + self.timeout_s,
@@ -178,7 +204,7 @@ class TaskChannel:
         # No cancel scope per node: the deadline watcher expires waits in submission order.
         self._submitted.set()
         try:
-            if _more_coming() or self._waking or self._flushing:
+            if (more_coming is not None and more_coming()) or self._waking or self._flushing:
                 # More submissions are on their way: nodes of the same ready level, or
                 # the next nodes of other waiters woken with this one (they resume in
                 # this tick), or a flush is already out. The flusher sends them together.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import anyio
 
@@ -29,7 +29,7 @@ from asyncgraph import (
     WireError,
     is_grad_enabled,
 )
-from asyncgraph.distributed._channel import RedisExecutorStats, TaskChannel, more_coming_probe
+from asyncgraph.distributed._channel import RedisExecutorStats, TaskChannel, _Pending
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 __all__ = ["RedisExecutor", "RedisExecutorStats", "open_redis_executor"]
 
 log = logging.getLogger("asyncgraph.executors.redis")
+
+
+def _nothing_more() -> bool:
+    return False
 
 
 class _RemoteTraceback(Exception):
@@ -114,14 +118,11 @@ class RedisExecutor:
         more_coming: Callable[[], bool],
     ) -> Any:
         """``run_backward``, told by the engine whether more ready nodes are on their way
-        (``asyncgraph.executors.BatchingExecutor``): the last one sends the batch."""
-        token = more_coming_probe.set(more_coming)
-        try:
-            return await self.run_backward(node, grad_outputs)
-        finally:
-            more_coming_probe.reset(token)
+        (``asyncgraph.executors.BatchingExecutor``): the last one sends the batch.
 
-    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
+        One coroutine from here to the reply (a wide pass holds one per node in flight:
+        every frame less is less for the garbage collector to walk).
+        """
         fn = node.function
         if fn.dispatch != "remote":
             return await self.local.run_backward(node, grad_outputs)
@@ -135,16 +136,21 @@ class RedisExecutor:
             payload = backward_payload(node, grad_outputs)
         except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
             raise TypeError(f"{fn.__name__}: {exc}") from None
-        result = await self._call(
-            fn,
-            "backward",
-            payload,
-            node,
-            node.input_roles,
-            ctx=node.ctx,
-            values=lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
+        try:
+            task_id, name, packed, signature = self._encode(fn, "backward", payload)
+        except TypeError:
+            values = {"grad_outputs": [g.data if g else None for g in grad_outputs]}
+            raise diagnose_unpackable(fn.__name__, node.ctx, values) from None
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
+        if not self._answered(pending):
+            await self._raise_failure(pending, fn, node, node.input_roles)
+        assert pending.reply is not None
+        return grads_from_entries(
+            pending.reply.result, f"gradients returned by {fn.__name__}.backward"
         )
-        return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
+
+    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
+        return await self.run_backward_batched(node, grad_outputs, _nothing_more)
 
     # -- remote forward -------------------------------------------------------------
     async def apply(self, fn: type[Function], *args: Any, **kwargs: Any) -> Any:
@@ -160,15 +166,16 @@ class RedisExecutor:
         ctx, record = fn._prepare(inputs)
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
-        result = await self._call(
-            fn,
-            "forward",
-            payload,
-            None,
-            roles,
-            ctx=None,
-            values=lambda: {"args": list(args), "kwargs": dict(kwargs)},
-        )
+        try:
+            task_id, name, packed, signature = self._encode(fn, "forward", payload)
+        except TypeError:
+            values = {"args": list(args), "kwargs": dict(kwargs)}
+            raise diagnose_unpackable(fn.__name__, None, values) from None
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, None)
+        if not self._answered(pending):
+            await self._raise_failure(pending, fn, None, roles)
+        assert pending.reply is not None
+        result = pending.reply.result
         try:
             outputs, state, non_diff, is_tuple = _forward_result(result, fn)
             remote_ctx = ctx_from_state(state, fn)
@@ -187,17 +194,10 @@ class RedisExecutor:
         return fn._record(ctx, inputs, tuple(outputs) if is_tuple else outputs[0], record)
 
     # -- submitting and waiting -------------------------------------------------------
-    async def _call(
-        self,
-        fn: type[Function],
-        op: Literal["backward", "forward"],
-        payload: dict[str, Any],
-        node: Node | None,
-        input_roles: tuple[str, ...],
-        *,
-        ctx: Any,
-        values: Callable[[], dict[str, Any]],
-    ) -> Any:
+    def _encode(
+        self, fn: type[Function], op: Literal["backward", "forward"], payload: dict[str, Any]
+    ) -> tuple[str, str, bytes, bytes]:
+        """The task's id, remote name, message and signature (TypeError: not packable)."""
         if self.channel.closed:
             raise RuntimeError(
                 f"this RedisExecutor (queue {self.queue!r}) is closed: use it inside its "
@@ -216,16 +216,27 @@ class RedisExecutor:
             payload,
             _task_metadata(),
         )
-        try:
-            packed, signature = encode(message, self._signer, self._limits)
-        except TypeError:
-            raise diagnose_unpackable(fn.__name__, ctx, values()) from None
-        pending = await self.channel.send_and_wait(task_id, name, packed, signature)
-        if pending.reply is not None:
-            if pending.reply.meta:
-                _on_reply_metadata(pending.reply.meta)
-            if pending.reply.error is None:
-                return pending.reply.result
+        packed, signature = encode(message, self._signer, self._limits)
+        return task_id, name, packed, signature
+
+    @staticmethod
+    def _answered(pending: _Pending) -> bool:
+        """Whether the task's reply is a result (its metadata handed to the hooks)."""
+        reply = pending.reply
+        if reply is None:
+            return False
+        if reply.meta:
+            _on_reply_metadata(reply.meta)
+        return reply.error is None
+
+    async def _raise_failure(
+        self,
+        pending: _Pending,
+        fn: type[Function],
+        node: Node | None,
+        input_roles: tuple[str, ...],
+    ) -> NoReturn:
+        """The error that says why the task has no result (timed out, lost, failed)."""
         describe = node.describe() if node is not None else f"{fn.__name__}.forward"
         output_roles = node.output_roles if node is not None else ()
         where = {"function": fn.__name__, "input_roles": input_roles, "output_roles": output_roles}
@@ -238,7 +249,8 @@ class RedisExecutor:
                 self.channel.send_cancel(pending)
             raise RemoteTimeoutError(
                 f"{describe}: no reply from the workers of queue {self.queue!r} within "
-                f"{self.timeout_s:g}s (task {task_id}, function {name!r}); {diagnosis}",
+                f"{self.timeout_s:g}s (task {pending.task_id}, function {pending.function!r}); "
+                f"{diagnosis}",
                 **where,  # type: ignore[arg-type]
             )
         if pending.error is not None:
