@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import BackwardError, Function, Variable, backward, grad
+from asyncgraph import BackwardError, Function, LocalExecutor, Variable, backward, grad
 
 from ._ops import Add, Mul
 
@@ -379,3 +379,40 @@ async def test_long_inline_chains_let_other_tasks_run() -> None:
         during = len(progressed) - before
         done.set()
     assert during >= 2
+
+
+class _Batching(LocalExecutor):
+    """A LocalExecutor with the protocol's optional batching method."""
+
+    async def run_backward_batched(
+        self, node: Any, grads: tuple[Variable | None, ...], more_coming: Any
+    ) -> Any:
+        more_coming()
+        return await self.run_backward(node, grads)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("executor", [LocalExecutor(), _Batching()], ids=["local", "batching"])
+async def test_a_pass_leaves_no_reference_cycle_for_the_collector(executor: Any) -> None:
+    """A pass's engine, graph and gradients are freed by reference counting as soon as
+    they are dropped: a cycle would keep them (and every gradient) until a full collection."""
+
+    class AsyncNop(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Any:
+            return x.data
+
+        @staticmethod
+        async def backward(ctx: Any, g: Variable) -> Variable:
+            return g
+
+    gc.collect()
+    gc.disable()
+    try:
+        x = Variable(1.0, requires_grad=True)
+        await backward([AsyncNop.apply(x) for _ in range(50)], executor=executor)
+        assert x.grad is not None and x.grad.data == 50.0
+        del x
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
