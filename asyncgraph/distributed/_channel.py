@@ -36,7 +36,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -55,6 +55,9 @@ from asyncgraph.distributed.wire._schema import (
 from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer
 from asyncgraph.executors import let_ready_tasks_run
 from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
+
+if TYPE_CHECKING:
+    import trio
 
 __all__ = ["RedisExecutorStats", "TaskChannel"]
 
@@ -93,12 +96,15 @@ class _FutureEvent:
         return self._future
 
 
-def _event_factory() -> Callable[[], anyio.Event | _FutureEvent]:
-    """One-shot events for this event loop: futures on asyncio, ``anyio.Event`` elsewhere."""
+def _event_factory() -> Callable[[], _FutureEvent | trio.Event]:
+    """One-shot events for this event loop: futures on asyncio, ``trio.Event`` on trio
+    (an ``anyio.Event`` would wrap it, with a coroutine more per wait)."""
     try:
         loop = asyncio.get_running_loop()
-    except RuntimeError:  # trio
-        return anyio.Event
+    except RuntimeError:  # not asyncio: trio, anyio's other backend
+        import trio
+
+        return trio.Event
     return lambda: _FutureEvent(loop.create_future())
 
 
@@ -106,7 +112,7 @@ def _event_factory() -> Callable[[], anyio.Event | _FutureEvent]:
 class _Pending:
     task_id: str
     function: str
-    event: anyio.Event | _FutureEvent
+    event: _FutureEvent | trio.Event
     packed: bytes
     signature: bytes
     deadline: float
