@@ -1,7 +1,10 @@
-"""Numeric Functions and a random-graph generator shared by the core tests.
+"""Functions and a random-graph generator shared by the core tests.
 
-Every backward is written in terms of these Functions, so it is recorded under
-``create_graph=True`` and can be differentiated again. Data are Python floats.
+``Identity`` and ``AsyncIdentity`` pass any data and gradient through (text, floats,
+arrays): the node for tests about the engine rather than the math. The numeric ones
+write every backward in terms of these Functions, so it is recorded under
+``create_graph=True`` and can be differentiated again; ``Add`` works on any data with
+a ``+``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import Function, Variable, no_grad
+
+
+class Identity(Function):
+    """Copies its input's data forward and passes the gradient back (an inline node)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return g
+
+
+class AsyncIdentity(Function):
+    """``Identity`` with an async backward: a node the engine runs as a task."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> Variable:
+        return g
 
 
 def _const(value: float) -> Variable:

@@ -20,7 +20,7 @@ from asyncgraph import (
     register_accumulator,
 )
 
-from ._ops import Mul
+from ._ops import Identity, Mul
 
 # -- accumulate() -------------------------------------------------------------------
 
@@ -96,22 +96,12 @@ class Fork(Function):
         return total
 
 
-class Pass(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
 @pytest.mark.anyio
 async def test_registered_accumulator_sums_gradients_in_the_engine() -> None:
     register_accumulator(Vec, _vec_add)
     x = Variable(Vec((0, 0)), requires_grad=True)
-    a = Pass.apply(x)
-    b = Pass.apply(x)
+    a = Identity.apply(x)
+    b = Identity.apply(x)
     await backward([a, b], [Vec((1, 2)), Vec((10, 20))])
     assert x.grad is not None and x.grad.data == Vec((11, 22))
 
@@ -183,7 +173,7 @@ async def test_one_consumer_using_an_input_twice_accumulates_by_input_position()
 async def test_existing_grad_comes_first_then_the_new_gradient() -> None:
     x = Parameter(np.array([1.0, 1.0]))
     x.grad = Variable(np.array([5.0, 5.0]))
-    y = Pass.apply(x)
+    y = Identity.apply(x)
     await y.backward(np.array([1.0, 2.0]))
     np.testing.assert_array_equal(x.grad.data, np.array([6.0, 7.0]))
 

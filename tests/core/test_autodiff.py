@@ -11,20 +11,7 @@ import pytest
 import asyncgraph
 from asyncgraph import Function, GraphError, Variable, backward, grad
 
-from ._ops import Add, Cube, Exp, Mul, Sin, SinCos, assert_close, central_difference
-
-
-class Echo(Function):
-    """Passes any gradient through; forward copies the data."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
+from ._ops import Add, Cube, Exp, Identity, Mul, Sin, SinCos, assert_close, central_difference
 
 # -- implicit gradients -------------------------------------------------------
 
@@ -37,7 +24,7 @@ class Echo(Function):
 )
 async def test_implicit_grad_of_a_scalar_output(data: Any, implicit: Any) -> None:
     x = Variable(data, requires_grad=True)
-    await backward(Echo.apply(x))
+    await backward(Identity.apply(x))
     assert x.grad is not None
     assert x.grad.data == implicit
     assert type(x.grad.data) is type(implicit)
@@ -46,7 +33,7 @@ async def test_implicit_grad_of_a_scalar_output(data: Any, implicit: Any) -> Non
 @pytest.mark.anyio
 async def test_implicit_grad_of_a_one_element_array_is_ones() -> None:
     x = Variable(np.array([4.0]), requires_grad=True)
-    await backward(Echo.apply(x))
+    await backward(Identity.apply(x))
     assert x.grad is not None
     np.testing.assert_array_equal(x.grad.data, np.ones(1))
 
@@ -58,7 +45,7 @@ async def test_implicit_grad_of_a_one_element_array_is_ones() -> None:
     ids=["list_str", "list_num", "dict", "array", "bool", "none"],
 )
 async def test_implicit_grad_of_a_non_scalar_output_raises(data: Any) -> None:
-    y = Echo.apply(Variable(data, requires_grad=True))
+    y = Identity.apply(Variable(data, requires_grad=True))
     with pytest.raises(RuntimeError, match="implicitly created only for scalar outputs"):
         await backward(y)
     with pytest.raises(RuntimeError, match="implicitly created only for scalar outputs"):
@@ -68,11 +55,11 @@ async def test_implicit_grad_of_a_non_scalar_output_raises(data: Any) -> None:
 @pytest.mark.anyio
 async def test_explicit_grad_for_non_scalar_outputs() -> None:
     x = Variable(["a", "b"], requires_grad=True)
-    await backward(Echo.apply(x), ["fix a", "fix b"])
+    await backward(Identity.apply(x), ["fix a", "fix b"])
     assert x.grad is not None and x.grad.data == ["fix a", "fix b"]
 
     arr = Variable(np.arange(3.0), requires_grad=True)
-    await backward(Echo.apply(arr), np.full(3, 2.0))
+    await backward(Identity.apply(arr), np.full(3, 2.0))
     assert arr.grad is not None
     np.testing.assert_array_equal(arr.grad.data, np.full(3, 2.0))
 

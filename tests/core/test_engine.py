@@ -13,7 +13,7 @@ import pytest
 
 from asyncgraph import BackwardError, Function, LocalExecutor, Variable, backward, grad
 
-from ._ops import Add, Mul
+from ._ops import Add, AsyncIdentity, Identity, Mul
 
 DEADLOCK_GUARD_S = 10  # only trips if the behaviour under test is broken
 
@@ -294,26 +294,6 @@ async def test_fail_after_around_backward_cancels_running_nodes() -> None:
     assert x.grad is None
 
 
-class Noop(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
-class AsyncNoop(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    async def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
 def _chain(fn: type[Function], length: int) -> tuple[Variable, Variable]:
     x = Variable(1.0, requires_grad=True)
     y = x
@@ -343,7 +323,7 @@ async def test_a_chain_far_deeper_than_the_recursion_limit_needs_no_recursion() 
     headroom = 200
     length = 100 * headroom
     old_limit = sys.getrecursionlimit()
-    x, y = _chain(Noop, length)
+    x, y = _chain(Identity, length)
     sys.setrecursionlimit(_stack_depth() + headroom)
     try:
         await y.backward()
@@ -354,7 +334,7 @@ async def test_a_chain_far_deeper_than_the_recursion_limit_needs_no_recursion() 
 
 @pytest.mark.anyio
 async def test_a_ten_thousand_node_chain_of_async_nodes_needs_no_recursion() -> None:
-    x, y = _chain(AsyncNoop, 10_000)
+    x, y = _chain(AsyncIdentity, 10_000)
     await y.backward(2.0)
     assert x.grad is not None and x.grad.data == 2.0
 
@@ -362,7 +342,7 @@ async def test_a_ten_thousand_node_chain_of_async_nodes_needs_no_recursion() -> 
 @pytest.mark.anyio
 async def test_long_inline_chains_let_other_tasks_run() -> None:
     """A long run of inline nodes checkpoints now and then: a sibling task gets the loop."""
-    _, y = _chain(Noop, 20_000)
+    _, y = _chain(Identity, 20_000)
     progressed: list[int] = []
     done = anyio.Event()
 
@@ -397,20 +377,11 @@ async def test_a_pass_leaves_no_reference_cycle_for_the_collector(executor: Any)
     """A pass's engine, graph and gradients are freed by reference counting as soon as
     they are dropped: a cycle would keep them (and every gradient) until a full collection."""
 
-    class AsyncNop(Function):
-        @staticmethod
-        def forward(ctx: Any, x: Variable) -> Any:
-            return x.data
-
-        @staticmethod
-        async def backward(ctx: Any, g: Variable) -> Variable:
-            return g
-
     gc.collect()
     gc.disable()
     try:
         x = Variable(1.0, requires_grad=True)
-        await backward([AsyncNop.apply(x) for _ in range(50)], executor=executor)
+        await backward([AsyncIdentity.apply(x) for _ in range(50)], executor=executor)
         assert x.grad is not None and x.grad.data == 50.0
         del x
         assert gc.collect() == 0

@@ -23,7 +23,7 @@ from asyncgraph import (
     set_grad_enabled,
 )
 
-from ._ops import Mul
+from ._ops import Add, AsyncIdentity, Mul
 
 
 class Ask(Function):
@@ -38,16 +38,6 @@ class Ask(Function):
     @staticmethod
     def backward(ctx: Any, g: Variable) -> tuple[Any, None]:
         return (ctx.tag, None)
-
-
-class Join(Function):
-    @staticmethod
-    def forward(ctx: Any, a: Variable, b: Variable) -> Variable:
-        return Variable(a.data + b.data)
-
-    @staticmethod
-    def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
-        return (g, g)
 
 
 @pytest.mark.anyio
@@ -65,7 +55,7 @@ async def test_feedback_order_follows_apply_order_not_forward_completion(
         for i in range(2):
             tg.start_soon(run, i)
             await anyio.lowlevel.checkpoint()  # apply(0) is called before apply(1)
-    await Join.apply(results[0], results[1]).backward()
+    await Add.apply(results[0], results[1]).backward()
     assert x.grad is not None
     assert x.grad.data == [f"via {delays[0]}", f"via {delays[1]}"]
 
@@ -135,16 +125,6 @@ async def test_a_listener_that_raises_does_not_break_the_pass(
     assert "observer bug" in caplog.text
 
 
-class Slow(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    async def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
 @pytest.mark.anyio
 async def test_async_hooks_on_different_leaves_run_concurrently() -> None:
     leaves = [Parameter(1.0, role=f"leaf{i}") for i in range(3)]
@@ -161,7 +141,7 @@ async def test_async_hooks_on_different_leaves_run_concurrently() -> None:
 
     for leaf in leaves:
         leaf.register_hook(hook)
-    await backward([Slow.apply(leaf) for leaf in leaves], [1.0] * 3)
+    await backward([AsyncIdentity.apply(leaf) for leaf in leaves], [1.0] * 3)
     assert [leaf.grad.data for leaf in leaves] == [1.0, 1.0, 1.0]  # type: ignore[union-attr]
 
 
@@ -274,7 +254,7 @@ async def test_graph_order_makes_concurrently_built_graphs_deterministic(
     async with anyio.create_task_group() as tg:
         for i in start_order:
             tg.start_soon(build, i)
-    joined = Join.apply(Join.apply(outputs[2], outputs[0]), outputs[1])
+    joined = Add.apply(Add.apply(outputs[2], outputs[0]), outputs[1])
     await joined.backward()
     assert x.grad is not None
     assert x.grad.data == ["example 0", "example 1", "example 2"]

@@ -28,7 +28,7 @@ from asyncgraph import (
 )
 from asyncgraph.executors import BatchingExecutor
 
-from ._ops import Add, Mul
+from ._ops import Add, AsyncIdentity, Mul
 
 DEADLOCK_GUARD_S = 10  # only trips if the behaviour under test is broken
 
@@ -131,16 +131,6 @@ class WhereAmI(Function):
         return g
 
 
-class AsyncOp(Function):
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    async def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
 class BlockingOp(Function):
     blocking = True
 
@@ -163,7 +153,7 @@ async def test_sync_backwards_run_inline_in_the_calling_task() -> None:
     assert WhereAmI.tasks == [me, me]
 
     ex = LocalExecutor()
-    for fn, inline in ((WhereAmI, True), (AsyncOp, False), (BlockingOp, False)):
+    for fn, inline in ((WhereAmI, True), (AsyncIdentity, False), (BlockingOp, False)):
         node = fn.apply(x).grad_fn
         assert node is not None
         assert ex.inline(node) is inline, fn.__name__
@@ -234,7 +224,7 @@ def _graph() -> tuple[Variable, Variable]:
     x = Variable(2.0, role="x", requires_grad=True)
     h = Mul.apply(x, x)
     h.role = "h"
-    return x, AsyncOp.apply(h)
+    return x, AsyncIdentity.apply(h)
 
 
 @pytest.mark.anyio
@@ -243,12 +233,12 @@ async def test_custom_executor_selected_by_the_executor_argument() -> None:
     assert isinstance(rec, Executor)
     x, y = _graph()
     await backward(y, executor=rec)
-    assert rec.ran == [("AsyncOp", ("h",)), ("Mul", ("x", "x"))]
+    assert rec.ran == [("AsyncIdentity", ("h",)), ("Mul", ("x", "x"))]
     assert x.grad is not None and x.grad.data == 4.0
 
     x, y = _graph()
     await y.backward(executor=rec)
-    (gx,) = await grad(AsyncOp.apply(Mul.apply(x, x)), x, executor=rec)
+    (gx,) = await grad(AsyncIdentity.apply(Mul.apply(x, x)), x, executor=rec)
     assert gx is not None and gx.data == 4.0
     assert len(rec.ran) == 6
 
@@ -276,7 +266,7 @@ async def test_use_executor_selects_the_default_for_this_task() -> None:
             await y.backward()
     assert other_task_executor and other_task_executor[0] is not rec
     assert current_executor() is not rec
-    assert [name for name, _ in rec.ran] == ["AsyncOp", "Mul"]
+    assert [name for name, _ in rec.ran] == ["AsyncIdentity", "Mul"]
     assert x.grad is not None and x.grad.data == 4.0
 
 
@@ -286,8 +276,8 @@ async def test_grad_manager_uses_its_executor() -> None:
     w = Parameter(3.0)
     gm = GradManager(executor=rec).attach(w)
     with gm:
-        await gm.backward(AsyncOp.apply(Mul.apply(w, w)))
-    assert [name for name, _ in rec.ran] == ["AsyncOp", "Mul"]
+        await gm.backward(AsyncIdentity.apply(Mul.apply(w, w)))
+    assert [name for name, _ in rec.ran] == ["AsyncIdentity", "Mul"]
     assert w.grad is not None and w.grad.data == 6.0
 
 
@@ -313,7 +303,7 @@ async def test_engine_asks_the_executor_whether_to_run_inline() -> None:
     ex = AlwaysInline()
     x, y = _graph()
     await backward(y, executor=ex)
-    assert ex.asked == ["AsyncOp", "Mul"]
+    assert ex.asked == ["AsyncIdentity", "Mul"]
     assert x.grad is not None and x.grad.data == 4.0
 
 
@@ -323,13 +313,13 @@ async def test_listeners_get_started_and_finished_events_with_names_roles_and_ti
     x = Variable(2.0, role="x", requires_grad=True)
     h = Mul.apply(x, x)
     h.role = "h"
-    y = AsyncOp.apply(h)
+    y = AsyncIdentity.apply(h)
     y.role = "y"
     await backward(y, listeners=[events.append])
     kinds = [(e.kind, e.function) for e in events]
     assert kinds == [
-        ("started", "AsyncOp"),
-        ("finished", "AsyncOp"),
+        ("started", "AsyncIdentity"),
+        ("finished", "AsyncIdentity"),
         ("started", "Mul"),
         ("finished", "Mul"),
     ]
@@ -440,7 +430,7 @@ async def test_more_coming_is_false_for_the_last_node_of_a_ready_level(width: in
     probe = BatchProbe()
     assert isinstance(probe, BatchingExecutor)
     leaves = [Parameter(float(i)) for i in range(width)]
-    await backward([AsyncOp.apply(p) for p in leaves], executor=probe)
+    await backward([AsyncIdentity.apply(p) for p in leaves], executor=probe)
     # An executor that batches may wait for the others, and must send at the last one.
     assert probe.seen == [True] * (width - 1) + [False]
     assert [p.grad.data for p in leaves] == [1.0] * width  # type: ignore[union-attr]
@@ -452,7 +442,7 @@ async def test_more_coming_is_false_along_a_chain() -> None:
     x = Parameter(1.0)
     y = x
     for _ in range(5):
-        y = AsyncOp.apply(y)
+        y = AsyncIdentity.apply(y)
     await backward(y, executor=probe)
     assert probe.seen == [False] * 5
 
