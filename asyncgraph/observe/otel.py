@@ -26,6 +26,7 @@ installed: tracing off costs nothing.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -42,7 +43,6 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
         "asyncgraph.observe.otel needs OpenTelemetry: pip install 'asyncgraph[otel]'"
     ) from exc
 
-import anyio
 
 import asyncgraph
 from asyncgraph import NodeEvent, PassInfo, observe_nodes, observe_passes
@@ -53,6 +53,11 @@ __all__ = ["OTelTracing", "otel_tracing", "setup_worker_from_env"]
 
 HOOK_NAME = "otel"
 _PROPAGATOR = TraceContextTextMapPropagator()
+# The node spans a pass has open: id(span) -> (span, its context token, id(node)). Set by
+# the pass, so its tasks see it; what is left at the pass's end was cancelled.
+_OPEN: contextvars.ContextVar[dict[int, tuple[Any, Any, int]] | None] = contextvars.ContextVar(
+    "asyncgraph_otel_open_spans", default=None
+)
 
 
 class OTelTracing:
@@ -65,8 +70,6 @@ class OTelTracing:
             "asyncgraph", asyncgraph.__version__, tracer_provider=tracer_provider
         )
         self.capture_content = capture_content
-        # (node, task) -> its open span and the context token that made it current
-        self._open: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     # -- passes and nodes (engine observers) --------------------------------------------
     @contextmanager
@@ -79,40 +82,53 @@ class OTelTracing:
                 "asyncgraph.executor": info.executor,
             },
         ):
-            yield
+            opened: dict[int, tuple[Any, Any, int]] = {}
+            token = _OPEN.set(opened)  # the pass's tasks inherit it
+            try:
+                yield
+            finally:
+                _OPEN.reset(token)
+                for span, _, _ in opened.values():
+                    # Never finished: cancelled (another node failed, or the pass was).
+                    span.set_attribute("asyncgraph.cancelled", True)
+                    span.set_status(Status(StatusCode.ERROR, "cancelled before it finished"))
+                    span.end()
 
     def on_node(self, event: NodeEvent) -> None:
-        node = event.node
+        opened = _OPEN.get()
+        if opened is None:
+            return
         if event.kind == "started":
             if not trace.get_current_span().get_span_context().trace_flags.sampled:
                 # The pass was not sampled: no node span (its context, unsampled, still
                 # reaches the workers, which record nothing either).
                 return
+            node = event.node
             remote = node is not None and node.function.dispatch == "remote"
             span = self.tracer.start_span(
                 f"{event.function}.backward",
                 attributes={
                     "asyncgraph.function": event.function,
-                    "asyncgraph.input_roles": list(event.input_roles),
-                    "asyncgraph.output_roles": list(event.output_roles),
+                    "asyncgraph.input_roles": event.input_roles,
+                    "asyncgraph.output_roles": event.output_roles,
                     "asyncgraph.remote": remote,
                 },
             )
             token = otel_context.attach(trace.set_span_in_context(span))
-            self._open[(id(node), anyio.get_current_task().id)] = (span, token)
+            opened[id(span)] = (span, token, id(node))
             return
-        if not self._open:
-            return
-        opened = self._open.pop((id(node), anyio.get_current_task().id), None)
-        if opened is None:
-            return
-        span, token = opened
+        # The node finishes in the task that started it, where its span is current.
+        span = trace.get_current_span()
+        entry = opened.get(id(span))
+        if entry is None or entry[2] != id(event.node):
+            return  # not traced (unsampled), or not this node's
+        del opened[id(span)]
         if event.kind == "failed" and event.error is not None:
             span.record_exception(event.error)
             span.set_status(
                 Status(StatusCode.ERROR, f"{type(event.error).__name__}: {event.error}")
             )
-        otel_context.detach(token)
+        otel_context.detach(entry[1])
         span.end()
 
     # -- model calls (GenAI semantic conventions) ------------------------------------------

@@ -98,12 +98,12 @@ async def test_sampled_passes_are_whole_and_the_others_record_nothing() -> None:
     tracer_provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.5)))
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     passes = 24
-    with otel_tracing(tracer_provider) as tracing:
+    with otel_tracing(tracer_provider):
         for _ in range(passes):
             leaves = [Parameter(f"answer {i}", role="answer") for i in range(4)]
             await concat(*[Critique.apply(p) for p in leaves]).backward()
-        assert not tracing._open  # nothing left open by the unsampled passes
     spans = exporter.get_finished_spans()
+    assert not any(s.attributes.get("asyncgraph.cancelled") for s in spans)
     recorded = {s.context.trace_id for s in spans if s.name == "asyncgraph.backward"}
     assert 0 < len(recorded) < passes  # some sampled, some not (p of failure ~ 1e-7)
     for trace_id in recorded:
@@ -127,6 +127,37 @@ async def test_a_failed_node_is_an_error_span_and_content_is_captured_on_request
         await Critique.apply(Parameter("y", role="y")).backward()
     (call,) = [s for s in exporter2.get_finished_spans() if s.name.startswith("chat ")]
     assert "critique this" in call.attributes["gen_ai.prompt"]
+
+
+@pytest.mark.anyio
+async def test_nodes_cancelled_by_a_failure_end_as_cancelled_spans() -> None:
+    """A node still running when another fails is cancelled: its span ends with the pass
+    (an error, ``asyncgraph.cancelled``), not left open and never exported."""
+    from .observe_helpers import Sleep, Total
+
+    class LateBroken(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            return Variable(x.data)
+
+        @staticmethod
+        async def backward(ctx: Any, grad: Variable) -> None:
+            await anyio.sleep(0.05)  # the other node has started by then
+            raise RuntimeError("no feedback today")
+
+    tracer_provider, exporter = provider()
+    x = Variable(1.0, requires_grad=True)
+    with otel_tracing(tracer_provider), pytest.raises(BackwardError):
+        await Total.apply(LateBroken.apply(x), Sleep.apply(x, 5.0)).backward()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    sleep, broken = spans["Sleep.backward"], spans["LateBroken.backward"]
+    assert sleep.attributes["asyncgraph.cancelled"] is True
+    assert sleep.status.status_code == StatusCode.ERROR
+    assert "asyncgraph.cancelled" not in broken.attributes
+    assert broken.status.status_code == StatusCode.ERROR
+    assert sleep.parent is not None
+    assert sleep.parent.span_id == spans["asyncgraph.backward"].context.span_id
+    assert sleep.end_time is not None and sleep.end_time <= spans["asyncgraph.backward"].end_time
 
 
 class Receiver:
