@@ -17,7 +17,9 @@ backward time per node:
 - ``unsampled``: the same under a ``ParentBased`` sampler that drops the pass (what an
   unsampled pass costs under head sampling); the line after each graph gives the mean
   per node at a 1-in-100 sampling rate, computed from the two (0.99 x unsampled + 0.01 x
-  recorded), not measured.
+  recorded), not measured;
+- and, last, what the SDK alone costs per span (``start_span`` + ``end``, bare and with a
+  node span's attributes): the floor under the ``otel`` figure.
 
 ``--mode off`` runs only the first and imports nothing of ``asyncgraph.observe``, so
 the same script measures a checkout without it (``PYTHONPATH=/path/to/main``): that is
@@ -148,6 +150,29 @@ def write_us(n: int) -> float:
 PROVIDER: list[Any] = []
 
 
+def sdk_floor_us(n: int) -> tuple[float, float]:
+    """What the OpenTelemetry SDK alone costs per span (the same sampled provider, under a
+    parent span): a bare ``start_span`` + ``end``, and one with a node span's attributes."""
+    tracer = PROVIDER[0].get_tracer("floor")
+    attributes = {
+        "asyncgraph.function": "AsyncNop",
+        "asyncgraph.input_roles": ("",),
+        "asyncgraph.output_roles": ("",),
+        "asyncgraph.remote": False,
+    }
+    floors = []
+    with tracer.start_as_current_span("pass"):
+        for attrs in (None, attributes):
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                for _ in range(n):
+                    tracer.start_span("AsyncNop.backward", attributes=attrs).end()
+                best = min(best, (time.perf_counter() - start) / n * 1e6)
+            floors.append(best)
+    return floors[0], floors[1]
+
+
 async def main(args: argparse.Namespace) -> None:
     modes = ["off"] if args.mode == "off" else ["off", "on"]
     if args.mode == "both":
@@ -175,6 +200,12 @@ async def main(args: argparse.Namespace) -> None:
         if "unsampled" in medians:
             mean = 0.99 * medians["unsampled"] + 0.01 * medians["otel"] - medians["off"]
             print(f"{'':26s} otel sampling 1 pass in 100: +{mean:.2f} us/node (computed)")
+    if "otel" in modes:
+        bare, with_attributes = sdk_floor_us(args.nodes)
+        print(
+            f"OpenTelemetry SDK alone, per span: {bare:.2f} us bare, {with_attributes:.2f} us "
+            f"with a node span's 4 attributes (the floor of a recorded node span)"
+        )
 
 
 if __name__ == "__main__":
