@@ -54,18 +54,20 @@ class ReadSizer:
 
     def note(self, entries: list[Any]) -> None:
         """Remember how big the entries just read were (for the next read's count)."""
-        largest = ASSUMED_ENTRY
+        largest = 0
         for entry in entries:
-            if entry is None or not isinstance(entry[1], list):
+            if entry is None or type(entry[1]) is not list:
                 continue
             for value in entry[1]:
-                size = (
-                    value.size
-                    if isinstance(value, Oversize)
-                    else (len(value) if isinstance(value, bytes) else 0)
-                )
-                largest = max(largest, min(size, self.max_bulk))
-        self.entry_bytes = largest
+                if type(value) is bytes:
+                    size = len(value)
+                elif isinstance(value, Oversize):
+                    size = value.size
+                else:
+                    continue
+                if size > largest:
+                    largest = size
+        self.entry_bytes = max(ASSUMED_ENTRY, min(largest, self.max_bulk))
 
 
 class Intake:
