@@ -188,13 +188,13 @@ class TaskChannel:
         function: str,
         packed: bytes,
         signature: bytes,
-        more_coming: Callable[[], bool] | None,
+        more_coming: Callable[[], bool],
     ) -> _Pending:
         """Send one task (batched with others) and wait until it is answered, failed or timed out.
 
         ``more_coming``: the engine's probe for the node this task runs (the
-        ``run_backward_batched`` protocol), None outside a pass. Cancelled meanwhile,
-        the task is cancelled on the workers too.
+        ``run_backward_batched`` protocol; always False outside a pass). Cancelled
+        meanwhile, the task is cancelled on the workers too.
         """
         pending = _Pending(
             task_id,
@@ -210,7 +210,7 @@ class TaskChannel:
         # No cancel scope per node: the deadline watcher expires waits in submission order.
         self._submitted.set()
         try:
-            if (more_coming is not None and more_coming()) or self._waking or self._flushing:
+            if more_coming() or self._waking or self._flushing:
                 # More submissions are on their way: nodes of the same ready level, or
                 # the next nodes of other waiters woken with this one (they resume in
                 # this tick), or a flush is already out. The flusher sends them together.

@@ -171,7 +171,7 @@ class RedisExecutor:
         except TypeError:
             values = {"args": list(args), "kwargs": dict(kwargs)}
             raise diagnose_unpackable(fn.__name__, None, values) from None
-        pending = await self.channel.send_and_wait(task_id, name, packed, signature, None)
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
         if not self._answered(pending):
             await self._raise_failure(pending, fn, None, roles)
         assert pending.reply is not None
