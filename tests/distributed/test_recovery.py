@@ -127,9 +127,10 @@ async def test_no_worker_times_out_with_a_diagnosis(redis_url: str) -> None:
 
 
 async def test_cancelling_the_caller_stops_running_tasks_and_skips_queued_ones(
-    redis_url: str, start_worker: StartWorker
+    redis_url: str, start_worker: StartWorker, anyio_backend: str
 ) -> None:
-    start_worker(redis_url, "cancel", *FAST, "--concurrency", "1")
+    # The worker runs on the client's event loop: each has its own task runner.
+    start_worker(redis_url, "cancel", *FAST, "--concurrency", "1", "--backend", anyio_backend)
     outs = [F.Sleep.apply(Parameter(1.0), 20.0, f"cancel{i}") for i in range(3)]
     async with open_redis_executor(redis_url, queue="cancel", timeout_s=30) as ex:
         with anyio.move_on_after(15) as scope:

@@ -27,7 +27,7 @@ _BLOCK_MS = 2000
 
 
 class Cancels:
-    """Which tasks were cancelled (``key in cancels``), and the running ones to stop."""
+    """Which tasks were cancelled (``key in cancels``), and the held ones to stop (``stop``)."""
 
     def __init__(
         self,
@@ -38,8 +38,10 @@ class Cancels:
         health: RedisHealth,
         metrics: Metrics,
         redis_now_ms: Callable[[], float],
+        stop: Callable[[Held, str], None],
     ) -> None:
         self.config = config
+        self.stop = stop
         self.consumer = consumer
         self._pool = pool
         self._signer = signer
@@ -47,7 +49,7 @@ class Cancels:
         self._metrics = metrics
         self._redis_now_ms = redis_now_ms
         self._cancelled: dict[tuple[str, str], float] = {}
-        self.running: dict[tuple[str, str], Held] = {}
+        self.running: dict[tuple[str, str], Held] = {}  # admitted, not yet settled
 
     def __contains__(self, key: object) -> bool:
         return key in self._cancelled
@@ -64,8 +66,8 @@ class Cancels:
             task_key = (client, task_id)
             self._cancelled[task_key] = until
             held = self.running.get(task_key)
-            if held is not None and held.scope is not None:
-                held.scope.cancel()
+            if held is not None:
+                self.stop(held, "cancelled")
 
     async def watch(self) -> None:
         """Follow the cancel stream (looking back a little: a cancel may predate this worker)."""

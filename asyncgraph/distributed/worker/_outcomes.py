@@ -11,8 +11,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from asyncgraph import WireError
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import Limits
@@ -40,9 +38,12 @@ class Held:
 
     entry_id: bytes
     key: tuple[str, str] | None = None
-    scope: anyio.CancelScope | None = None
     deadline: float = 0.0
     delivery: int = 1
+    # Of the runner (``_runner``): its task's handle, whether it began, why it was stopped.
+    handle: Any = None
+    started: bool = False
+    stopped: str | None = None
 
 
 @dataclass(eq=False)

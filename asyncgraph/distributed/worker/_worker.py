@@ -70,6 +70,7 @@ from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
 from asyncgraph.distributed.worker._redis_health import RedisHealth
 from asyncgraph.distributed.worker._registry import Registry
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
+from asyncgraph.distributed.worker._runner import Runner, open_runner
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 from asyncgraph.taskhooks import TaskInfo, task_hooks
 
@@ -127,6 +128,7 @@ class Worker:
             self._health,
             self.metrics,
             self._membership.redis_now_ms,
+            stop=self._stop_task,
         )
         self._writer = ReplyWriter(
             self._pool, config.queue, self._replies, self._health, self.metrics, self._written
@@ -146,7 +148,7 @@ class Worker:
         self._idle: anyio.Event | None = None
         self._intake_scope: anyio.CancelScope | None = None
         self._connecting: anyio.CancelScope | None = None
-        self._handlers: anyio.abc.TaskGroup | None = None
+        self._runner: Runner | None = None
         self._draining = False
         self._drained = False
         self._started_at = time.time()
@@ -220,8 +222,8 @@ class Worker:
         services.start_soon(self._cancels.watch)
         services.start_soon(self._membership.lease_renewer)
         services.start_soon(self._heartbeat)
-        async with anyio.create_task_group() as handlers:
-            self._handlers = handlers
+        async with open_runner() as runner:
+            self._runner = runner
             assert self._intake_scope is not None
             with self._intake_scope:
                 async with anyio.create_task_group() as intake:
@@ -234,7 +236,7 @@ class Worker:
                     self._idle = anyio.Event()
                     await self._idle.wait()
             self._drained = not self._held
-            handlers.cancel_scope.cancel()
+            runner.stop_all()
         if self._writer.pending:  # settled by the cancellation above: write them (bounded)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.redis_timeout_s):
                 await self._writer.flush()
@@ -321,41 +323,54 @@ class Worker:
         if isinstance(decided, Settled):
             self._writer.queue(decided)
             return
-        assert self._handlers is not None
-        self._handlers.start_soon(self._run, held, decided)
+        assert self._runner is not None and held.key is not None
+        self._cancels.running[held.key] = held
+        self._runner.start(held, self._run, held, decided)
+
+    def _stop_task(self, held: Held, reason: str) -> None:
+        if self._runner is not None:
+            self._runner.stop(held, reason)
 
     async def _run(self, held: Held, admitted: Admitted) -> None:
         """Run an async (or threaded) task under its deadline; a cancel message stops it."""
-        assert held.key is not None
+        assert held.key is not None and self._runner is not None
+        try:
+            await self._run_admitted(held, admitted, self._runner)
+        finally:
+            self._cancels.running.pop(held.key, None)
+
+    async def _run_admitted(self, held: Held, admitted: Admitted, runner: Runner) -> None:
+        if held.stopped is not None:  # cancelled (or expired) before it began
+            self._writer.queue(self._replies.settled(held, held.stopped))
+            return
         message: TaskMessage = admitted.message
         started = time.perf_counter()
         result: Any = None
         error: Exception | None = None
-        hooks = contextlib.ExitStack()
-        sent = message.meta or {}
-        info = TaskInfo(
-            message.function,
-            message.op,
-            self.config.queue,
-            self.consumer,
-            message.id,
-            self._membership.queued_s(held.entry_id),
-            held.delivery,
-        )
-        collect = self._enter_hooks(hooks, sent, info)
-        with hooks, anyio.CancelScope(deadline=held.deadline) as scope:
-            held.scope = scope
-            self._cancels.running[held.key] = held
+        stack = contextlib.ExitStack()
+        collect = {}
+        if task_hooks():  # else no TaskInfo to build
+            info = TaskInfo(
+                message.function,
+                message.op,
+                self.config.queue,
+                self.consumer,
+                message.id,
+                self._membership.queued_s(held.entry_id),
+                held.delivery,
+            )
+            collect = self._enter_hooks(stack, message.meta or {}, info)
+        with stack:
             try:
                 result = await execute(admitted.registered, message, self._threads)
             except Exception as exc:
                 error = exc
-            finally:
-                self._cancels.running.pop(held.key, None)
-        if scope.cancelled_caught:
-            outcome = "cancelled" if held.key in self._cancels else "expired"
-            self._writer.queue(self._replies.settled(held, outcome))
-            return
+            except runner.cancelled:
+                why = runner.why_stopped(held)
+                if why is None:
+                    raise  # the worker is stopping: the task is handed back
+                self._writer.queue(self._replies.settled(held, why))
+                return
         spent = time.perf_counter() - started
         self.metrics.observe("asyncgraph_worker_task_seconds", spent)
         self.metrics.observe_histogram(
@@ -444,8 +459,8 @@ class Worker:
             async for signum in signals:
                 if self._draining:
                     log.warning("worker %s: second signal, stopping now", self.consumer)
-                    if self._handlers is not None:
-                        self._handlers.cancel_scope.cancel()
+                    if self._runner is not None:
+                        self._runner.stop_all()
                     return
                 log.info("worker %s: %s, draining", self.consumer, signal.Signals(signum).name)
                 self.drain()
