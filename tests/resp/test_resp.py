@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -61,7 +62,7 @@ async def test_bulk_over_the_cap_is_skipped_unread_and_the_connection_stays_usab
 
     async def watched(max_bytes: int = 65536) -> bytes:
         nonlocal peak
-        peak = max(peak, len(conn._reader.buf))
+        peak = max(peak, conn._reader.buffered)
         return await receive(max_bytes)
 
     conn._stream.receive = watched  # type: ignore[method-assign]
@@ -172,8 +173,29 @@ async def test_an_array_over_max_items_is_skipped_unbuilt_and_the_connection_sta
         await pool.aclose()
 
 
-def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries() -> None:
-    from asyncgraph.resp._client import _MORE, _Reader
+def replies_of(
+    reader: Any, chunks: list[bytes], cap: int = 10, max_items: int = 32
+) -> list[object]:
+    """What ``reader`` parses out of ``chunks`` fed one by one (as ``Connection._read`` does)."""
+    from asyncgraph.resp._client import _MORE
+
+    reader.cap, reader.max_items = cap, max_items
+    out: list[object] = []
+    for chunk in chunks:
+        reader.feed(chunk)
+        while (value := reader.next_reply()) is not _MORE:
+            out.append(value if not isinstance(value, ReplyError) else ("err", str(value)))
+    return out
+
+
+READERS = ["_Reader", "_HiredisReader"]
+
+
+@pytest.mark.parametrize("reader_class", READERS)
+def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries(
+    reader_class: str,
+) -> None:
+    from asyncgraph.resp import _client
 
     wire = (
         b"*3\r\n$5\r\nhello\r\n*2\r\n:1\r\n$-1\r\n*0\r\n"
@@ -182,14 +204,7 @@ def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries() -> No
     )
 
     def replies(chunks: list[bytes]) -> list[object]:
-        reader = _Reader()
-        reader.cap, reader.max_items = 10, 32
-        out: list[object] = []
-        for chunk in chunks:
-            reader.feed(chunk)
-            while (value := reader.next_reply()) is not _MORE:
-                out.append(value if not isinstance(value, ReplyError) else ("err", str(value)))
-        return out
+        return replies_of(getattr(_client, reader_class)(), chunks)
 
     whole = replies([wire])
     assert whole == [
@@ -201,6 +216,45 @@ def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries() -> No
     ]
     for size in (1, 2, 3, 5, 7, 64):
         assert replies([wire[i : i + size] for i in range(0, len(wire), size)]) == whole
+
+
+def test_hiredis_hands_a_reply_that_grows_too_big_to_the_python_parser_mid_pipeline() -> None:
+    """A small reply, then a big one with an oversize bulk, then a small one, in chunks of
+    any size: hiredis returns the first, the Python parser reads the big one skipping the
+    bulk (it is never buffered whole), hiredis takes over again for the last."""
+    from asyncgraph.resp._client import _HIREDIS_REPLY_LIMIT, _HiredisReader
+
+    big = b"y" * (3 * _HIREDIS_REPLY_LIMIT)
+    wire = (
+        b"+first\r\n"
+        b"*3\r\n$2\r\nok\r\n$%d\r\n%b\r\n:5\r\n"
+        % (len(big), big)
+        + b"*2\r\n$4\r\nlast\r\n$3\r\nxyz\r\n"
+    )
+    expected = [b"first", [b"ok", Oversize(len(big)), 5], [b"last", b"xyz"]]
+    for size in (7, 4096, 262_144, len(wire)):
+        reader = _HiredisReader()
+        peak = 0
+        out: list[object] = []
+        for i in range(0, len(wire), size):
+            out += replies_of(reader, [wire[i : i + size]], cap=1000)
+            peak = max(peak, reader.buffered)
+        assert out == expected
+        assert peak <= _HIREDIS_REPLY_LIMIT + size + 16  # never the whole bulk
+        assert reader._python is None  # back on hiredis
+
+
+def test_hiredis_never_sees_the_header_of_a_huge_array() -> None:
+    """hiredis allocates a list at its header: a million-item one goes to the Python
+    parser (which skips it unbuilt), even when the header is cut between two chunks."""
+    from asyncgraph.resp._client import _HiredisReader
+
+    items = 1_000_000
+    wire = b":1\r\n*%d\r\n" % items + b":7\r\n" * items + b"+after\r\n"
+    for cut in (5, 7, 9, 11):  # inside the header, and around it
+        reader = _HiredisReader()
+        chunks = [wire[:cut]] + [wire[i : i + 65536] for i in range(cut, len(wire), 65536)]
+        assert replies_of(reader, chunks, cap=10_000_000) == [1, Wide(items), b"after"]
 
 
 async def test_pooled_connections_the_network_dropped_silently_are_replaced_at_once(
