@@ -504,6 +504,22 @@ def _new_reader() -> _Reader | _HiredisReader:
     return _HiredisReader() if _HAVE_HIREDIS else _Reader()
 
 
+def _pack(commands: Sequence[Sequence[Arg]]) -> bytes:
+    """The commands in RESP: by hiredis's C encoder when it takes their arguments."""
+    out: list[bytes] = []
+    if _HAVE_HIREDIS:
+        pack = hiredis.pack_command
+        for command in commands:
+            try:
+                out.append(pack(tuple(command)))  # type: ignore[arg-type]  # its stub: 1-tuples
+            except TypeError:  # e.g. a bool (an int here)
+                _encode(command, out)
+    else:
+        for command in commands:
+            _encode(command, out)
+    return b"".join(out)
+
+
 def _keep_alive(stream: anyio.abc.ByteStream) -> None:
     """TCP keepalive: a connection the network dropped silently errors within ~30 s."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
@@ -635,11 +651,9 @@ class Connection:
         """
         if self.broken:
             raise RedisConnectionLost(f"connection to Redis at {self.address.display} is closed")
-        out: list[bytes] = []
-        for command in commands:
-            _encode(command, out)
+        data = _pack(commands)
         try:
-            await self._stream.send(b"".join(out))
+            await self._stream.send(data)
             replies = [await self._read(max_bulk, max_items) for _ in commands]
         except BaseException as exc:
             # A command cut short leaves replies in flight: the connection is unusable.
@@ -722,10 +736,13 @@ class Pool:
         try:
             yield conn
         finally:
-            if not conn.broken and not self._closed and len(self._idle) < self._max_idle:
-                self._idle.append(conn)
-            elif not conn.broken:
-                await conn.aclose()
+            await self._put_back(conn)
+
+    async def _put_back(self, conn: Connection) -> None:
+        if not conn.broken and not self._closed and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        elif not conn.broken:
+            await conn.aclose()
 
     async def _discard_idle(self) -> None:
         idle, self._idle = self._idle, []
@@ -765,8 +782,11 @@ class Pool:
         if self._idle:
             try:
                 with anyio.fail_after(limit, shield=shield):
-                    async with self.connection() as conn:
+                    conn = self._idle.pop()
+                    try:
                         return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
+                    finally:
+                        await self._put_back(conn)
             except (RedisConnectionLost, TimeoutError):
                 # The idle connections predate an outage (Redis restarted), or went dead
                 # without a word (a NAT or firewall forgot them: the command just hangs):

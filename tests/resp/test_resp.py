@@ -301,3 +301,18 @@ def test_a_sentinel_url_names_its_sentinels_service_db_and_hides_its_passwords()
     ):
         with pytest.raises(ValueError, match="sentinel"):
             parse_redis_url(bad)
+
+
+def test_commands_are_packed_the_same_by_hiredis_and_by_the_python_encoder() -> None:
+    from asyncgraph.resp._client import _encode, _pack
+
+    commands: list[list[object]] = [
+        ["PING"],
+        ["XADD", "s:{q}", "*", "m", b"\x00\xff" * 3000, "s", b""],
+        ["SET", "k", "héllo", 7, -3, 2.5, 0.1],
+        ["SET", "flag", True],  # hiredis refuses bools: the Python encoder takes it
+    ]
+    python: list[bytes] = []
+    for command in commands:
+        _encode(command, python)  # type: ignore[arg-type]
+    assert _pack(commands) == b"".join(python)  # type: ignore[arg-type]
