@@ -158,7 +158,7 @@ def _check_keys(obj: Any) -> None:
     costs a few microseconds and a long numeric list little more.
     """
     stack = [obj]
-    pop, push = stack.pop, stack.extend
+    pop = stack.pop
     while stack:
         value = pop()
         if isinstance(value, dict):
@@ -171,9 +171,9 @@ def _check_keys(obj: Any) -> None:
                         )
             values = value.values()
             if not _FLAT.issuperset(map(type, values)):
-                push(values)
+                stack += [v for v in values if type(v) not in _FLAT]
         elif isinstance(value, (list, tuple)) and not _FLAT.issuperset(map(type, value)):
-            push(value)
+            stack += [v for v in value if type(v) not in _FLAT]
 
 
 def check_packable(obj: Any, where: str) -> None:
@@ -207,7 +207,12 @@ def unpack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
             f"message is {len(data)} bytes, above the limit of {limits.max_message_bytes}"
         )
     try:
-        value = _unpackb(bytes(data), limits, 0, [limits.max_containers])
+        if len(data) <= limits.max_containers:
+            # Each array or map takes a byte at least: the budget cannot run out, and
+            # no hook needs to count them.
+            value = _unpackb_small(bytes(data), limits)
+        else:
+            value = _unpackb(bytes(data), limits, 0, [limits.max_containers])
     except WireError:
         raise
     except (
@@ -240,16 +245,7 @@ def _unpackb(data: bytes, limits: Limits, depth: int, budget: list[int]) -> Any:
         return container
 
     def ext_hook(code: int, body: bytes) -> Any:
-        if code == EXT_TUPLE:
-            items = _unpackb(body, limits, depth + 1, budget)
-            if not isinstance(items, list):
-                raise WireError("tuple extension does not hold an array")
-            return tuple(items)
-        if code == EXT_NDARRAY:
-            return _ndarray(_unpackb(body, limits, depth + 1, budget))
-        if code == EXT_NPSCALAR:
-            return _npscalar(_unpackb(body, limits, depth + 1, budget))
-        raise WireError(f"unknown msgpack extension type {code}")
+        return _ext(code, body, limits, depth + 1, budget)
 
     return msgpack.unpackb(
         data,
@@ -259,6 +255,40 @@ def _unpackb(data: bytes, limits: Limits, depth: int, budget: list[int]) -> Any:
         ext_hook=ext_hook,
         list_hook=counted,
         object_hook=counted,
+        max_str_len=limits.max_str_len,
+        max_bin_len=limits.max_str_len,
+        max_array_len=limits.max_container_len,
+        max_map_len=limits.max_container_len,
+        max_ext_len=limits.max_message_bytes,
+    )
+
+
+def _ext(code: int, body: bytes, limits: Limits, depth: int, budget: list[int]) -> Any:
+    """The value of one msgpack extension, its body unpacked at ``depth``."""
+    if code == EXT_TUPLE:
+        items = _unpackb(body, limits, depth, budget)
+        if not isinstance(items, list):
+            raise WireError("tuple extension does not hold an array")
+        return tuple(items)
+    if code == EXT_NDARRAY:
+        return _ndarray(_unpackb(body, limits, depth, budget))
+    if code == EXT_NPSCALAR:
+        return _npscalar(_unpackb(body, limits, depth, budget))
+    raise WireError(f"unknown msgpack extension type {code}")
+
+
+def _unpackb_small(data: bytes, limits: Limits) -> Any:
+    """``_unpackb`` of a message too small to hold more than ``max_containers`` containers."""
+
+    def ext_hook(code: int, body: bytes) -> Any:
+        return _ext(code, body, limits, 1, [limits.max_containers])
+
+    return msgpack.unpackb(
+        data,
+        raw=False,
+        use_list=True,
+        strict_map_key=False,
+        ext_hook=ext_hook,
         max_str_len=limits.max_str_len,
         max_bin_len=limits.max_str_len,
         max_array_len=limits.max_container_len,
@@ -327,6 +357,6 @@ def _check_depth(value: Any, max_depth: int) -> None:
                     )
                 item = item.values()
             if not _FLAT.issuperset(map(type, item)):
-                below.extend(x for x in item if type(x) in _CONTAINERS)
+                below += [x for x in item if type(x) in _CONTAINERS]
         level = below
         depth += 1

@@ -85,6 +85,13 @@ DEAD_LETTER_REASONS = ("forged", "malformed", "oversize", "max_attempts", "error
 DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def _labels(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """A series' labels as part of its key (sorted; most series have none or one)."""
+    if len(labels) < 2:
+        return tuple(labels.items())
+    return tuple(sorted(labels.items()))
+
+
 def _family(name: str) -> str:
     """The family a sample belongs to (``x_sum`` / ``x_count`` / ``x_bucket`` of ``x``)."""
     for suffix in ("_sum", "_count", "_bucket"):
@@ -136,6 +143,7 @@ class Metrics:
     def __init__(self) -> None:
         self._values: dict[Key, Number] = {}
         self._histograms: dict[Key, _Histogram] = {}
+        self._summaries: dict[str, tuple[str, str]] = {}  # name: its _sum and _count series
 
     @property
     def values(self) -> dict[Key, Number]:
@@ -153,20 +161,26 @@ class Metrics:
         self, name: str, value: float, buckets: Iterable[float] = DURATION_BUCKETS, **labels: str
     ) -> None:
         """One observation of histogram ``name``: cumulative buckets, ``_sum``, ``_count``."""
-        key = (name, tuple(sorted(labels.items())))
+        key = (name, _labels(labels))
         histogram = self._histograms.get(key)
         if histogram is None:
             histogram = self._histograms[key] = _Histogram(tuple(sorted(buckets)))
         histogram.observe(value)
 
     def inc(self, name: str, amount: Number = 1, **labels: str) -> None:
-        key = (name, tuple(sorted(labels.items())))
+        key = (name, _labels(labels))
         self._values[key] = self._values.get(key, 0) + amount
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """One observation of summary ``name``: adds to ``name_sum``, counts in ``name_count``."""
-        self.inc(f"{name}_sum", value, **labels)
-        self.inc(f"{name}_count", 1, **labels)
+        names = self._summaries.get(name)
+        if names is None:
+            names = self._summaries[name] = (f"{name}_sum", f"{name}_count")
+        label_key = _labels(labels)
+        values = self._values
+        total, count = (names[0], label_key), (names[1], label_key)
+        values[total] = values.get(total, 0) + value
+        values[count] = values.get(count, 0) + 1
 
     def set(self, name: str, value: Number, **labels: str) -> None:
         self._values[(name, tuple(sorted(labels.items())))] = value
