@@ -121,8 +121,11 @@ def _too_big(
     held: Held, fields: Any, data: dict[Any, Any], rules: Rules, replies: Replies
 ) -> Settled | None:
     """Settle an entry with a field skipped unread (``Oversize``) or too many fields."""
-    oversize = [v for v in (*data, *data.values()) if isinstance(v, Oversize)]
+    if type(fields) is list and len(fields) <= 2 * MAX_FIELDS:
+        if all(type(v) is bytes for v in fields):
+            return None  # the usual entry: a handful of fields, every name and value read
     wide = isinstance(fields, Wide)
+    oversize = [v for v in (*data, *data.values()) if isinstance(v, Oversize)]
     if not oversize and not wide and len(data) <= MAX_FIELDS:
         return None
     if oversize:

@@ -78,6 +78,7 @@ __all__ = ["Worker", "WorkerConfig"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
 
+_NO_HOOKS = contextlib.nullcontext()  # around a task when no task hook is installed
 _FINISHED_MEMORY = 4096  # entry ids of tasks just settled, not to be re-run if reclaimed late
 
 
@@ -333,21 +334,16 @@ class Worker:
 
     async def _run(self, held: Held, admitted: Admitted) -> None:
         """Run an async (or threaded) task under its deadline; a cancel message stops it."""
-        assert held.key is not None and self._runner is not None
-        try:
-            await self._run_admitted(held, admitted, self._runner)
-        finally:
-            self._cancels.running.pop(held.key, None)
-
-    async def _run_admitted(self, held: Held, admitted: Admitted, runner: Runner) -> None:
+        runner = self._runner
+        assert held.key is not None and runner is not None
         if held.stopped is not None:  # cancelled (or expired) before it began
-            self._writer.queue(self._replies.settled(held, held.stopped))
+            self._settle(held, self._replies.settled(held, held.stopped))
             return
         message: TaskMessage = admitted.message
         started = time.perf_counter()
         result: Any = None
         error: Exception | None = None
-        stack = contextlib.ExitStack()
+        hooks: contextlib.AbstractContextManager[Any] = _NO_HOOKS
         collect = {}
         if task_hooks():  # else no TaskInfo to build
             info = TaskInfo(
@@ -359,8 +355,9 @@ class Worker:
                 self._membership.queued_s(held.entry_id),
                 held.delivery,
             )
-            collect = self._enter_hooks(stack, message.meta or {}, info)
-        with stack:
+            hooks = contextlib.ExitStack()
+            collect = self._enter_hooks(hooks, message.meta or {}, info)
+        with hooks:
             try:
                 result = await execute(admitted.registered, message, self._threads)
             except Exception as exc:
@@ -369,7 +366,7 @@ class Worker:
                 why = runner.why_stopped(held)
                 if why is None:
                     raise  # the worker is stopping: the task is handed back
-                self._writer.queue(self._replies.settled(held, why))
+                self._settle(held, self._replies.settled(held, why))
                 return
         spent = time.perf_counter() - started
         self.metrics.observe("asyncgraph_worker_task_seconds", spent)
@@ -388,9 +385,15 @@ class Worker:
                 continue
             if value is not None:
                 meta[name] = value
-        self._writer.queue(
-            self._replies.result(held, message, admitted.data, result, error, meta or None)
+        self._settle(
+            held, self._replies.result(held, message, admitted.data, result, error, meta or None)
         )
+
+    def _settle(self, held: Held, settled: Settled) -> None:
+        """The task is over: no cancel message can stop it any more; write how it ended."""
+        assert held.key is not None
+        self._cancels.running.pop(held.key, None)
+        self._writer.queue(settled)
 
     def _enter_hooks(
         self, hooks: contextlib.ExitStack, sent: dict[str, Any], info: TaskInfo
