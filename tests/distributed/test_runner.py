@@ -148,3 +148,46 @@ async def test_a_threaded_call_stopped_while_it_runs_is_abandoned_not_awaited() 
     assert ended == ["cancelled"]
     assert threads.abandoned == 1
     release.set()
+
+
+async def test_a_task_that_swallows_its_cancellation_is_cancelled_again() -> None:
+    """As an anyio cancel scope does at every checkpoint (trio's runner uses one)."""
+    h = held()
+    swallowed: list[str] = []
+    ended: list[str] = []
+
+    async def stubborn() -> None:
+        try:
+            await anyio.sleep(30)
+        except runner.cancelled:
+            swallowed.append("once")
+        try:
+            await anyio.sleep(30)  # a Function that went on after the cancellation
+        except runner.cancelled:
+            ended.append(runner.why_stopped(h) or "no reason")
+            raise
+
+    with anyio.fail_after(5):
+        async with open_runner() as runner:
+            runner.start(h, stubborn)
+            await anyio.sleep(0.05)
+            runner.stop(h, "cancelled")
+    assert swallowed == ["once"] and ended == ["cancelled"]
+
+
+async def test_stop_all_ends_a_task_that_swallows_its_cancellation() -> None:
+    rounds: list[int] = []
+
+    async def stubborn() -> None:
+        for i in range(3):
+            try:
+                await anyio.sleep(30)
+            except runner.cancelled:
+                rounds.append(i)
+
+    with anyio.fail_after(5):
+        async with open_runner() as runner:
+            runner.start(held(), stubborn)
+            await anyio.sleep(0.05)
+            runner.stop_all()
+    assert rounds == [0, 1, 2]

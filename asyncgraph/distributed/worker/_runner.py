@@ -37,6 +37,7 @@ from asyncgraph.distributed.worker._outcomes import Held
 __all__ = ["Runner", "open_runner"]
 
 Run = Callable[..., Awaitable[None]]
+RECANCEL_S = 0.1  # a stopped asyncio task still running is cancelled again this often
 
 
 class Runner(Protocol):
@@ -115,11 +116,21 @@ class _AsyncioRunner:
         held.stopped = reason
         task = held.handle
         if held.started and isinstance(task, asyncio.Task):
-            task.cancel()
+            self._cancel_until_done(task)
 
     def stop_all(self) -> None:
         for task in self._tasks:
+            self._cancel_until_done(task)
+
+    def _cancel_until_done(self, task: asyncio.Task[None]) -> None:
+        """Cancel ``task``, and again every ``RECANCEL_S`` while it runs on.
+
+        As an anyio cancel scope does at every checkpoint: a Function that swallowed
+        one cancellation (``except CancelledError``) still ends.
+        """
+        if not task.done():
             task.cancel()
+            self._loop.call_later(RECANCEL_S, self._cancel_until_done, task)
 
     def why_stopped(self, held: Held) -> str | None:
         if held.stopped is not None:
