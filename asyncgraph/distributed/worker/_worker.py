@@ -35,8 +35,9 @@ Delivery is at-least-once with idempotent completion:
 The pieces, each in its module: ``_admission`` (a pure function: run the entry, or
 settle it how), ``_outcomes`` (the commands that settle a task), ``_reply_writer``
 (writes them with the acknowledgements), ``_intake`` (reader and reclaimer),
-``_membership`` (group, clock, leases, heartbeat, consumers), ``_cancels`` and
-``_execute``. ``Worker`` wires them together and runs one task per entry.
+``_membership`` (group, clock, leases, heartbeat, consumers), ``_cancels``,
+``_execute`` and ``_runner`` (one task per entry, stopped at its deadline or on a
+cancel). ``Worker`` wires them together.
 """
 
 from __future__ import annotations
