@@ -20,6 +20,7 @@ nothing is ever unpickled or imported by name.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,6 +248,16 @@ def _unpackb(data: bytes, limits: Limits, depth: int, budget: list[int]) -> Any:
     def ext_hook(code: int, body: bytes) -> Any:
         return _ext(code, body, limits, depth + 1, budget)
 
+    return _msgpack_unpackb(data, limits, ext_hook, counted)
+
+
+def _msgpack_unpackb(
+    data: bytes,
+    limits: Limits,
+    ext_hook: Callable[[int, bytes], Any],
+    counted: Callable[[Any], Any] | None,
+) -> Any:
+    """msgpack's unpackb within ``limits``; ``counted`` sees every array and map built."""
     return msgpack.unpackb(
         data,
         raw=False,
@@ -283,18 +294,7 @@ def _unpackb_small(data: bytes, limits: Limits) -> Any:
     def ext_hook(code: int, body: bytes) -> Any:
         return _ext(code, body, limits, 1, [limits.max_containers])
 
-    return msgpack.unpackb(
-        data,
-        raw=False,
-        use_list=True,
-        strict_map_key=False,
-        ext_hook=ext_hook,
-        max_str_len=limits.max_str_len,
-        max_bin_len=limits.max_str_len,
-        max_array_len=limits.max_container_len,
-        max_map_len=limits.max_container_len,
-        max_ext_len=limits.max_message_bytes,
-    )
+    return _msgpack_unpackb(data, limits, ext_hook, None)
 
 
 def _dtype(name: Any) -> Any:
