@@ -136,18 +136,16 @@ class RedisExecutor:
             payload = backward_payload(node, grad_outputs)
         except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
             raise TypeError(f"{fn.__name__}: {exc}") from None
-        try:
-            task_id, name, packed, signature = self._encode(fn, "backward", payload)
-        except TypeError:
-            values = {"grad_outputs": [g.data if g else None for g in grad_outputs]}
-            raise diagnose_unpackable(fn.__name__, node.ctx, values) from None
-        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
-        if not self._answered(pending):
-            await self._raise_failure(pending, fn, node, node.input_roles)
-        assert pending.reply is not None
-        return grads_from_entries(
-            pending.reply.result, f"gradients returned by {fn.__name__}.backward"
+        task_id, name, packed, signature = self._encode(
+            fn,
+            "backward",
+            payload,
+            node.ctx,
+            lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
         )
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
+        result = await self._result(pending, fn, node, node.input_roles)
+        return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
 
     async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
         return await self.run_backward_batched(node, grad_outputs, _nothing_more)
@@ -166,16 +164,11 @@ class RedisExecutor:
         ctx, record = fn._prepare(inputs)
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
-        try:
-            task_id, name, packed, signature = self._encode(fn, "forward", payload)
-        except TypeError:
-            values = {"args": list(args), "kwargs": dict(kwargs)}
-            raise diagnose_unpackable(fn.__name__, None, values) from None
+        task_id, name, packed, signature = self._encode(
+            fn, "forward", payload, None, lambda: {"args": list(args), "kwargs": dict(kwargs)}
+        )
         pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
-        if not self._answered(pending):
-            await self._raise_failure(pending, fn, None, roles)
-        assert pending.reply is not None
-        result = pending.reply.result
+        result = await self._result(pending, fn, None, roles)
         try:
             outputs, state, non_diff, is_tuple = _forward_result(result, fn)
             remote_ctx = ctx_from_state(state, fn)
@@ -195,9 +188,18 @@ class RedisExecutor:
 
     # -- submitting and waiting -------------------------------------------------------
     def _encode(
-        self, fn: type[Function], op: Literal["backward", "forward"], payload: dict[str, Any]
+        self,
+        fn: type[Function],
+        op: Literal["backward", "forward"],
+        payload: dict[str, Any],
+        ctx: Any,
+        values: Callable[[], dict[str, Any]],
     ) -> tuple[str, str, bytes, bytes]:
-        """The task's id, remote name, message and signature (TypeError: not packable)."""
+        """The task's id, remote name, message and signature.
+
+        A value that cannot travel raises the TypeError of ``diagnose_unpackable``, which
+        names it among ``ctx``'s and ``values()``'s.
+        """
         if self.channel.closed:
             raise RuntimeError(
                 f"this RedisExecutor (queue {self.queue!r}) is closed: use it inside its "
@@ -216,18 +218,30 @@ class RedisExecutor:
             payload,
             _task_metadata(),
         )
-        packed, signature = encode(message, self._signer, self._limits)
+        try:
+            packed, signature = encode(message, self._signer, self._limits)
+        except TypeError:
+            raise diagnose_unpackable(fn.__name__, ctx, values()) from None
         return task_id, name, packed, signature
 
-    @staticmethod
-    def _answered(pending: _Pending) -> bool:
-        """Whether the task's reply is a result (its metadata handed to the hooks)."""
+    async def _result(
+        self,
+        pending: _Pending,
+        fn: type[Function],
+        node: Node | None,
+        input_roles: tuple[str, ...],
+    ) -> Any:
+        """The task's result (its metadata handed to the hooks), or the error saying why not.
+
+        Called once the wait is over: no frame of it is held while the task waits.
+        """
         reply = pending.reply
-        if reply is None:
-            return False
-        if reply.meta:
-            _on_reply_metadata(reply.meta)
-        return reply.error is None
+        if reply is not None:
+            if reply.meta:
+                _on_reply_metadata(reply.meta)
+            if reply.error is None:
+                return reply.result
+        await self._raise_failure(pending, fn, node, input_roles)
 
     async def _raise_failure(
         self,
