@@ -1,0 +1,171 @@
+"""The lean asyncio byte stream under asyncgraph.resp's connections (``_asyncio_stream``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import anyio.abc
+import pytest
+
+from asyncgraph.resp import Pool, parse_redis_url
+from asyncgraph.resp._asyncio_stream import HIGH_WATER, LOW_WATER, open_asyncio_stream
+
+pytestmark = pytest.mark.anyio
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], object]
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)  # type: ignore[arg-type]
+    port = server.sockets[0].getsockname()[1]
+    return server, port
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[int]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server, port = await _serve(handle)
+    async with server:
+        yield port
+
+
+async def test_sends_at_once_and_receives_in_order_within_max_bytes(echo: int) -> None:
+    stream = await open_asyncio_stream("127.0.0.1", echo, None)
+    try:
+        await stream.send(b"hello ")
+        await stream.send(b"world")
+        got = b""
+        while len(got) < 11:
+            chunk = await stream.receive(4)
+            assert 0 < len(chunk) <= 4
+            got += chunk
+        assert got == b"hello world"
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        assert sock.family == socket.AF_INET
+    finally:
+        await stream.aclose()
+    with pytest.raises(anyio.ClosedResourceError):
+        await stream.receive()
+    with pytest.raises(anyio.ClosedResourceError):
+        await stream.send(b"x")
+
+
+async def test_a_peer_that_closes_ends_the_stream_after_its_last_bytes() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"bye")
+        await writer.drain()
+        writer.close()
+
+    server, port = await _serve(handle)
+    async with server:
+        stream = await open_asyncio_stream("127.0.0.1", port, None)
+        assert await stream.receive() == b"bye"
+        with pytest.raises(anyio.EndOfStream):
+            await stream.receive()
+        await stream.aclose()
+
+
+async def test_unread_bytes_stay_bounded_and_reading_resumes_as_they_are_taken() -> None:
+    """Past HIGH_WATER unread bytes the socket is not read; below LOW_WATER it is again."""
+    size = 6 * HIGH_WATER
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(os.urandom(16) * (size // 16))
+        await writer.drain()
+        writer.close()
+
+    server, port = await _serve(handle)
+    async with server:
+        stream = await open_asyncio_stream("127.0.0.1", port, None)
+        protocol = stream._protocol  # type: ignore[attr-defined]
+        await anyio.sleep(0.3)  # the server has written all it can
+        assert protocol.reading_paused
+        assert protocol.unread <= HIGH_WATER + 262_144  # one read past the mark at most
+        total = 0
+        try:
+            while True:
+                total += len(await stream.receive(65536))
+                assert protocol.unread <= HIGH_WATER + 262_144
+        except anyio.EndOfStream:
+            pass
+        assert total == size
+        assert not protocol.reading_paused and protocol.unread == 0
+        assert LOW_WATER < HIGH_WATER
+        await stream.aclose()
+
+
+async def test_a_cancelled_receive_leaves_nothing_waiting(echo: int) -> None:
+    stream = await open_asyncio_stream("127.0.0.1", echo, None)
+    with anyio.move_on_after(0.05):
+        await stream.receive()
+    assert stream._protocol.waiter is None  # type: ignore[attr-defined]
+    await stream.send(b"ping")
+    assert await stream.receive() == b"ping"
+    await stream.aclose()
+
+
+async def test_two_readers_at_once_are_refused(echo: int) -> None:
+    stream = await open_asyncio_stream("127.0.0.1", echo, None)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stream.receive)
+        await anyio.sleep(0.01)
+        with pytest.raises(anyio.BusyResourceError):
+            await stream.receive()
+        tg.cancel_scope.cancel()
+    await stream.aclose()
+
+
+async def test_connecting_nowhere_is_an_os_error() -> None:
+    from asyncgraph.distributed._redis_server import free_port
+
+    with pytest.raises(OSError):
+        await open_asyncio_stream("127.0.0.1", free_port(), None)
+
+
+async def test_unix_sockets_too() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s")
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(await reader.read(100))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_unix_server(handle, path)  # type: ignore[arg-type]
+        async with server:
+            stream = await open_asyncio_stream("unused", 0, path)
+            await stream.send(b"over unix")
+            assert await stream.receive() == b"over unix"
+            await stream.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_connections_use_it_on_asyncio_and_anyio_streams_on_trio(
+    redis_url: str, anyio_backend: str
+) -> None:
+    from asyncgraph.resp._asyncio_stream import _AsyncioStream
+
+    pool = Pool(parse_redis_url(redis_url), timeout_s=5)
+    try:
+        conn = await pool.connect()
+        on_asyncio = isinstance(conn._stream, _AsyncioStream)
+        assert on_asyncio == (anyio_backend == "asyncio")
+        assert await conn.execute("PING") == b"PONG"
+        await conn.aclose()
+    finally:
+        await pool.aclose()
