@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from asyncgraph.models._spec import restrict_base_urls
-from asyncgraph.models._usage import Usage, meters_for, track_usage
+from asyncgraph.models._usage import _SINKS, Usage, UsageMeter, meters_for
 from asyncgraph.taskhooks import install_task_hook
 
 __all__ = ["ModelPolicy"]
@@ -32,15 +31,8 @@ class ModelPolicy:
     def task_metadata(self) -> None:
         return None  # the worker needs nothing from the client to count usage
 
-    @contextmanager
-    def around_task(self, metadata: Any, info: Any) -> Iterator[Callable[[], Any]]:
-        with track_usage() as usage:
-
-            def spent() -> dict[str, int | float] | None:
-                snapshot = usage.snapshot()
-                return snapshot.to_dict() if snapshot != Usage() else None
-
-            yield spent
+    def around_task(self, metadata: Any, info: Any) -> _CountUsage:
+        return _CountUsage()
 
     def on_reply(self, metadata: Any) -> None:
         if not isinstance(metadata, dict):
@@ -49,5 +41,29 @@ class ModelPolicy:
         for meter in meters_for():
             meter.add(spent)
 
+
+class _CountUsage:
+    """Around one task on a worker: counts its model calls; the value gives what they spent.
+
+    A plain class, not ``track_usage``'s generator: it runs around every task a worker
+    runs, most of which call no model.
+    """
+
+    __slots__ = ("_meter", "_token")
+
+    def __enter__(self) -> Callable[[], dict[str, int | float] | None]:
+        self._meter = UsageMeter()
+        self._token = _SINKS.set((*_SINKS.get(), self._meter))
+        return self.spent
+
+    def __exit__(self, *exc_info: object) -> None:
+        _SINKS.reset(self._token)
+
+    def spent(self) -> dict[str, int | float] | None:
+        snapshot = self._meter.snapshot()
+        return None if snapshot == _NOTHING else snapshot.to_dict()
+
+
+_NOTHING = Usage()
 
 install_task_hook(ModelPolicy())

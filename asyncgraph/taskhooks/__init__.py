@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 __all__ = ["TaskHook", "TaskInfo", "install_task_hook", "task_hooks", "uninstall_task_hook"]
@@ -61,24 +62,28 @@ class TaskHook(Protocol):
 
 
 _lock = threading.Lock()
-_hooks: dict[str, TaskHook] = {}
+# Copy-on-write: installing replaces the map, so a view handed out is a stable snapshot
+# and reading one costs no lock and no copy (a worker reads it around every task).
+_hooks: Mapping[str, TaskHook] = MappingProxyType({})
 
 
 def install_task_hook(hook: TaskHook) -> None:
     """Install ``hook`` under ``hook.name`` (replacing one of the same name)."""
+    global _hooks
     name = getattr(hook, "name", None)
     if not isinstance(name, str) or not 0 < len(name) <= 32:
         raise ValueError(f"a task hook needs a name of 1 to 32 characters, got {name!r}")
     with _lock:
-        _hooks[name] = hook
+        _hooks = MappingProxyType({**_hooks, name: hook})
 
 
 def uninstall_task_hook(name: str) -> None:
+    global _hooks
     with _lock:
-        _hooks.pop(name, None)
+        if name in _hooks:
+            _hooks = MappingProxyType({k: v for k, v in _hooks.items() if k != name})
 
 
-def task_hooks() -> dict[str, TaskHook]:
-    """The installed hooks by name (a copy)."""
-    with _lock:
-        return dict(_hooks)
+def task_hooks() -> Mapping[str, TaskHook]:
+    """The installed hooks by name: a read-only snapshot (later installs do not change it)."""
+    return _hooks

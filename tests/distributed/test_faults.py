@@ -263,14 +263,18 @@ async def test_abandoned_calls_are_counted_until_they_return_and_never_before_th
 def test_a_task_hook_that_fails_on_the_worker_is_logged_and_left_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """What a client sends as task metadata must never crash a worker."""
-    import contextlib
+    """What a client sends as task metadata must never crash a worker, nor a hook lose a reply."""
+    from collections.abc import Callable, Iterator
+    from contextlib import contextmanager
 
-    from asyncgraph.distributed import Worker, WorkerConfig
-    from asyncgraph.taskhooks import TaskInfo, install_task_hook, uninstall_task_hook
+    from asyncgraph.distributed.worker._around import AroundTask
+    from asyncgraph.taskhooks import TaskInfo
 
-    class Fragile:
-        name = "fragile"
+    events: list[str] = []
+
+    class Hook:
+        def __init__(self, name: str, fail: str = "") -> None:
+            self.name, self.fail = name, fail
 
         def serving(self, settings: object) -> object:
             return lambda: None
@@ -278,19 +282,53 @@ def test_a_task_hook_that_fails_on_the_worker_is_logged_and_left_out(
         def task_metadata(self) -> None:
             return None
 
-        def around_task(self, metadata: object, info: object) -> object:
-            raise ValueError(f"cannot read {metadata!r}")
+        @contextmanager
+        def around_task(self, metadata: object, info: object) -> Iterator[Callable[[], object]]:
+            if self.fail == "enter":
+                raise ValueError(f"cannot read {metadata!r}")
+            events.append(f"enter {self.name}")
+            try:
+                yield (lambda: 1 / 0) if self.fail == "metadata" else (lambda: {"got": metadata})
+            except BaseException as exc:
+                events.append(f"{self.name} saw {type(exc).__name__}")
+                raise
+            finally:
+                events.append(f"exit {self.name}")
+                if self.fail == "exit":
+                    raise RuntimeError("exit failed")
 
         def on_reply(self, metadata: object) -> None:
             return None
 
-    install_task_hook(Fragile())
-    try:
-        worker = Worker(WorkerConfig("redis://127.0.0.1:1/0"), {})
-        info = TaskInfo("f", "backward", "q", "w", "1", 0.0, 1)
-        with contextlib.ExitStack() as hooks:
-            collect = worker._enter_hooks(hooks, {"fragile": "junk"}, info)
-        assert "fragile" not in collect
-        assert "task hook 'fragile' failed before a task" in caplog.text
-    finally:
-        uninstall_task_hook("fragile")
+    hooks = {
+        h.name: h
+        for h in (
+            Hook("ok"),
+            Hook("fragile", "enter"),
+            Hook("late", "exit"),
+            Hook("mute", "metadata"),
+        )
+    }
+    info = TaskInfo("f", "backward", "q", "w", "1", 0.0, 1)
+    with AroundTask(hooks, {"ok": "sent", "fragile": "junk"}, info, "w") as around:
+        events.append("task")
+    assert events == [
+        "enter ok",
+        "enter late",
+        "enter mute",
+        "task",
+        "exit mute",
+        "exit late",
+        "exit ok",
+    ]
+    assert around.metadata() == {"ok": {"got": "sent"}, "late": {"got": None}}
+    assert "task hook 'fragile' failed before a task" in caplog.text
+    assert "task hook 'late' failed after a task" in caplog.text
+    assert "task hook 'mute' failed after a task" in caplog.text
+
+    # The exception that ends the block reaches every hook, and none can swallow it.
+    events.clear()
+    with pytest.raises(KeyError):
+        with AroundTask({"ok": hooks["ok"]}, {}, info, "w"):
+            raise KeyError("stopping")
+    assert events == ["enter ok", "ok saw KeyError", "exit ok"]

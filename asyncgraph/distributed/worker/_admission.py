@@ -53,7 +53,7 @@ def admit(
     replies: Replies,
     *,
     cancelled: Container[tuple[str, str]],
-    deadline_of: Callable[[bytes, int], float],
+    deadline_of: Callable[[bytes, int, float], float],
     now: float,
     client_gone: Callable[[str], bool] = lambda client: False,
 ) -> Admitted | Settled:
@@ -81,7 +81,7 @@ def admit(
         return replies.settled(held, "cancelled")
     if client_gone(message.client):
         return replies.settled(held, "client_gone")
-    held.deadline = deadline_of(held.entry_id, message.ttl_ms)
+    held.deadline = deadline_of(held.entry_id, message.ttl_ms, now)
     if held.deadline <= now:
         return replies.settled(held, "expired")
     if deliveries > rules.max_attempts:

@@ -89,7 +89,7 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
         ctx = ctx_from_state(payload.get("ctx"), fn)
         grads = grads_from_entries(payload.get("g"), "grad_outputs")
         with no_grad():
-            result = await _call(threads, fn.backward, ctx, *grads)
+            result = await _call(threads, registered.async_backward, fn.backward, ctx, *grads)
         return result_entries(result)
     args, kwargs, needs = forward_args(payload)
     ctx = FunctionCtx()
@@ -98,10 +98,10 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
     inputs = args + tuple(kwargs.values())
     with no_grad():
         if fn._uses_setup_context:
-            output = await _call(threads, fn.forward, *args, **kwargs)
-            await _call(threads, fn.setup_context, ctx, inputs, output)
+            output = await _call(threads, _is_async(fn.forward), fn.forward, *args, **kwargs)
+            await _call(threads, _is_async(fn.setup_context), fn.setup_context, ctx, inputs, output)
         else:
-            output = await _call(threads, fn.forward, ctx, *args, **kwargs)
+            output = await _call(threads, _is_async(fn.forward), fn.forward, ctx, *args, **kwargs)
     is_tuple = isinstance(output, tuple)
     outputs = output if is_tuple else (output,)
     non_diff = ctx._non_differentiable
@@ -113,14 +113,17 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
     }
 
 
-async def _call(threads: Threads, method: Any, *args: Any, **kwargs: Any) -> Any:
-    """Await an async method; run a synchronous one in a worker thread.
+_is_async = inspect.iscoroutinefunction
+
+
+async def _call(threads: Threads, is_async: bool, method: Any, *args: Any, **kwargs: Any) -> Any:
+    """Await an async method (``is_async``); run a synchronous one in a worker thread.
 
     On a worker every synchronous method goes to a thread, whatever ``blocking``
     says: a remote function is slow by nature, and one that held the event loop
     would stall lease renewals (its task would be reclaimed and run twice),
     heartbeats, cancellations and every other task of the batch.
     """
-    if inspect.iscoroutinefunction(method):
+    if is_async:
         return await method(*args, **kwargs)
     return await threads.run(method, *args, **kwargs)

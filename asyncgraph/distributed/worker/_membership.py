@@ -128,8 +128,8 @@ class Membership:
         except ValueError:
             return 0.0
 
-    def deadline(self, entry_id: bytes, ttl_ms: int) -> float:
-        """A task's deadline on this process's anyio clock (entry ids are Redis time).
+    def deadline(self, entry_id: bytes, ttl_ms: int, now: float) -> float:
+        """A task's deadline on this process's anyio clock, reading ``now`` (entry ids are Redis time).
 
         ``EXPIRY_GRACE_MS`` past the client's own: at its deadline the client asks Redis
         where the task is, then cancels it; expired here first, the task would be gone
@@ -140,7 +140,7 @@ class Membership:
         except ValueError:
             enqueued_ms = int(self.redis_now_ms())
         remaining_s = (enqueued_ms + ttl_ms + EXPIRY_GRACE_MS - self.redis_now_ms()) / 1000
-        return anyio.current_time() + remaining_s
+        return now + remaining_s
 
     # -- staying -------------------------------------------------------------------------
     async def lease_renewer(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncgraph import Function
 from asyncgraph.distributed.wire._payload import fingerprint, remote_name
@@ -22,6 +22,12 @@ class RegisteredFunction:
     name: str
     function: type[Function]
     fingerprint: str
+    async_backward: bool = field(init=False)  # looked up once, not around every task
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "async_backward", inspect.iscoroutinefunction(self.function.backward)
+        )
 
 
 Registry = dict[str, RegisteredFunction]

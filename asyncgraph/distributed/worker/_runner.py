@@ -42,6 +42,7 @@ RECANCEL_S = 0.1  # a stopped asyncio task still running is cancelled again this
 
 class Runner(Protocol):
     cancelled: type[BaseException]  # the event loop's cancellation exception
+    now: Callable[[], float]  # the event loop's clock (anyio.current_time, minus its dispatch)
 
     def start(self, held: Held, fn: Run, *args: Any) -> None: ...
 
@@ -88,6 +89,7 @@ class _AsyncioRunner:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.now = loop.time
         self._tasks: dict[asyncio.Task[None], Held] = {}
         self._all_done: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
@@ -159,6 +161,7 @@ class _ScopedRunner:
     def __init__(self, group: anyio.abc.TaskGroup) -> None:
         self._group = group
         self.cancelled = anyio.get_cancelled_exc_class()
+        self.now = anyio.current_time
 
     def start(self, held: Held, fn: Run, *args: Any) -> None:
         self._group.start_soon(self._body, held, fn, args)

@@ -60,6 +60,7 @@ import asyncgraph
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._admission import Admitted, Rules, admit
+from asyncgraph.distributed.worker._around import AroundTask
 from asyncgraph.distributed.worker._cancels import Cancels
 from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.distributed.worker._execute import Threads, execute
@@ -310,6 +311,8 @@ class Worker:
             # Settled and acknowledged by this worker a moment ago: an XAUTOCLAIM that
             # ran just before that write returned it (after a stall past the lease).
             return
+        runner = self._runner
+        assert runner is not None
         held = self._held[entry_id] = Held(entry_id, delivery=deliveries)
         decided = admit(
             held,
@@ -319,15 +322,15 @@ class Worker:
             self._replies,
             cancelled=self._cancels,
             deadline_of=self._membership.deadline,
-            now=anyio.current_time(),
+            now=runner.now(),
             client_gone=self._membership.client_gone,
         )
         if isinstance(decided, Settled):
             self._writer.queue(decided)
             return
-        assert self._runner is not None and held.key is not None
+        assert held.key is not None
         self._cancels.running[held.key] = held
-        self._runner.start(held, self._run, held, decided)
+        runner.start(held, self._run, held, decided)
 
     def _stop_task(self, held: Held, reason: str) -> None:
         if self._runner is not None:
@@ -344,9 +347,9 @@ class Worker:
         started = time.perf_counter()
         result: Any = None
         error: Exception | None = None
-        hooks: contextlib.AbstractContextManager[Any] = _NO_HOOKS
-        collect = {}
-        if task_hooks():  # else no TaskInfo to build
+        around: AroundTask | None = None
+        hooks = task_hooks()
+        if hooks:  # else no TaskInfo to build
             info = TaskInfo(
                 message.function,
                 message.op,
@@ -356,9 +359,8 @@ class Worker:
                 self._membership.queued_s(held.entry_id),
                 held.delivery,
             )
-            hooks = contextlib.ExitStack()
-            collect = self._enter_hooks(hooks, message.meta or {}, info)
-        with hooks:
+            around = AroundTask(hooks, message.meta or {}, info, self.consumer)
+        with around or _NO_HOOKS:
             try:
                 result = await execute(admitted.registered, message, self._threads)
             except Exception as exc:
@@ -377,36 +379,14 @@ class Worker:
             function=message.function,
             op=message.op,
         )
-        meta = {}
-        for name, get in collect.items():
-            try:
-                value = get()
-            except Exception:  # a hook must not lose the task's reply
-                log.exception("worker %s: task hook %r failed after a task", self.consumer, name)
-                continue
-            if value is not None:
-                meta[name] = value
-        self._settle(
-            held, self._replies.result(held, message, admitted.data, result, error, meta or None)
-        )
+        meta = around.metadata() if around is not None else None
+        self._settle(held, self._replies.result(held, message, admitted.data, result, error, meta))
 
     def _settle(self, held: Held, settled: Settled) -> None:
         """The task is over: no cancel message can stop it any more; write how it ended."""
         assert held.key is not None
         self._cancels.running.pop(held.key, None)
         self._writer.queue(settled)
-
-    def _enter_hooks(
-        self, hooks: contextlib.ExitStack, sent: dict[str, Any], info: TaskInfo
-    ) -> dict[str, Any]:
-        """Enter every task hook around this task; one that fails is logged and left out."""
-        collect = {}
-        for name, hook in task_hooks().items():
-            try:
-                collect[name] = hooks.enter_context(hook.around_task(sent.get(name), info))
-            except Exception:  # what a client sent must not crash the worker
-                log.exception("worker %s: task hook %r failed before a task", self.consumer, name)
-        return collect
 
     def _written(self, entry_ids: list[bytes]) -> None:
         """``entry_ids`` were settled in Redis: release their slots."""
