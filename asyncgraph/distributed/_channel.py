@@ -460,8 +460,9 @@ class TaskChannel:
                 )
                 limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
                 try:
-                    with anyio.fail_after(limit_s):
-                        replies = await conn.pipeline(commands, max_bulk=self._max_bulk)
+                    replies = await conn.pipeline(
+                        commands, max_bulk=self._max_bulk, timeout_s=limit_s
+                    )
                     if isinstance(replies[-1], ReplyError):
                         raise RedisConnectionLost(
                             f"XREAD of the reply stream failed: {replies[-1]}"

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-__all__ = ["HIGH_WATER", "LOW_WATER", "open_asyncio_stream"]
+__all__ = ["HIGH_WATER", "LOW_WATER", "AsyncioStream", "open_asyncio_stream"]
 
 HIGH_WATER = 1 << 20  # unread bytes past which the socket is not read any more
 LOW_WATER = 1 << 18  # ... until the reader has taken them below this
@@ -39,11 +39,12 @@ class _Protocol(asyncio.Protocol):
         self.chunks: deque[bytes] = deque()
         self.unread = 0
         self.reading_paused = False
+        self.writing_paused = False
         self.eof = False
         self.lost = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None  # a receive waiting for data
-        self.drained: asyncio.Future[None] | None = None  # a send waiting for buffer room
+        self.drain_waiters: list[asyncio.Future[None]] = []  # sends waiting for buffer room
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -69,13 +70,14 @@ class _Protocol(asyncio.Protocol):
         self.resume_writing()
 
     def pause_writing(self) -> None:
-        if self.drained is None:
-            self.drained = self.loop.create_future()
+        self.writing_paused = True
 
     def resume_writing(self) -> None:
-        drained, self.drained = self.drained, None
-        if drained is not None and not drained.done():
-            drained.set_result(None)
+        self.writing_paused = False
+        waiters, self.drain_waiters = self.drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _wake(self) -> None:
         waiter, self.waiter = self.waiter, None
@@ -83,11 +85,33 @@ class _Protocol(asyncio.Protocol):
             waiter.set_result(None)
 
 
-class _AsyncioStream(anyio.abc.ByteStream):
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class AsyncioStream(anyio.abc.ByteStream):
+    """See the module's docstring. ``deadline``: waits past it raise ``TimeoutError``."""
+
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
         self._closed = False
+        self.deadline: float | None = None  # on the loop's clock; None: none
+
+    def time(self) -> float:
+        return self._protocol.loop.time()
+
+    async def _wait(self, waiter: asyncio.Future[None]) -> None:
+        """Wait for ``waiter``; until ``deadline`` at most (a timer, not a cancel scope)."""
+        if self.deadline is None:
+            await waiter
+            return
+        timer = self._protocol.loop.call_at(self.deadline, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         protocol = self._protocol
@@ -103,7 +127,7 @@ class _AsyncioStream(anyio.abc.ByteStream):
                 raise anyio.BusyResourceError("reading from")
             protocol.waiter = waiter = protocol.loop.create_future()
             try:
-                await waiter
+                await self._wait(waiter)
             finally:
                 if protocol.waiter is waiter:
                     protocol.waiter = None
@@ -124,8 +148,10 @@ class _AsyncioStream(anyio.abc.ByteStream):
         if protocol.lost or self._transport.is_closing():
             raise anyio.BrokenResourceError from protocol.error
         self._transport.write(item)
-        while protocol.drained is not None and not protocol.lost:
-            await asyncio.shield(protocol.drained)
+        while protocol.writing_paused and not protocol.lost:
+            waiter = protocol.loop.create_future()
+            protocol.drain_waiters.append(waiter)
+            await self._wait(waiter)
         if protocol.lost and protocol.error is not None:
             raise anyio.BrokenResourceError from protocol.error
 
@@ -154,4 +180,4 @@ async def open_asyncio_stream(host: str, port: int, path: str | None) -> anyio.a
             lambda: _Protocol(loop), host, port, family=socket.AF_UNSPEC
         )
     assert isinstance(transport, asyncio.Transport)
-    return _AsyncioStream(transport, protocol)
+    return AsyncioStream(transport, protocol)

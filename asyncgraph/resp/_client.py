@@ -33,7 +33,7 @@ import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -41,7 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import anyio.abc
 
-from asyncgraph.resp._asyncio_stream import open_asyncio_stream
+from asyncgraph.resp._asyncio_stream import AsyncioStream, open_asyncio_stream
 
 if TYPE_CHECKING:
     from asyncgraph.resp._cluster import ClusterRouter
@@ -60,6 +60,7 @@ __all__ = [
 
 Arg = bytes | str | int | float
 _RECV = 262_144
+_NO_SCOPE = nullcontext()
 _SMALL_ARG = 4096  # arguments shorter than this are formatted into their header
 
 
@@ -648,10 +649,16 @@ class Connection:
         return conn
 
     async def execute(
-        self, *args: Arg, max_bulk: int | None = None, max_items: int | None = None
+        self,
+        *args: Arg,
+        max_bulk: int | None = None,
+        max_items: int | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
         """Run one command; raise ``ReplyError`` if Redis answers with an error."""
-        (reply,) = await self.pipeline([args], max_bulk=max_bulk, max_items=max_items)
+        (reply,) = await self.pipeline(
+            [args], max_bulk=max_bulk, max_items=max_items, timeout_s=timeout_s
+        )
         if isinstance(reply, ReplyError):
             raise reply
         return reply
@@ -662,13 +669,32 @@ class Connection:
         *,
         max_bulk: int | None = None,
         max_items: int | None = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """Send all commands in one write; return their replies (errors as ``ReplyError``).
 
         ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
         arrays longer than this raise ``RedisConnectionLost``. ``max_items``: arrays of
-        more items come back as ``Wide`` (unread).
+        more items come back as ``Wide`` (unread). ``timeout_s``: ``TimeoutError`` when
+        the replies are not all in by then (the connection is closed). On the lean
+        asyncio stream that is a timer of the stream's, not a cancel scope (about 5 us
+        less for every command).
         """
+        if timeout_s is None:
+            return await self._pipeline(commands, max_bulk, max_items)
+        stream = self._stream
+        if isinstance(stream, AsyncioStream):
+            stream.deadline = stream.time() + timeout_s
+            try:
+                return await self._pipeline(commands, max_bulk, max_items)
+            finally:
+                stream.deadline = None
+        with anyio.fail_after(timeout_s):
+            return await self._pipeline(commands, max_bulk, max_items)
+
+    async def _pipeline(
+        self, commands: Sequence[Sequence[Arg]], max_bulk: int | None, max_items: int | None
+    ) -> list[Any]:
         if self.broken:
             raise RedisConnectionLost(f"connection to Redis at {self.address.display} is closed")
         data = _pack(commands)
@@ -679,6 +705,8 @@ class Connection:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
             await anyio.aclose_forcefully(self._stream)
+            if isinstance(exc, TimeoutError) and exc.errno is None:
+                raise  # timeout_s passed (the kernel's ETIMEDOUT has an errno: a lost link)
             if isinstance(
                 exc,
                 (
@@ -800,13 +828,12 @@ class Pool:
         """
         limit = self.timeout_s if timeout_s is None else timeout_s
         if self._idle:
+            conn = self._idle.pop()
             try:
-                with anyio.fail_after(limit, shield=shield):
-                    conn = self._idle.pop()
-                    try:
-                        return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
-                    finally:
-                        await self._put_back(conn)
+                with anyio.CancelScope(shield=True) if shield else _NO_SCOPE:
+                    return await conn.pipeline(
+                        commands, max_bulk=max_bulk, max_items=max_items, timeout_s=limit
+                    )
             except (RedisConnectionLost, TimeoutError):
                 # The idle connections predate an outage (Redis restarted), or went dead
                 # without a word (a NAT or firewall forgot them: the command just hangs):
@@ -814,6 +841,8 @@ class Pool:
                 # safe to repeat (a task sent twice is joined once, a reply read twice
                 # counts once, acknowledgements are idempotent).
                 await self._discard_idle()
+            finally:
+                await self._put_back(conn)
         try:
             with anyio.fail_after(limit, shield=shield):
                 async with self.connection() as conn:

@@ -312,11 +312,15 @@ class ClusterConnection(Connection):
         *,
         max_bulk: int | None = None,
         max_items: int | None = None,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         if self.broken:
             raise RedisConnectionLost(f"connection to Redis at {self.address.display} is closed")
         try:
-            return await self._route(commands, max_bulk, max_items)
+            if timeout_s is None:
+                return await self._route(commands, max_bulk, max_items)
+            with anyio.fail_after(timeout_s):
+                return await self._route(commands, max_bulk, max_items)
         except BaseException as exc:
             if isinstance(exc, RedisConnectionLost):
                 self._router.forget()  # a node may have gone: relearn the map

@@ -13,7 +13,12 @@ import anyio.abc
 import pytest
 
 from asyncgraph.resp import Pool, parse_redis_url
-from asyncgraph.resp._asyncio_stream import HIGH_WATER, LOW_WATER, open_asyncio_stream
+from asyncgraph.resp._asyncio_stream import (
+    HIGH_WATER,
+    LOW_WATER,
+    AsyncioStream,
+    open_asyncio_stream,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -158,14 +163,65 @@ async def test_unix_sockets_too() -> None:
 async def test_connections_use_it_on_asyncio_and_anyio_streams_on_trio(
     redis_url: str, anyio_backend: str
 ) -> None:
-    from asyncgraph.resp._asyncio_stream import _AsyncioStream
+    from asyncgraph.resp._asyncio_stream import AsyncioStream
 
     pool = Pool(parse_redis_url(redis_url), timeout_s=5)
     try:
         conn = await pool.connect()
-        on_asyncio = isinstance(conn._stream, _AsyncioStream)
+        on_asyncio = isinstance(conn._stream, AsyncioStream)
         assert on_asyncio == (anyio_backend == "asyncio")
         assert await conn.execute("PING") == b"PONG"
         await conn.aclose()
+    finally:
+        await pool.aclose()
+
+
+async def test_waits_past_the_deadline_raise_timeout_error(echo: int) -> None:
+    stream = await open_asyncio_stream("127.0.0.1", echo, None)
+    assert isinstance(stream, AsyncioStream)
+    stream.deadline = stream.time() + 0.05
+    with pytest.raises(TimeoutError):
+        await stream.receive()  # nothing comes
+    assert stream._protocol.waiter is None
+    stream.deadline = None
+    await stream.send(b"still usable")
+    assert await stream.receive() == b"still usable"
+    await stream.aclose()
+
+
+async def test_a_send_that_waits_for_room_past_the_deadline_raises_timeout_error() -> None:
+    """A peer that never reads: the kernel's buffers fill, then the transport's."""
+    stalled = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await stalled.wait()
+        writer.close()
+
+    server, port = await _serve(handle)
+    async with server:
+        stream = await open_asyncio_stream("127.0.0.1", port, None)
+        assert isinstance(stream, AsyncioStream)
+        stream.deadline = stream.time() + 0.2
+        with pytest.raises(TimeoutError):
+            for _ in range(1000):
+                await stream.send(b"x" * 1_000_000)
+        assert stream._protocol.writing_paused
+        stalled.set()
+        await stream.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_command_past_its_timeout_raises_timeout_error_and_closes_the_connection(
+    redis_url: str,
+) -> None:
+    pool = Pool(parse_redis_url(redis_url), timeout_s=5)
+    try:
+        conn = await pool.connect()
+        started = anyio.current_time()
+        with pytest.raises(TimeoutError):
+            await conn.execute("BLPOP", "nothing:here", 5, timeout_s=0.1)
+        assert anyio.current_time() - started < 2
+        assert conn.broken
+        assert await pool.execute("PING", timeout_s=1) == b"PONG"
     finally:
         await pool.aclose()

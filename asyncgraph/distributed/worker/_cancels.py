@@ -80,19 +80,19 @@ class Cancels:
                 try:
                     if conn is None:
                         conn = await self._pool.connect()
-                    with anyio.fail_after(_BLOCK_MS / 1000 + self.config.redis_timeout_s):
-                        reply = await conn.execute(
-                            "XREAD",
-                            "COUNT",
-                            512,
-                            "BLOCK",
-                            _BLOCK_MS,
-                            "STREAMS",
-                            stream,
-                            last_id,
-                            max_bulk=max_bulk,
-                            max_items=512,
-                        )
+                    reply = await conn.execute(
+                        "XREAD",
+                        "COUNT",
+                        512,
+                        "BLOCK",
+                        _BLOCK_MS,
+                        "STREAMS",
+                        stream,
+                        last_id,
+                        max_bulk=max_bulk,
+                        max_items=512,
+                        timeout_s=_BLOCK_MS / 1000 + self.config.redis_timeout_s,
+                    )
                 except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
                     self._health.failed("reading cancellations", exc)
                     if conn is not None:

@@ -150,22 +150,22 @@ class Intake:
                 await conn.aclose()
 
     async def _read(self, conn: Connection, count: int) -> Any:
-        with anyio.fail_after(BLOCK_MS / 1000 + self.config.redis_timeout_s):
-            return await conn.execute(
-                "XREADGROUP",
-                "GROUP",
-                keys.GROUP,
-                self.consumer,
-                "COUNT",
-                count,
-                "BLOCK",
-                BLOCK_MS,
-                "STREAMS",
-                self._tasks,
-                ">",
-                max_bulk=self.sizer.max_bulk,
-                max_items=self.sizer.max_items(count),
-            )
+        return await conn.execute(
+            "XREADGROUP",
+            "GROUP",
+            keys.GROUP,
+            self.consumer,
+            "COUNT",
+            count,
+            "BLOCK",
+            BLOCK_MS,
+            "STREAMS",
+            self._tasks,
+            ">",
+            max_bulk=self.sizer.max_bulk,
+            max_items=self.sizer.max_items(count),
+            timeout_s=BLOCK_MS / 1000 + self.config.redis_timeout_s,
+        )
 
     async def _start(self, entries: list[Any]) -> None:
         self.sizer.note(entries)
