@@ -4,9 +4,11 @@
 
 Prints, in this process:
 
-1. the worker's CPU for one async no-op task, in batches of 64 as a read hands them over:
-   admission (decode, checks), the task that runs it, the reply and its transaction's
-   commands (not sent: no Redis, so none of the network's cost);
+1. the worker's CPU for one async no-op task, in batches of 64 as a read hands them over,
+   and one at a time (a read, a pass of the event loop, a reply: as in a round trip):
+   admission (decode, checks), the task that runs it with the model layer's task hook
+   (installed in every worker the CLI starts), the reply and its transaction's commands
+   (not sent: no Redis, so none of the network's cost);
 2. parsing one task-stream entry of an XREADGROUP reply: asyncgraph.resp's Python parser
    against hiredis's C parser (which the client uses when hiredis is installed);
 3. the CPU one wake-up of this process costs (``asyncio.sleep(0.005)`` in a loop): the
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dist_functions as F
 
+import asyncgraph.models  # noqa: F401  (as `asyncgraph worker` does: the model layer's task hook)
 from asyncgraph import LocalExecutor, Parameter
 from asyncgraph.distributed import Worker, WorkerConfig
 from asyncgraph.distributed._executor import RedisExecutor
@@ -79,7 +82,7 @@ def task_entries(n: int) -> list[tuple[bytes, list[bytes]]]:
     return entries
 
 
-async def worker_cpu_per_task(n: int) -> float:
+async def worker_cpu_per_task(n: int, batch: int = BATCH) -> float:
     entries = task_entries(n)
     worker = Worker(
         WorkerConfig(NOWHERE, queue="bench", concurrency=n), build_registry(["dist_functions"])
@@ -91,8 +94,8 @@ async def worker_cpu_per_task(n: int) -> float:
         best = float("inf")
         for _ in range(3):
             started = time.process_time()
-            for start in range(0, n, BATCH):
-                for entry_id, fields in entries[start : start + BATCH]:
+            for start in range(0, n, batch):
+                for entry_id, fields in entries[start : start + batch]:
                     worker._take(entry_id, fields, 1)
                 await let_ready_tasks_run()
                 await let_ready_tasks_run()
@@ -140,9 +143,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     args = parser.parse_args()
     per_task = anyio.run(worker_cpu_per_task, args.tasks)
+    alone = anyio.run(worker_cpu_per_task, args.tasks, 1)
     print(
-        f"worker CPU for one async no-op task, in process, batches of {BATCH}: "
-        f"{per_task * 1e6:.1f} us (best of 3 x {args.tasks:,})"
+        f"worker CPU for one async no-op task, in process: {per_task * 1e6:.1f} us in batches "
+        f"of {BATCH}, {alone * 1e6:.1f} us one at a time (best of 3 x {args.tasks:,})"
     )
     parse = parse_per_entry()
     print(
