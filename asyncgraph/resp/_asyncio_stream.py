@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from asyncgraph.resp._lean_stream import LeanStream
+
 __all__ = ["HIGH_WATER", "LOW_WATER", "AsyncioStream", "open_asyncio_stream"]
 
 HIGH_WATER = 1 << 20  # unread bytes past which the socket is not read any more
@@ -90,14 +92,13 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
-class AsyncioStream(anyio.abc.ByteStream):
+class AsyncioStream(LeanStream):
     """See the module's docstring. ``deadline``: waits past it raise ``TimeoutError``."""
 
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
         self._closed = False
-        self.deadline: float | None = None  # on the loop's clock; None: none
 
     def time(self) -> float:
         return self._protocol.loop.time()
@@ -169,7 +170,7 @@ class AsyncioStream(anyio.abc.ByteStream):
         return {anyio.abc.SocketAttribute.raw_socket: lambda: sock}
 
 
-async def open_asyncio_stream(host: str, port: int, path: str | None) -> anyio.abc.ByteStream:
+async def open_asyncio_stream(host: str, port: int, path: str | None) -> AsyncioStream:
     """Connect to ``path`` (a Unix socket) or ``host:port``; on the running asyncio loop."""
     loop = asyncio.get_running_loop()
     transport: asyncio.BaseTransport

@@ -1,9 +1,10 @@
 """A small async Redis client (RESP2): same code on asyncio and trio.
 
-It reads and writes anyio byte streams: on trio and over TLS, anyio's own; on
-asyncio over plain TCP or Unix sockets, a lean stream of its own
-(``_asyncio_stream``) that keeps reading and writes at once, which spares every
-command a pass of the event loop and two system calls.
+It reads and writes anyio byte streams: over TLS, anyio's own; over plain TCP
+or Unix sockets, lean ones of its own (``_asyncio_stream``, ``_trio_stream``)
+that wait only when the socket would block, which spares every command a pass
+of the event loop (and on asyncio two system calls), and whose deadlines are not
+cancel scopes (``_lean_stream``).
 
 Why not redis-py: its asyncio client does not run under trio, and its
 synchronous client in worker threads costs a thread hop (~130 us measured on
@@ -41,7 +42,8 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import anyio.abc
 
-from asyncgraph.resp._asyncio_stream import AsyncioStream, open_asyncio_stream
+from asyncgraph.resp._asyncio_stream import open_asyncio_stream
+from asyncgraph.resp._lean_stream import LeanStream
 
 if TYPE_CHECKING:
     from asyncgraph.resp._cluster import ClusterRouter
@@ -549,8 +551,13 @@ def _keep_alive(stream: anyio.abc.ByteStream) -> None:
 
 
 async def _connect(address: RedisAddress) -> anyio.abc.ByteStream:
-    if address.ssl_context is None and _on_asyncio():
-        lean = await open_asyncio_stream(address.host, address.port, address.path)
+    if address.ssl_context is None:
+        if _on_asyncio():
+            lean: LeanStream = await open_asyncio_stream(address.host, address.port, address.path)
+        else:
+            from asyncgraph.resp._trio_stream import open_trio_stream  # trio: imported on it only
+
+            lean = await open_trio_stream(address.host, address.port, address.path)
         _keep_alive(lean)
         return lean
     if address.path is not None:
@@ -676,14 +683,14 @@ class Connection:
         ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
         arrays longer than this raise ``RedisConnectionLost``. ``max_items``: arrays of
         more items come back as ``Wide`` (unread). ``timeout_s``: ``TimeoutError`` when
-        the replies are not all in by then (the connection is closed). On the lean
-        asyncio stream that is a timer of the stream's, not a cancel scope (about 5 us
-        less for every command).
+        the replies are not all in by then (the connection is closed). On a lean
+        stream that is the stream's deadline, not a cancel scope (about 5 us less for
+        every command).
         """
         if timeout_s is None:
             return await self._pipeline(commands, max_bulk, max_items)
         stream = self._stream
-        if isinstance(stream, AsyncioStream):
+        if isinstance(stream, LeanStream):
             stream.deadline = stream.time() + timeout_s
             try:
                 return await self._pipeline(commands, max_bulk, max_items)

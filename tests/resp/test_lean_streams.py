@@ -1,4 +1,4 @@
-"""The lean asyncio byte stream under asyncgraph.resp's connections (``_asyncio_stream``)."""
+"""The lean byte streams under asyncgraph.resp's connections (``_asyncio_stream``, ``_trio_stream``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import anyio
 import anyio.abc
@@ -160,16 +161,16 @@ async def test_unix_sockets_too() -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-async def test_connections_use_it_on_asyncio_and_anyio_streams_on_trio(
+async def test_connections_use_the_lean_stream_of_their_event_loop(
     redis_url: str, anyio_backend: str
 ) -> None:
-    from asyncgraph.resp._asyncio_stream import AsyncioStream
+    from asyncgraph.resp._trio_stream import TrioStream
 
     pool = Pool(parse_redis_url(redis_url), timeout_s=5)
     try:
         conn = await pool.connect()
-        on_asyncio = isinstance(conn._stream, AsyncioStream)
-        assert on_asyncio == (anyio_backend == "asyncio")
+        lean = AsyncioStream if anyio_backend == "asyncio" else TrioStream
+        assert isinstance(conn._stream, lean)
         assert await conn.execute("PING") == b"PONG"
         await conn.aclose()
     finally:
@@ -225,3 +226,111 @@ async def test_a_command_past_its_timeout_raises_timeout_error_and_closes_the_co
         assert await pool.execute("PING", timeout_s=1) == b"PONG"
     finally:
         await pool.aclose()
+
+
+# -- trio -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_stream_sends_receives_ends_and_times_out() -> None:
+    import trio
+
+    from asyncgraph.resp._trio_stream import TrioStream, open_trio_stream
+
+    async def echo(stream: trio.SocketStream) -> None:
+        async for data in stream:
+            if data == b"bye":
+                await stream.aclose()
+                return
+            await stream.send_all(data)
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, echo, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        stream = await open_trio_stream("127.0.0.1", port, None)
+        assert isinstance(stream, TrioStream)
+        await stream.send(b"hello world")
+        got = b""
+        while len(got) < 11:
+            chunk = await stream.receive(4)
+            assert 0 < len(chunk) <= 4
+            got += chunk
+        assert got == b"hello world"
+        assert stream.extra(anyio.abc.SocketAttribute.raw_socket).family == socket.AF_INET
+
+        stream.deadline = stream.time() + 0.05
+        with pytest.raises(TimeoutError):
+            await stream.receive()  # nothing comes
+        stream.deadline = None
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.receive)
+            await anyio.sleep(0.01)
+            with pytest.raises(anyio.BusyResourceError):
+                await stream.receive()
+            tg.cancel_scope.cancel()
+
+        await stream.send(b"bye")
+        with pytest.raises(anyio.EndOfStream):
+            await stream.receive()
+        await stream.aclose()
+        with pytest.raises(anyio.ClosedResourceError):
+            await stream.send(b"x")
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_stream_closed_while_a_task_waits_on_it() -> None:
+    import trio
+
+    from asyncgraph.resp._trio_stream import open_trio_stream
+
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        stream = await open_trio_stream("127.0.0.1", listener.socket.getsockname()[1], None)
+        failed: list[BaseException] = []
+
+        async def reader() -> None:
+            try:
+                await stream.receive()
+            except anyio.ClosedResourceError as exc:
+                failed.append(exc)
+
+        nursery.start_soon(reader)
+        await anyio.sleep(0.02)
+        await stream.aclose()
+        await anyio.sleep(0.02)
+        assert len(failed) == 1
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_stream_over_unix_sockets_and_nowhere() -> None:
+    import trio
+
+    from asyncgraph.distributed._redis_server import free_port
+    from asyncgraph.resp._trio_stream import open_trio_stream
+
+    with pytest.raises(OSError):
+        await open_trio_stream("127.0.0.1", free_port(), None)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s")
+        sock = trio.socket.socket(socket.AF_UNIX)
+        await sock.bind(path)
+        sock.listen()
+
+        async def serve() -> None:
+            conn, _ = await sock.accept()
+            await conn.send(await conn.recv(100))
+            conn.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            stream = await open_trio_stream("unused", 0, path)
+            await stream.send(b"over unix")
+            assert await stream.receive() == b"over unix"
+            await stream.aclose()
+        sock.close()
