@@ -280,6 +280,59 @@ async def test_trio_stream_sends_receives_ends_and_times_out() -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_stream_yields_once_a_request_even_when_the_reply_is_already_there() -> None:
+    import socketserver
+    import threading
+    import time
+
+    import trio
+
+    from asyncgraph.resp._trio_stream import open_trio_stream
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        block_on_close = False
+
+    # A server on another thread: it answers while this loop is blocked.
+    with Server(("127.0.0.1", 0), Echo) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stream = await open_trio_stream("127.0.0.1", server.server_address[1], None)
+        sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        events: list[str] = []
+
+        async def request() -> None:
+            await stream.send(b"ping")  # the socket has room: no wait
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # block the loop until the echo is there
+                try:
+                    if sock.recv(4, socket.MSG_PEEK):
+                        break
+                except BlockingIOError:
+                    time.sleep(0.001)  # noqa: ASYNC251 (blocking the loop is the point)
+            assert await stream.receive() == b"ping"
+            events.append("reply")
+
+        async def other() -> None:
+            events.append("other")
+
+        # Started together (one scheduler batch, in either order): the request yields
+        # once, so the other task runs before the reply is returned.
+        for _ in range(10):
+            events.clear()
+            async with trio.open_nursery() as batch:
+                batch.start_soon(request)
+                batch.start_soon(other)
+            assert events == ["other", "reply"]
+        await stream.aclose()
+        server.shutdown()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_trio_stream_closed_while_a_task_waits_on_it() -> None:
     import trio
 
