@@ -387,3 +387,49 @@ async def test_a_pass_leaves_no_reference_cycle_for_the_collector(executor: Any)
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+class Nap(Function):
+    """An async pass-through that waits a little, so a wide level keeps every node in flight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> Variable:
+        await anyio.sleep(0.01)
+        return Variable(g.data * 2)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_on_trio_a_wide_pass_starts_its_tasks_in_the_nursery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # anyio >= 4.14 makes a TaskHandle (a cancel scope, an event, a coroutine) per
+    # start_soon: per node in flight. On trio the engine starts its tasks in the
+    # nursery under anyio's task group, which still cancels them and raises their errors.
+    import anyio._backends._trio as anyio_trio
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the engine used anyio's start_soon on trio")
+
+    monkeypatch.setattr(anyio_trio.TaskGroup, "start_soon", refuse)
+    leaves = [Variable(1.0, requires_grad=True) for _ in range(64)]
+    await backward([Nap.apply(p) for p in leaves])
+    assert [p.grad.data for p in leaves] == [2.0] * 64  # type: ignore[union-attr]
+
+    # A failing node still cancels the rest and fails the pass.
+    x, z = Variable(1.0, requires_grad=True), Variable(2.0, requires_grad=True)
+    flags: list[str] = []
+    started = anyio.Event()
+    sleeper = Sleeper.apply(x)
+    assert sleeper.grad_fn is not None
+    sleeper.grad_fn.ctx.started, sleeper.grad_fn.ctx.flags = started, flags  # type: ignore[attr-defined]
+    boom = Boom.apply(x, z)
+    assert boom.grad_fn is not None
+    boom.grad_fn.ctx.wait_for = started  # type: ignore[attr-defined]
+    with anyio.fail_after(DEADLOCK_GUARD_S), pytest.raises(BackwardError, match="model refused"):
+        await backward([sleeper, boom, *(Nap.apply(p) for p in leaves)])
+    assert flags == ["sleeper cancelled"]
