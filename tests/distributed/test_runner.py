@@ -6,6 +6,7 @@ No Redis: the runner only runs coroutines under deadlines and stops them.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import anyio
@@ -147,7 +148,41 @@ async def test_a_threaded_call_stopped_while_it_runs_is_abandoned_not_awaited() 
             runner.stop(h, "cancelled")
     assert ended == ["cancelled"]
     assert threads.abandoned == 1
+    told = anyio.Event()
+    threads.on_ended = told.set
     release.set()
+    with anyio.fail_after(5):  # the call returns: the loop is told, its slot given back
+        await told.wait()
+    assert threads.abandoned == 0
+
+
+def test_an_abandoned_call_returning_after_its_loop_stopped_does_not_hold_its_thread() -> None:
+    # A thread waiting for a loop that no longer runs (the worker exited; with anyio's
+    # pytest runner, the last test ended) would hold the process at exit forever.
+    threads = Threads(1)
+    release = threading.Event()
+    workers: list[threading.Thread] = []
+
+    def call() -> None:
+        workers.append(threading.current_thread())
+        release.wait(10)
+
+    async def main() -> None:
+        with anyio.move_on_after(0.2):
+            await threads.run(call)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())  # the call is abandoned, the loop stops (not closed)
+    try:
+        assert threads.abandoned == 1 and len(workers) == 1
+        release.set()
+        workers[0].join(5)
+        assert not workers[0].is_alive()  # it told the loop without waiting, and ended
+    finally:
+        release.set()
+        loop.run_until_complete(asyncio.sleep(0.05))  # runs what the thread scheduled
+        loop.close()
+    assert threads.abandoned == 0
 
 
 async def test_a_task_that_swallows_its_cancellation_is_cancelled_again() -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 
 from asyncgraph import FunctionCtx, no_grad
@@ -31,7 +31,9 @@ class Threads:
     A thread cannot be stopped: when its task is cancelled (deadline, client cancel,
     drain), the task ends at once and the call is *abandoned*: it runs on in its
     thread, counted in ``abandoned`` (and against the worker's admission) until it
-    really returns.
+    really returns. The thread then tells the event loop without waiting for it: the
+    loop may have stopped meanwhile (the worker exited, a test ended), and a thread
+    waiting for a stopped loop would hold the process at exit forever.
     """
 
     def __init__(self, limit: int) -> None:
@@ -40,6 +42,7 @@ class Threads:
         self.on_ended: Callable[[], None] = lambda: None  # an abandoned call returned
 
     async def run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        soon = _call_soon_threadsafe()  # this call's loop (a Threads may outlive one)
         lock = threading.Lock()
         # started: the thread began the call; skip: cancelled before it began (then it
         # must not begin); abandoned: cancelled while it ran (counted until it returns).
@@ -59,8 +62,8 @@ class Threads:
                     abandoned = state["abandoned"]
                 if abandoned:
                     try:
-                        anyio.from_thread.run_sync(self._ended)
-                    except RuntimeError:  # the event loop is gone: the process is exiting
+                        soon(self._ended)
+                    except RuntimeError:  # the event loop is closed: the process is exiting
                         pass
 
         try:
@@ -79,6 +82,20 @@ class Threads:
     def _ended(self) -> None:
         self.abandoned -= 1
         self.on_ended()
+
+
+def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
+    """This event loop's "run this callback soon", callable from any thread, never waiting.
+
+    (``anyio.from_thread.run_sync`` waits for the callback to have run.) A closed loop
+    raises RuntimeError (trio's ``RunFinishedError`` is one).
+    """
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:  # not asyncio: trio, anyio's other backend
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
 
 
 async def execute(registered: RegisteredFunction, message: TaskMessage, threads: Threads) -> Any:
