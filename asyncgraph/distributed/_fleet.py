@@ -24,12 +24,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
-import redis
 
 from asyncgraph import AsyncGraphError, RemoteConnectionError
 from asyncgraph.distributed._liveness import live_consumers
@@ -37,6 +36,8 @@ from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+
+T = TypeVar("T")
 
 __all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
 
@@ -101,26 +102,49 @@ async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
     return live_consumers(now, beats)
 
 
-def _live_set_blocking(url: str, queue: str, timeout_s: float) -> set[bytes]:
-    """``_live_set`` from synchronous code, in a thread of its own: the caller may be
+async def _workers_before(url: str, queue: str, clear: bool, timeout_s: float) -> frozenset[bytes]:
+    """The workers registered on ``queue`` before a fleet starts; ``clear``: delete them
+    instead (a Redis of the fleet's own) and return none."""
+    address = parse_redis_url(url)
+    command = ["DEL" if clear else "HKEYS", keys.workers_hash(queue)]
+    pool = Pool(address, timeout_s=timeout_s)
+    try:
+        (reply,) = await pool.pipeline([command], timeout_s=timeout_s)
+    except RedisConnectionLost as exc:
+        raise RemoteConnectionError(
+            f"cannot reach Redis at {address.display} (queue {queue!r}): {exc}"
+        ) from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await pool.aclose()
+    if isinstance(reply, ReplyError):
+        raise RemoteConnectionError(
+            f"Redis at {address.display} refused {command[0]} on the workers of queue "
+            f"{queue!r}: {reply}"
+        )
+    return frozenset() if clear else frozenset(reply)
+
+
+def _blocking(fn: Callable[..., Awaitable[T]], *args: Any, timeout_s: float) -> T:
+    """``await fn(*args)`` from synchronous code, in a thread of its own: the caller may be
     inside a running event loop (``local_fleet`` in the demo), where ``anyio.run`` is not
-    allowed."""
+    allowed. ``timeout_s``: the deadline ``fn`` keeps; the thread gets 5 s more."""
     result: list[Any] = []
 
     def target() -> None:
         try:
-            result.append(anyio.run(_live_set, url, queue, timeout_s))
+            result.append(anyio.run(fn, *args))
         except BaseException as exc:  # handed to the caller's thread below
             result.append(exc)
 
-    thread = threading.Thread(target=target, name="asyncgraph-live-workers", daemon=True)
+    thread = threading.Thread(target=target, name="asyncgraph-fleet-redis", daemon=True)
     thread.start()
     thread.join(timeout_s + 5.0)
     if not result:
-        raise RemoteConnectionError(f"Redis did not answer within {timeout_s:g}s (queue {queue!r})")
+        raise RemoteConnectionError(f"Redis did not answer within {timeout_s:g}s")
     if isinstance(result[0], BaseException):
         raise result[0]
-    return set(result[0])
+    return result[0]  # type: ignore[no-any-return]
 
 
 def wait_for_workers(
@@ -146,7 +170,7 @@ def wait_for_workers(
                 f"code {proc.returncode} at start; run it by hand to see why"
             )
         try:
-            if len(_live_set_blocking(url, queue, 2.0) - ignore) >= count:
+            if len(_blocking(_live_set, url, queue, 2.0, timeout_s=2.0) - ignore) >= count:
                 return
         except RemoteConnectionError:
             pass  # Redis is starting, or failing over: keep waiting until the deadline
@@ -218,16 +242,9 @@ def local_fleet(
             url = stack.enter_context(server).url
         else:
             url = redis_url
-        client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        try:
-            if redis_url is None:
-                client.delete(keys.workers_hash(queue))  # our own Redis: start from a clean slate
-                already: frozenset[bytes] = frozenset()
-            else:
-                # Someone else's Redis: count only the workers that start now.
-                already = frozenset(client.hkeys(keys.workers_hash(queue)))  # type: ignore[arg-type]
-        finally:
-            client.close()
+        # Our own Redis: start from a clean slate. Someone else's: count only the
+        # workers that start now.
+        already = _blocking(_workers_before, url, queue, redis_url is None, 2.0, timeout_s=2.0)
         config = WorkerConfig(
             redis_url=url,
             queue=queue,
