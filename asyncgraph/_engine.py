@@ -158,7 +158,7 @@ def _starter(tg: anyio.abc.TaskGroup) -> Callable[..., object]:
 
     Since anyio 4.14, ``start_soon`` makes a ``TaskHandle`` per task (a cancel scope,
     an event, one coroutine more), which a wide pass pays once per node in flight:
-    on trio, a fifth of the client's CPU for a remote no-op node, half of it in the
+    on trio, a fourth of the client's CPU for a remote no-op node, much of it in the
     garbage collector. The engine keeps no handle, so on trio it starts its tasks in
     the nursery that anyio's task group wraps (cancelled with the group's scope, waited
     for by it, its errors raised by it); any other group, or a future anyio without
