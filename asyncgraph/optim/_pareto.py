@@ -31,6 +31,15 @@ from asyncgraph import Module, Parameter, Variable, backward, enable_grad, graph
 from asyncgraph.executors import Executor
 from asyncgraph.models import BaseChatModel, ChatModel, track_usage
 from asyncgraph.optim._exceptions import NoFeedbackWarning, UpdateParseError
+from asyncgraph.optim._frontier import (
+    Candidate,
+    ancestors,
+    best_candidate,
+    by_id,
+    merge_pairs,
+    pareto_frontier,
+    wins,
+)
 from asyncgraph.optim._prompts import merge_messages
 from asyncgraph.optim._tgd import DEFAULT_TAGS, TGD, parse_tagged
 from asyncgraph.text import (
@@ -52,45 +61,6 @@ Forward = Callable[[Module, Mapping[str, Any]], Awaitable[Any]]
 candidate's values) on one example; returns an object with ``.loss`` (a Variable) and
 ``.score`` (a number in [0, 1]), such as ``asyncgraph.jobs.Evaluation``, or a
 ``(loss, score)`` pair."""
-
-
-@dataclass
-class Candidate:
-    """One point of the search: ``values`` (the Module's ``state_dict()``), where it came
-    from (``origin``: ``"seed"``, ``"proposal"`` or ``"merge"``; ``parents`` ids; the
-    ``round`` that made it) and its ``scores``, one per example of the Pareto set."""
-
-    id: int
-    values: dict[str, Any]
-    parents: tuple[int, ...]
-    origin: str
-    round: int
-    scores: list[float]
-
-    @property
-    def mean(self) -> float:
-        return sum(self.scores) / len(self.scores) if self.scores else 0.0
-
-    def to_data(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "values": copy.deepcopy(self.values),
-            "parents": list(self.parents),
-            "origin": self.origin,
-            "round": self.round,
-            "scores": list(self.scores),
-        }
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> Candidate:
-        return cls(
-            id=int(data["id"]),
-            values=copy.deepcopy(dict(data["values"])),
-            parents=tuple(int(p) for p in data["parents"]),
-            origin=str(data["origin"]),
-            round=int(data["round"]),
-            scores=[float(s) for s in data["scores"]],
-        )
 
 
 @dataclass
@@ -229,12 +199,11 @@ class ParetoSearch:
         result = await search.run()
         print(result.best_score, program.state_dict())
 
-    About 560 lines, over the re-cut's limit of about 300. Its parts share one search
-    state (the candidates, their scores, the budget), but two of them could be split out
-    and tested alone: the frontier arithmetic (``_wins``, ``frontier``, ``_merge_pairs``,
-    ``_ancestors``), as pure functions of the candidates, and the proposal and merge
-    steps (``_propose``, ``_merge``, ``_merged_values``, ``_merge_text``), as a
-    collaborator. That split is the next change to make here.
+    Over 300 lines, one concept: a search's state (the candidates, their scores, the
+    budget, the history) and the rounds that grow it, which every method reads and
+    writes. The frontier arithmetic is pure functions of the candidates
+    (``asyncgraph/optim/_frontier.py``, tested alone); the proposal and merge steps,
+    which read most of that state, stay here.
     """
 
     def __init__(
@@ -426,66 +395,28 @@ class ParetoSearch:
             )
         return [score for _, score in results]
 
-    # -- the frontier ------------------------------------------------------------------
+    # -- the frontier (the arithmetic is in _frontier, pure) ----------------------------
     def _wins(self) -> dict[int, set[int]]:
-        """Candidate id -> the Pareto-set positions where it has the best score (> 0)."""
-        wins: dict[int, set[int]] = {c.id: set() for c in self.pool}
-        for j in range(len(self.pareto_indices)):
-            best = max(c.scores[j] for c in self.pool)
-            if best <= 0:
-                continue
-            for c in self.pool:
-                if c.scores[j] == best:
-                    wins[c.id].add(j)
-        return wins
+        return wins(self.pool)
 
     def frontier(self) -> list[tuple[Candidate, int]]:
         """The Pareto frontier: every candidate best on at least one example and dominated
         by none, with the number of examples it is best on; at most ``max_frontier`` (the
         widest coverage, then the best mean, then the oldest). Before any example is
         solved, the best candidate by mean alone."""
-        wins = self._wins()
-        on = [c for c in self.pool if wins[c.id]]
-
-        def dominated(c: Candidate) -> bool:
-            return any(
-                d is not c
-                and all(x >= y for x, y in zip(d.scores, c.scores, strict=True))
-                and d.scores != c.scores
-                for d in on
-            )
-
-        kept = [c for c in on if not dominated(c)]
-        # Equal score vectors: the oldest one stands for all.
-        unique: dict[tuple[float, ...], Candidate] = {}
-        for c in kept:
-            unique.setdefault(tuple(c.scores), c)
-        kept = sorted(unique.values(), key=lambda c: (-len(wins[c.id]), -c.mean, c.id))
-        kept = kept[: self.max_frontier]
-        if not kept:
-            return [(self.best, 1)]
-        return [(c, len(wins[c.id])) for c in sorted(kept, key=lambda c: c.id)]
+        if not self.pool:
+            raise RuntimeError("ParetoSearch has no candidates yet: run it first")
+        return pareto_frontier(self.pool, self.max_frontier)
 
     @property
     def best(self) -> Candidate:
         """The candidate with the highest mean score on the Pareto set (oldest on a tie)."""
         if not self.pool:
             raise RuntimeError("ParetoSearch has no candidates yet: run it first")
-        return max(self.pool, key=lambda c: (c.mean, -c.id))
+        return best_candidate(self.pool)
 
     def _by_id(self, cid: int) -> Candidate:
-        return next(c for c in self.pool if c.id == cid)
-
-    def _ancestors(self, cid: int) -> set[int]:
-        seen: set[int] = set()
-        stack = [cid]
-        while stack:
-            current = stack.pop()
-            if current in seen:
-                continue
-            seen.add(current)
-            stack.extend(self._by_id(current).parents)
-        return seen
+        return by_id(self.pool, cid)
 
     # -- a round -----------------------------------------------------------------------
     def _plan(self) -> list[tuple[str, Any]]:
@@ -502,16 +433,7 @@ class ParetoSearch:
         return items[: self._affordable(len(items))]
 
     def _merge_pairs(self, frontier: list[tuple[Candidate, int]]) -> list[tuple[int, int]]:
-        """Frontier pairs each best where the other is not, widest joint coverage first."""
-        wins = self._wins()
-        pairs: list[tuple[int, int, int]] = []
-        ids = [c.id for c, _ in frontier]
-        for i, a in enumerate(ids):
-            for b in ids[i + 1 :]:
-                if (a, b) in self.merged_pairs or not (wins[a] - wins[b] and wins[b] - wins[a]):
-                    continue
-                pairs.append((-len(wins[a] | wins[b]), a, b))
-        return [(a, b) for _, a, b in sorted(pairs)]
+        return merge_pairs(self.pool, frontier, self.merged_pairs)
 
     async def step(self) -> bool:
         """Run one round (the seed's evaluation first, if not done); False if the budget
@@ -659,7 +581,7 @@ class ParetoSearch:
     ) -> dict[str, Any] | None:
         """Per parameter: the shared value, the one that changed since the common ancestor,
         or (both changed) a merge written by the model. None if a merge is unreadable."""
-        common = self._ancestors(a.id) & self._ancestors(b.id)
+        common = ancestors(self.pool, a.id) & ancestors(self.pool, b.id)
         ancestor = self._by_id(max(common)).values if common else {}
         merged: dict[str, Any] = {}
         asks: list[str] = []
