@@ -298,7 +298,7 @@ def _chain(fn: type[Function], length: int) -> tuple[Variable, Variable]:
     x = Variable(1.0, requires_grad=True)
     y = x
     gc_was_enabled = gc.isenabled()
-    gc.disable()  # a million small objects: the cyclic GC would only slow the build down
+    gc.disable()  # many small objects: the cyclic GC would only slow the build down
     try:
         for _ in range(length):
             y = fn.apply(y)
