@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncgraph import Function, Variable
+import agdist_functions as F
+
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
@@ -18,21 +19,9 @@ QUEUE, SECRET = "q", "0123456789abcdef0123"
 CLIENT = "c" * 32  # a client id: 32 hex digits
 
 
-class Served(Function):
-    dispatch = "remote"
-
-    @staticmethod
-    def forward(ctx: Any, x: Variable) -> Variable:
-        return Variable(x.data)
-
-    @staticmethod
-    def backward(ctx: Any, g: Variable) -> Variable:
-        return g
-
-
 def rules(max_attempts: int = 3, signer: Signer | None = None) -> tuple[Rules, Replies]:
     signer = signer or Signer(SECRET)
-    registry = {"served": RegisteredFunction("served", Served, "f1")}
+    registry = {"served": RegisteredFunction("served", F.Double, "f1")}
     rules = Rules(QUEUE, "w1", signer, DEFAULT_LIMITS, registry, max_attempts)
     return rules, Replies(QUEUE, "w1", signer, DEFAULT_LIMITS, Metrics())
 
@@ -58,7 +47,7 @@ def run(fields: Any, deliveries: int = 1, **kwargs: Any) -> tuple[Held, Admitted
 def test_a_valid_entry_is_admitted_with_its_key_and_deadline() -> None:
     held, result = run(entry())
     assert isinstance(result, Admitted)
-    assert result.message.id == "t1" and result.registered.function is Served
+    assert result.message.id == "t1" and result.registered.function is F.Double
     assert held.key == (CLIENT, "t1") and held.deadline == 105.0
 
 

@@ -32,6 +32,16 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, int]:
     return server, port
 
 
+async def receive_in_chunks_of_4(stream: anyio.abc.ByteReceiveStream, size: int) -> bytes:
+    """``size`` bytes read with ``receive(4)``, checking that no read exceeds 4 bytes."""
+    got = b""
+    while len(got) < size:
+        chunk = await stream.receive(4)
+        assert 0 < len(chunk) <= 4
+        got += chunk
+    return got
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -55,12 +65,7 @@ async def test_sends_at_once_and_receives_in_order_within_max_bytes(echo: int) -
     try:
         await stream.send(b"hello ")
         await stream.send(b"world")
-        got = b""
-        while len(got) < 11:
-            chunk = await stream.receive(4)
-            assert 0 < len(chunk) <= 4
-            got += chunk
-        assert got == b"hello world"
+        assert await receive_in_chunks_of_4(stream, 11) == b"hello world"
         sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         assert sock.family == socket.AF_INET
     finally:
@@ -250,12 +255,7 @@ async def test_trio_stream_sends_receives_ends_and_times_out() -> None:
         stream = await open_trio_stream("127.0.0.1", port, None)
         assert isinstance(stream, TrioStream)
         await stream.send(b"hello world")
-        got = b""
-        while len(got) < 11:
-            chunk = await stream.receive(4)
-            assert 0 < len(chunk) <= 4
-            got += chunk
-        assert got == b"hello world"
+        assert await receive_in_chunks_of_4(stream, 11) == b"hello world"
         assert stream.extra(anyio.abc.SocketAttribute.raw_socket).family == socket.AF_INET
 
         stream.deadline = stream.time() + 0.05
