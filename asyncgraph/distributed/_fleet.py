@@ -78,15 +78,13 @@ def child_setup() -> Callable[[], None]:
     return setup
 
 
-async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
-    """The live consumers of ``queue``; ``RemoteConnectionError`` when Redis does not answer."""
-    keys.check_queue_name(queue)
+async def _ask(url: str, queue: str, commands: list[list[Any]], timeout_s: float) -> list[Any]:
+    """The replies to ``commands`` about ``queue``'s workers, in one round trip on a pool of
+    its own; ``RemoteConnectionError`` when Redis does not answer or refuses one."""
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=timeout_s)
     try:
-        now, beats = await pool.pipeline(
-            [["TIME"], ["HGETALL", keys.workers_hash(queue)]], timeout_s=timeout_s
-        )
+        replies = await pool.pipeline(commands, timeout_s=timeout_s)
     except RedisConnectionLost as exc:
         raise RemoteConnectionError(
             f"cannot reach Redis at {address.display} (queue {queue!r}): {exc}"
@@ -94,34 +92,28 @@ async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
     finally:
         with anyio.CancelScope(shield=True):
             await pool.aclose()
-    if isinstance(now, ReplyError) or isinstance(beats, ReplyError):
-        raise RemoteConnectionError(
-            f"Redis at {address.display} refused to report the workers of queue {queue!r}: "
-            f"{now if isinstance(now, ReplyError) else beats}"
-        )
+    for command, reply in zip(commands, replies, strict=True):
+        if isinstance(reply, ReplyError):
+            raise RemoteConnectionError(
+                f"Redis at {address.display} refused {command[0]} about the workers of queue "
+                f"{queue!r}: {reply}"
+            )
+    return replies
+
+
+async def _live_set(url: str, queue: str, timeout_s: float) -> set[bytes]:
+    """The live consumers of ``queue``; ``RemoteConnectionError`` when Redis does not answer."""
+    keys.check_queue_name(queue)
+    commands = [["TIME"], ["HGETALL", keys.workers_hash(queue)]]
+    now, beats = await _ask(url, queue, commands, timeout_s)
     return live_consumers(now, beats)
 
 
 async def _workers_before(url: str, queue: str, clear: bool, timeout_s: float) -> frozenset[bytes]:
     """The workers registered on ``queue`` before a fleet starts; ``clear``: delete them
     instead (a Redis of the fleet's own) and return none."""
-    address = parse_redis_url(url)
     command = ["DEL" if clear else "HKEYS", keys.workers_hash(queue)]
-    pool = Pool(address, timeout_s=timeout_s)
-    try:
-        (reply,) = await pool.pipeline([command], timeout_s=timeout_s)
-    except RedisConnectionLost as exc:
-        raise RemoteConnectionError(
-            f"cannot reach Redis at {address.display} (queue {queue!r}): {exc}"
-        ) from None
-    finally:
-        with anyio.CancelScope(shield=True):
-            await pool.aclose()
-    if isinstance(reply, ReplyError):
-        raise RemoteConnectionError(
-            f"Redis at {address.display} refused {command[0]} on the workers of queue "
-            f"{queue!r}: {reply}"
-        )
+    (reply,) = await _ask(url, queue, [command], timeout_s)
     return frozenset() if clear else frozenset(reply)
 
 
