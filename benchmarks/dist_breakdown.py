@@ -11,9 +11,10 @@ On one throwaway redis-server, prints:
    sends it, until the listener reads its reply, until the node resumes, until the pass
    ends. The steps are timed by wrapping three ``TaskChannel`` methods in this process
    (a diagnostic, not an API: they are private and may change);
-3. 3 x 5,000 remote no-op nodes (``bench_distributed``'s throughput run): the CPU per
-   task of the client, the worker and redis-server (from /proc), and the time the
-   client's garbage collector spent (``gc.callbacks``), by generation.
+3. 3 x 5,000 remote no-op nodes (``bench_distributed``'s throughput run), with an asyncio
+   client, then a trio one: the CPU per task of the client, the worker and redis-server
+   (from /proc), and the time the client's garbage collector spent (``gc.callbacks``),
+   by generation.
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ def own_cpu() -> float:
 
 
 def cpu_per_task(
-    url: str, worker_pid: int, redis_pid: int, tasks: int = 5000, rounds: int = 3
+    url: str,
+    worker_pid: int,
+    redis_pid: int,
+    backend: str = "asyncio",
+    tasks: int = 5000,
+    rounds: int = 3,
 ) -> None:
     spent: Counter[int] = Counter()
     counts: Counter[int] = Counter()
@@ -132,11 +138,11 @@ def cpu_per_task(
             spent[info["generation"]] += time.perf_counter() - started_at[0]
             counts[info["generation"]] += 1
 
-    bench.run_remote(url, lambda ex: bench.graph_throughput(ex, 2000, rounds=1))  # warm up
+    bench.run_remote(url, lambda ex: bench.graph_throughput(ex, 2000, rounds=1), backend)  # warm up
     before = [own_cpu(), *(bench.cpu_of([pid]) - own_cpu() for pid in (worker_pid, redis_pid))]
     gc.callbacks.append(on_gc)
     try:
-        bench.run_remote(url, lambda ex: bench.graph_throughput(ex, tasks, rounds=rounds))
+        bench.run_remote(url, lambda ex: bench.graph_throughput(ex, tasks, rounds=rounds), backend)
     finally:
         gc.callbacks.remove(on_gc)
     after = [own_cpu(), *(bench.cpu_of([pid]) - own_cpu() for pid in (worker_pid, redis_pid))]
@@ -144,7 +150,7 @@ def cpu_per_task(
     client, worker, server = ((a - b) / n * 1e6 for a, b in zip(after, before, strict=True))
     total = sum(spent.values())
     print(
-        f"{n:,} remote no-op nodes ({rounds} passes of {tasks:,}), CPU a task: client "
+        f"{backend} client, {n:,} remote no-op nodes ({rounds} passes of {tasks:,}), CPU a task: client "
         f"{client:.0f} us (garbage collection {total / n * 1e6:.0f} us of it, {total:.2f} s in "
         f"all), worker {worker:.0f} us, redis-server {server:.0f} us"
     )
@@ -167,7 +173,8 @@ def main() -> None:
         assert redis_pid is not None
         workers = bench.asyncgraph_workers(url, 1, 256)
         with bench.processes(workers, bench.workers_alive(url, 1)) as (worker,):
-            cpu_per_task(url, worker.pid, redis_pid)
+            for backend in ("asyncio", "trio"):
+                cpu_per_task(url, worker.pid, redis_pid, backend)
             print("one remote async no-op node, asyncio, 1 worker, medians:")
             for step, seconds in breakdown(url, args.passes):
                 print(f"  {step:20s} {seconds * 1e6:7.1f} us")
