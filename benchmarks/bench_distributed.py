@@ -42,8 +42,8 @@ sys.path.insert(0, str(HERE))
 import dist_functions as F  # noqa: E402
 
 from asyncgraph import LocalExecutor, Parameter, backward  # noqa: E402
+from asyncgraph.distributed import open_redis_executor  # noqa: E402
 from asyncgraph.distributed._redis_server import RedisServer  # noqa: E402
-from asyncgraph.executors import open_redis_executor  # noqa: E402
 
 QUEUE = "bench"
 

@@ -44,9 +44,8 @@ sys.path.insert(0, str(HERE))
 import dist_functions as F  # noqa: E402
 
 from asyncgraph import Parameter, RemoteConnectionError, RemoteTimeoutError, backward  # noqa: E402
-from asyncgraph.distributed import RedisServer  # noqa: E402
+from asyncgraph.distributed import RedisServer, open_redis_executor  # noqa: E402
 from asyncgraph.distributed.wire import _keys as keys  # noqa: E402
-from asyncgraph.executors import open_redis_executor  # noqa: E402
 
 QUEUE = "faults"
 reasons: Counter[str] = Counter()  # why passes failed with RemoteConnectionError

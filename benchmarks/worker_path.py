@@ -34,13 +34,13 @@ import asyncgraph.models  # noqa: F401  (as `asyncgraph worker` does: the model 
 from asyncgraph import LocalExecutor, Parameter
 from asyncgraph.distributed import Worker, WorkerConfig
 from asyncgraph.distributed._executor import RedisExecutor
+from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._payload import backward_payload
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._registry import build_registry
 from asyncgraph.distributed.worker._runner import open_runner
-from asyncgraph.executors import let_ready_tasks_run
 from asyncgraph.resp import Pool, parse_redis_url
 from asyncgraph.resp._client import _HiredisReader, _Reader
 

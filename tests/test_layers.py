@@ -19,9 +19,9 @@ HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
 
 def owner(module: str) -> str:
     """The package a module belongs to: ``asyncgraph.<sub>``, or ``asyncgraph`` for the
-    core (its private modules and ``asyncgraph.executors``)."""
+    core (its private modules and ``asyncgraph._core``)."""
     parts = module.split(".")
-    if len(parts) >= 2 and not parts[1].startswith("_") and parts[1] != "executors":
+    if len(parts) >= 2 and not parts[1].startswith("_"):
         return ".".join(parts[:2])
     return "asyncgraph"
 

@@ -10,8 +10,7 @@
   ``live_workers``.
 
 Imports go one way: this package uses the core and the leaf Redis client
-(``asyncgraph.resp``); the core never imports it (``asyncgraph.executors``'s
-``RedisExecutor`` is a lazy alias).
+(``asyncgraph.resp``); the core never imports it.
 """
 
 from asyncgraph.distributed._executor import (

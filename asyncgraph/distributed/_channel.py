@@ -43,6 +43,7 @@ import anyio.lowlevel
 
 from asyncgraph import RemoteConnectionError, RemoteError, WireError
 from asyncgraph.distributed import _diagnosis as diagnosis
+from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._schema import (
@@ -53,7 +54,6 @@ from asyncgraph.distributed.wire._schema import (
     peek_ids,
 )
 from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer
-from asyncgraph.executors import let_ready_tasks_run
 from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisExecutorStats", "TaskChannel"]
 
-log = logging.getLogger("asyncgraph.executors.redis")
+log = logging.getLogger("asyncgraph.distributed")
 
 _READ_COUNT = 1024
 _BLOCK_MS = 2000

@@ -19,6 +19,7 @@ import anyio
 
 from asyncgraph import (
     BackwardError,
+    Executor,
     Function,
     GraphError,
     LocalExecutor,
@@ -44,7 +45,6 @@ from asyncgraph.distributed.wire._payload import (
 )
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer, secret_from_env
-from asyncgraph.executors import Executor
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 from asyncgraph.taskhooks import task_hooks
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisExecutor", "RedisExecutorStats", "open_redis_executor"]
 
-log = logging.getLogger("asyncgraph.executors.redis")
+log = logging.getLogger("asyncgraph.distributed")
 
 
 def _nothing_more() -> bool:
@@ -118,7 +118,7 @@ class RedisExecutor:
         more_coming: Callable[[], bool],
     ) -> Any:
         """``run_backward``, told by the engine whether more ready nodes are on their way
-        (``asyncgraph.executors.BatchingExecutor``): the last one sends the batch.
+        (``asyncgraph.BatchingExecutor``): the last one sends the batch.
 
         One coroutine from here to the reply (a wide pass holds one per node in flight:
         every frame less is less for the garbage collector to walk).

@@ -141,7 +141,7 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
 async def _run_remote(
     job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool
 ) -> JobResult:
-    from asyncgraph.executors import open_redis_executor
+    from asyncgraph.distributed import open_redis_executor
 
     async with open_redis_executor(url, queue=args.queue, timeout_s=120.0) as executor:
         return await run_job(

@@ -25,8 +25,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from asyncgraph import Module, Parameter, Variable, backward, graph_order, no_grad
-from asyncgraph.executors import Executor
+from asyncgraph import Executor, Module, Parameter, Variable, backward, graph_order, no_grad
 from asyncgraph.models import UsageMeter, track_usage
 
 from ._checkpoint import (

@@ -27,8 +27,16 @@ from typing import Any
 
 import anyio
 
-from asyncgraph import Module, Parameter, Variable, backward, enable_grad, graph_order, no_grad
-from asyncgraph.executors import Executor
+from asyncgraph import (
+    Executor,
+    Module,
+    Parameter,
+    Variable,
+    backward,
+    enable_grad,
+    graph_order,
+    no_grad,
+)
 from asyncgraph.models import BaseChatModel, ChatModel, track_usage
 from asyncgraph.optim._exceptions import NoFeedbackWarning, UpdateParseError
 from asyncgraph.optim._frontier import (

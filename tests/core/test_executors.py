@@ -13,6 +13,7 @@ import pytest
 import asyncgraph
 from asyncgraph import (
     BackwardError,
+    BatchingExecutor,
     Executor,
     Function,
     GradManager,
@@ -26,7 +27,6 @@ from asyncgraph import (
     grad,
     use_executor,
 )
-from asyncgraph.executors import BatchingExecutor
 
 from ._ops import Add, AsyncIdentity, Mul
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncgraph import GraphError, Parameter, Variable
-from asyncgraph._planning import make_plan
+from asyncgraph._core._planning import make_plan
 
 from ._ops import Add, Mul, Sin
 

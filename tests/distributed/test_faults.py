@@ -14,9 +14,8 @@ import redis
 from agdist_helpers import StartWorker, http_get, wait_until
 
 from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, backward
-from asyncgraph.distributed import RedisServer, free_port
+from asyncgraph.distributed import RedisServer, free_port, open_redis_executor
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.executors import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

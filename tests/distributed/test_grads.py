@@ -24,7 +24,7 @@ from asyncgraph import (
     grad,
     use_executor,
 )
-from asyncgraph.executors import open_redis_executor
+from asyncgraph.distributed import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

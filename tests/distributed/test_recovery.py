@@ -14,8 +14,8 @@ import redis
 from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteConnectionError, RemoteTimeoutError, backward
+from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed._redis_server import RedisServer, free_port
-from asyncgraph.executors import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

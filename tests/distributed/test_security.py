@@ -13,10 +13,10 @@ import redis
 from agdist_helpers import SECRET, CaptureServer, StartWorker, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, Variable, backward
+from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._schema import ReplyMessage, TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer
-from asyncgraph.executors import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -15,9 +15,9 @@ import redis
 from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 
 from asyncgraph import Parameter, RemoteError, backward
+from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed._redis_server import RedisServer, free_port
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.executors import open_redis_executor
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

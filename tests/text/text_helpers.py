@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 
-from asyncgraph._arith import Add
+from asyncgraph._core._arith import Add
+from asyncgraph.distributed import RedisExecutor, open_redis_executor
 from asyncgraph.distributed.worker import Worker, WorkerConfig, build_registry
-from asyncgraph.executors import RedisExecutor, open_redis_executor
 from asyncgraph.models import Completion, SimulatedModel
 from asyncgraph.text import DeterministicEvaluator
 

@@ -1,6 +1,6 @@
 """What crosses a process boundary: msgpack codec, message schema, signing, key names.
 
-Private modules, shared by ``asyncgraph.executors.RedisExecutor`` (the client)
+Private modules, shared by ``asyncgraph.distributed.RedisExecutor`` (the client)
 and ``asyncgraph.distributed.worker`` (the server):
 
 - ``_keys``: every Redis key, stream, group and field name of the protocol;

@@ -1,6 +1,6 @@
 """Every Redis key, stream, consumer group and message field of the worker protocol.
 
-Both the client (``asyncgraph.executors.RedisExecutor``) and the worker import
+Both the client (``asyncgraph.distributed.RedisExecutor``) and the worker import
 from here; nothing else spells a key. All keys of one queue share the hash tag
 ``{queue}`` so a reply, an acknowledgement and a dead-letter entry touching
 several of them can go in one MULTI, also on Redis Cluster.

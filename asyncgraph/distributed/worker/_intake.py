@@ -15,13 +15,13 @@ from typing import Any
 
 import anyio
 
+from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._admission import MAX_FIELDS
 from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.distributed.worker._metrics import Metrics
 from asyncgraph.distributed.worker._redis_health import RedisHealth
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
-from asyncgraph.executors import let_ready_tasks_run
 from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
 
 __all__ = ["Intake", "ReadSizer"]

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from asyncgraph.executors import Executor, current_executor
+from asyncgraph._core._executor import Executor, current_executor
+from asyncgraph._exceptions import GraphError
 
 from ._autodiff import _as_variables, _roots
 from ._engine import Engine, Listener, sum_grads
-from ._exceptions import GraphError
 from ._graph import Node, next_seq
 from ._variable import Variable
 

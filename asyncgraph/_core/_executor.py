@@ -6,8 +6,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from asyncgraph._graph import Node
-    from asyncgraph._variable import Variable
+    from asyncgraph._core._graph import Node
+    from asyncgraph._core._variable import Variable
 
 __all__ = ["BatchingExecutor", "Executor", "current_executor", "use_executor"]
 
@@ -58,7 +58,7 @@ def current_executor() -> Executor:
     """The executor selected by ``use_executor`` in this task, else a LocalExecutor."""
     executor = _CURRENT.get()
     if executor is None:
-        from asyncgraph._local_executor import DEFAULT_EXECUTOR
+        from asyncgraph._core._local_executor import DEFAULT_EXECUTOR
 
         return DEFAULT_EXECUTOR
     return executor

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar, Literal
 
-from ._exceptions import GraphError
+from asyncgraph._exceptions import GraphError
+
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import Edge, Node, Seq, next_seq
 from ._variable import Variable

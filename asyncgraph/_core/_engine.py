@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import anyio.lowlevel
 
+from asyncgraph._exceptions import BackwardError, GraphError
+
 from ._accumulate import accumulate
-from ._exceptions import BackwardError, GraphError
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import Edge, Hook, Node, PostAccumulateHook, Seq
@@ -36,7 +37,7 @@ from ._planning import make_plan
 from ._variable import Variable
 
 if TYPE_CHECKING:
-    from asyncgraph.executors import Executor
+    from asyncgraph._core._executor import Executor
 
 __all__ = ["Engine", "NodeEvent", "current_node", "observe_nodes"]
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._exceptions import GraphError
+from asyncgraph._exceptions import GraphError
+
 from ._graph import Edge, Node
 from ._variable import Variable
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from asyncgraph.executors import Executor, current_executor
+from asyncgraph._core._executor import Executor, current_executor
+from asyncgraph._exceptions import GraphError
 
 from ._engine import Engine, Listener
-from ._exceptions import GraphError
 from ._graph import Edge, Node
 from ._variable import Variable
 

@@ -9,8 +9,8 @@ import anyio.lowlevel
 import anyio.to_thread
 
 if TYPE_CHECKING:
-    from asyncgraph._graph import Node
-    from asyncgraph._variable import Variable
+    from asyncgraph._core._graph import Node
+    from asyncgraph._core._variable import Variable
 
 __all__ = ["LocalExecutor"]
 

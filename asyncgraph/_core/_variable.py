@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._graph import Hook, Node, PostAccumulateHook, RemovableHandle, add_hook, new_hook_dict
 
 if TYPE_CHECKING:
-    from asyncgraph.executors import Executor
+    from asyncgraph._core._executor import Executor
 
     from ._engine import Listener
 
@@ -240,7 +240,7 @@ class Variable:
         )
 
     def __add__(self, other: Any) -> Variable:
-        """``a + b``: numbers add, texts concatenate, differentiably (see ``asyncgraph._arith``)."""
+        """``a + b``: numbers add, texts concatenate, differentiably (see ``asyncgraph._core._arith``)."""
         from ._arith import Add
 
         out: Variable = Add.apply(self, other)

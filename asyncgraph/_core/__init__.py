@@ -1,0 +1,8 @@
+"""The core: variables, Functions, the backward engine, grad modes, GradManager, Module and
+the Executor protocol.
+
+Private: users import these names from ``asyncgraph``, whose ``__init__`` re-exports
+them. Imports from here go only to the standard library, anyio and the exception tree
+(``asyncgraph._exceptions``); the import contracts in ``pyproject.toml`` check it for
+every module of this package, present and future.
+"""
