@@ -13,11 +13,7 @@ Imports go one way: this package uses the core and the leaf Redis client
 (``asyncgraph.resp``); the core never imports it.
 """
 
-from asyncgraph.distributed._executor import (
-    RedisExecutor,
-    RedisExecutorStats,
-    open_redis_executor,
-)
+from asyncgraph.distributed._executor import RedisExecutor, open_redis_executor
 from asyncgraph.distributed._fleet import (
     FleetError,
     live_workers,
@@ -27,24 +23,16 @@ from asyncgraph.distributed._fleet import (
 )
 from asyncgraph.distributed._redis_server import RedisServer, find_redis_server, free_port
 from asyncgraph.distributed.wire._keys import check_queue_name
-from asyncgraph.distributed.worker import (
-    ConfigError,
-    RegisteredFunction,
-    Registry,
-    Supervisor,
-    Worker,
-    WorkerConfig,
-    build_registry,
-)
-from asyncgraph.distributed.worker._config import log_level
+from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig, log_level
+from asyncgraph.distributed.worker._registry import Registry, build_registry
+from asyncgraph.distributed.worker._supervisor import Supervisor
+from asyncgraph.distributed.worker._worker import Worker
 
 __all__ = [
     "ConfigError",
     "FleetError",
     "RedisExecutor",
-    "RedisExecutorStats",
     "RedisServer",
-    "RegisteredFunction",
     "Registry",
     "Supervisor",
     "Worker",

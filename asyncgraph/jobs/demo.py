@@ -32,17 +32,7 @@ from ..optim import TGD
 from ..text import FormattedLLMCall, LLMCall, TextLoss, register_model
 from ._runner import Evaluation, Job
 
-__all__ = [
-    "DEMO_MODEL",
-    "DemoAnswer",
-    "DemoJudge",
-    "DemoProgram",
-    "INITIAL_PROMPT",
-    "INSTRUCTIONS",
-    "build_demo_job",
-    "demo_responder",
-    "load_dataset",
-]
+__all__ = ["DEMO_MODEL", "build_demo_job", "make_demo_model"]
 
 DEMO_MODEL = "demo"
 INITIAL_PROMPT = "You are a helpful assistant."

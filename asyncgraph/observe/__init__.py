@@ -18,21 +18,16 @@ the models see no observer at all.
 """
 
 from ._calllog import CallLog, call_record, log_calls, read_call_log
-from ._context import PROCESS, current_labels, labels
-from ._draw import GraphPicture, PictureBox, draw_graph
-from ._timeline import Span, Timeline, assign_lanes, current_timeline, trace_pass
+from ._context import labels
+from ._draw import GraphPicture, draw_graph
+from ._timeline import Span, Timeline, trace_pass
 
 __all__ = [
     "CallLog",
     "GraphPicture",
-    "PROCESS",
-    "PictureBox",
     "Span",
     "Timeline",
-    "assign_lanes",
     "call_record",
-    "current_labels",
-    "current_timeline",
     "draw_graph",
     "labels",
     "log_calls",

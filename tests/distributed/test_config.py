@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 
 from asyncgraph.distributed import ConfigError, WorkerConfig
-from asyncgraph.distributed.worker import SETTINGS
-from asyncgraph.distributed.worker._config import add_arguments
+from asyncgraph.distributed.worker._config import SETTINGS, add_arguments
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -10,7 +10,8 @@ import anyio
 import pytest
 
 from asyncgraph import BackwardError, Function, Parameter, Variable
-from asyncgraph.observe import Span, Timeline, assign_lanes, current_timeline, trace_pass
+from asyncgraph.observe import Span, Timeline, trace_pass
+from asyncgraph.observe._timeline import assign_lanes, current_timeline
 from asyncgraph.text import concat
 
 from .observe_helpers import Critique, Sleep, Total, check_chrome_trace

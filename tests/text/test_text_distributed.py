@@ -11,8 +11,7 @@ import anyio
 import pytest
 
 from asyncgraph import Parameter, Variable
-from asyncgraph.distributed import open_redis_executor
-from asyncgraph.distributed.worker import Worker, WorkerConfig, build_registry
+from asyncgraph.distributed import Worker, WorkerConfig, build_registry, open_redis_executor
 from asyncgraph.models import SimulatedModel
 from asyncgraph.text import TextLoss, check_portable, concat, llm_call, unregister_model
 

@@ -10,8 +10,13 @@ from typing import Any
 import anyio
 
 from asyncgraph._core._arith import Add
-from asyncgraph.distributed import RedisExecutor, open_redis_executor
-from asyncgraph.distributed.worker import Worker, WorkerConfig, build_registry
+from asyncgraph.distributed import (
+    RedisExecutor,
+    Worker,
+    WorkerConfig,
+    build_registry,
+    open_redis_executor,
+)
 from asyncgraph.models import Completion, SimulatedModel
 from asyncgraph.text import DeterministicEvaluator
 
