@@ -8,6 +8,7 @@ from typing import Any
 from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
 
+from ._awaited import must_await
 from ._engine import Engine, Listener
 from ._graph import Edge, Node
 from ._variable import Variable
@@ -108,6 +109,7 @@ def _roots(
     return roots
 
 
+@must_await("backward")
 async def backward(
     variables: Variables,
     grad_variables: Any = None,
@@ -172,6 +174,7 @@ async def backward(
     engine.commit()
 
 
+@must_await("grad")
 async def grad(
     outputs: Variables,
     inputs: Variables,

@@ -154,24 +154,6 @@ def current_node() -> Node | None:
     return None if cell is None else cell[0]
 
 
-def _starter(tg: anyio.abc.TaskGroup) -> Callable[..., object]:
-    """How the pass starts its tasks in ``tg``: ``tg.start_soon``, or on trio the nursery's.
-
-    Since anyio 4.14, ``start_soon`` makes a ``TaskHandle`` per task (a cancel scope,
-    an event, one coroutine more), which a wide pass pays once per node in flight:
-    on trio, a fourth of the client's CPU for a remote no-op node, much of it in the
-    garbage collector. The engine keeps no handle, so on trio it starts its tasks in
-    the nursery that anyio's task group wraps (cancelled with the group's scope, waited
-    for by it, its errors raised by it); any other group, or a future anyio without
-    that nursery, gets ``start_soon``.
-    """
-    nursery = getattr(tg, "_nursery", None)
-    trio = sys.modules.get("trio")
-    if trio is not None and isinstance(nursery, trio.Nursery):
-        return nursery.start_soon  # type: ignore[no-any-return]
-    return tg.start_soon
-
-
 class _GradSum(Function):
     """The engine's sum of several incoming gradients, recorded under create_graph."""
 
@@ -339,7 +321,7 @@ class Engine:
         # The task group exists only once a pass needs a second task (runners, hooks):
         # a chain runs in the caller's task alone. Until then, tasks to start wait here.
         self._tg: anyio.abc.TaskGroup | None = None
-        self._start_soon: Callable[..., object] | None = None  # the task group's, see _starter
+        self._start_soon: Callable[..., object] | None = None  # the task group's
         self._deferred: list[tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]] = []
         self._suspended = False
 
@@ -398,7 +380,7 @@ class Engine:
             if self._deferred and self._error is None:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
-                    self._start_soon = start_soon = _starter(tg)
+                    self._start_soon = start_soon = tg.start_soon
                     deferred, self._deferred = self._deferred, []
                     for fn, args in deferred:
                         start_soon(fn, *args)

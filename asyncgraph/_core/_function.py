@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from asyncgraph._exceptions import GraphError
@@ -86,7 +88,10 @@ class Function:
     Forward runs with grad disabled. Class attributes tune where backward runs:
     ``blocking = True`` runs a synchronous backward in a worker thread (sync I/O,
     heavy CPU); ``dispatch = "remote"`` lets a distributed executor send it to a
-    worker.
+    worker. ``ctx_types = {"options": MyOptions}`` declares ctx attributes that hold
+    a typed record instead of plain data: one travels to a worker as
+    ``value.to_data()`` and is rebuilt there with ``MyOptions.from_data(data)``, the
+    class coming from this declaration, never from the message.
 
     Example::
 
@@ -105,6 +110,7 @@ class Function:
     dispatch: ClassVar[Literal["local", "remote"]] = "local"
     blocking: ClassVar[bool] = False
     remote_name: ClassVar[str | None] = None
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = MappingProxyType({})
 
     _forward_is_async: ClassVar[bool] = False
     _setup_is_async: ClassVar[bool] = False
@@ -123,6 +129,17 @@ class Function:
             raise ValueError(
                 f"{cls.__name__}.dispatch must be 'local' or 'remote', got {cls.dispatch!r}"
             )
+        for name, kind in cls.ctx_types.items():
+            if not (
+                isinstance(name, str)
+                and isinstance(kind, type)
+                and callable(getattr(kind, "to_data", None))
+                and callable(getattr(kind, "from_data", None))
+            ):
+                raise TypeError(
+                    f"{cls.__name__}.ctx_types maps ctx attribute names to classes with "
+                    f"to_data() and a from_data(data) classmethod; {name!r}: {kind!r} is not one"
+                )
         cls._uses_setup_context = cls.setup_context is not Function.setup_context
         cls._forward_is_async = inspect.iscoroutinefunction(cls.forward)
         cls._setup_is_async = inspect.iscoroutinefunction(cls.setup_context)

@@ -20,6 +20,7 @@ from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
 
 from ._autodiff import _as_variables, _roots
+from ._awaited import must_await
 from ._engine import Engine, Listener, sum_grads
 from ._graph import Node, next_seq
 from ._variable import Variable
@@ -146,6 +147,7 @@ class GradManager:
         """
         self._recording = False
 
+    @must_await("gm.backward")
     async def backward(
         self, y: Variable | Sequence[Variable] | None = None, dy: Any = None
     ) -> None:

@@ -6,6 +6,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._awaited import must_await
 from ._graph import Hook, Node, PostAccumulateHook, RemovableHandle, add_hook, new_hook_dict
 
 if TYPE_CHECKING:
@@ -94,22 +95,33 @@ class Variable:
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
+        # PyTorch 2.x: assigning the flag of a non-leaf raises, for True as for False.
         if self.grad_fn is not None:
-            if value:
-                return  # a non-leaf with a grad_fn requires grad already (PyTorch: a no-op)
-            raise RuntimeError(
-                f"you can only change requires_grad flags of leaf variables; {self!r} was "
-                f"computed by {self.grad_fn.name}. If you want to use a computed variable "
-                f"in a subgraph that doesn't require differentiation use "
-                f"var_no_grad = var.detach()."
-            )
+            self._refuse_non_leaf(bool(value))
         self._requires_grad = bool(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> Variable:
         """Set ``requires_grad`` in place and return this variable (PyTorch's rules: on a
         non-leaf, True is a no-op and False raises ``RuntimeError``)."""
-        self.requires_grad = requires_grad
+        if self.grad_fn is not None:
+            if requires_grad:
+                return self  # a computed variable requires grad already
+            self._refuse_non_leaf(False)
+        self._requires_grad = bool(requires_grad)
         return self
+
+    def _refuse_non_leaf(self, value: bool) -> None:
+        assert self.grad_fn is not None
+        hint = (
+            " If you want to use a computed variable in a subgraph that doesn't require "
+            "differentiation use var_no_grad = var.detach()."
+            if not value
+            else ""
+        )
+        raise RuntimeError(
+            f"you can only change requires_grad flags of leaf variables; {self!r} was "
+            f"computed by {self.grad_fn.name}.{hint}"
+        )
 
     @property
     def grad(self) -> Variable | None:
@@ -207,6 +219,7 @@ class Variable:
         """A new leaf with the same data and role, cut from the graph."""
         return Variable(self.data, role=self.role)
 
+    @must_await("loss.backward")
     async def backward(
         self,
         grad: Any = None,
@@ -222,6 +235,10 @@ class Variable:
 
         Same as ``await asyncgraph.backward(self, grad, ...)``; see there. ``gradient=``
         is PyTorch's name for ``grad`` (``Tensor.backward(gradient=...)``).
+
+        A pass is a coroutine, in scripts as in async apps: ``loss.backward()`` without
+        ``await`` runs nothing, and asyncgraph warns (``RuntimeWarning``) at that line with
+        the form to write instead.
         """
         from ._autodiff import backward
 

@@ -82,6 +82,23 @@ def test_setting_requires_grad_on_a_non_leaf_raises() -> None:
     assert y.requires_grad
 
 
+def test_assigning_true_on_a_non_leaf_raises_too_as_in_pytorch_2() -> None:
+    x = Variable(1.0, requires_grad=True)
+    y = Add.apply(x, x)
+    with pytest.raises(RuntimeError, match="only change requires_grad flags of leaf"):
+        y.requires_grad = True
+    assert y.requires_grad and not y.is_leaf
+
+
+def test_requires_grad_underscore_true_on_a_non_leaf_is_a_no_op_false_raises() -> None:
+    x = Variable(1.0, requires_grad=True)
+    y = Add.apply(x, x)
+    assert y.requires_grad_(True) is y and y.requires_grad_() is y
+    with pytest.raises(RuntimeError, match="var.detach"):
+        y.requires_grad_(False)
+    assert y.requires_grad
+
+
 def test_parameter_is_a_leaf_that_requires_grad() -> None:
     p = Parameter("prompt", role="system")
     assert isinstance(p, Variable)
