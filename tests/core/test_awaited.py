@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 from asyncgraph import GradManager, Parameter, backward, grad
+
 from ._ops import Add, Mul
 
 
@@ -82,7 +83,7 @@ async def test_await_gives_the_same_gradient_as_before() -> None:
 
 
 def test_a_failed_call_is_not_reported_as_unawaited() -> None:
-    x, y = _graph()
+    _, y = _graph()
     calls = [y.backward(grad=1.0, gradient=1.0)]  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match="both grad and gradient"):
         asyncio.run(calls[0])  # type: ignore[arg-type]

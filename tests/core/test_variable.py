@@ -94,7 +94,7 @@ def test_requires_grad_underscore_true_on_a_non_leaf_is_a_no_op_false_raises() -
     x = Variable(1.0, requires_grad=True)
     y = Add.apply(x, x)
     assert y.requires_grad_(True) is y and y.requires_grad_() is y
-    with pytest.raises(RuntimeError, match="var.detach"):
+    with pytest.raises(RuntimeError, match=r"var\.detach"):
         y.requires_grad_(False)
     assert y.requires_grad
 
