@@ -372,6 +372,10 @@ class Module:
         source = Path(path)
         try:
             payload = json.loads(source.read_text(encoding="utf-8"))
+        except RecursionError:  # json nests by recursion: "[[[[..." of any depth
+            raise ValueError(
+                f"{str(source)!r} is not a saved Module (not JSON: nested too deeply)"
+            ) from None
         except ValueError as exc:
             raise ValueError(f"{str(source)!r} is not a saved Module (not JSON: {exc})") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:

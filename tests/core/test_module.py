@@ -189,6 +189,27 @@ def test_load_refuses_a_file_that_is_not_a_saved_module(tmp_path: Path) -> None:
         Program().load(bad)
 
 
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 100_000, "{" * 100_000, '{"a":' * 100_000, b"\xff\xfe not utf-8", ""],
+    ids=["deep-lists", "deep-braces", "deep-maps", "not-utf8", "empty"],
+)
+def test_any_file_that_does_not_parse_is_a_value_error_naming_it(
+    tmp_path: Path, content: str | bytes
+) -> None:
+    bad = tmp_path / "corrupt.json"
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        bad.write_text(content)
+    program = Program()
+    before = program.state_dict()
+    with pytest.raises(ValueError, match=r"corrupt\.json.* is not a saved Module") as caught:
+        program.load(bad)
+    assert not isinstance(caught.value, RecursionError)
+    assert program.state_dict() == before  # nothing loaded
+
+
 def test_assigning_a_non_parameter_over_a_parameter_raises() -> None:
     program = Program()
     with pytest.raises(TypeError, match=r"set \.intro\.data"):
