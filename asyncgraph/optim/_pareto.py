@@ -37,8 +37,8 @@ from asyncgraph import (
     graph_order,
     no_grad,
 )
+from asyncgraph._exceptions import NoFeedbackWarning, UpdateParseError
 from asyncgraph.models import BaseChatModel, ChatModel, track_usage
-from asyncgraph.optim._exceptions import NoFeedbackWarning, UpdateParseError
 from asyncgraph.optim._frontier import (
     Candidate,
     ancestors,
@@ -100,6 +100,8 @@ class _Outcome:
     scores: list[float] | None = None
     stages: list[str] = field(default_factory=list)
     note: str = ""
+    cost: tuple[int, int] = (0, 0)
+    """Model calls and tokens the item spent."""
 
 
 def _unpack(result: Any) -> tuple[Variable, float]:
@@ -188,9 +190,11 @@ class ParetoSearch:
       examples they win, then scored on the rest of the Pareto set.
     - Budget: ``max_calls`` model calls and/or ``max_tokens`` tokens (counted with
       ``asyncgraph.models.track_usage``: cache hits are free), and/or ``max_rounds``
-      (rounds after the seed's evaluation, which is round 0); at least one. It is checked between rounds, and a round is shrunk to what the
-      remaining budget affords at the average cost of past work, so the search stops
-      at most one work item's cost over it.
+      (rounds after the seed's evaluation, which is round 0); at least one. It is
+      checked between rounds, and a round is shrunk to as many work items as the
+      remaining budget affords at the cost of the dearest item so far (at least one).
+      So while no item costs more than the dearest before it, the search ends within
+      the budget, or over it by at most one item's cost when not even one fits.
     - ``model`` (a ChatModel or spec; default: the default feedback model) writes the
       rewrites and merges; ``executor`` runs the backwards (e.g. a Redis fleet).
 
@@ -285,6 +289,8 @@ class ParetoSearch:
         self.calls = 0
         self.tokens = 0
         self.work_done = 0
+        self.dearest_item = (0, 0)
+        """The most calls and the most tokens one work item has cost (sizes the last round)."""
         self.merged_pairs: set[tuple[int, int]] = set()
         self.history: list[dict[str, Any]] = []
         self._limiter: anyio.CapacityLimiter | None = None
@@ -311,6 +317,7 @@ class ParetoSearch:
             "calls": self.calls,
             "tokens": self.tokens,
             "work_done": self.work_done,
+            "dearest_item": list(self.dearest_item),
             "pool": [c.to_data() for c in self.pool],
             "merged_pairs": sorted([a, b] for a, b in self.merged_pairs),
             "history": copy.deepcopy(self.history),
@@ -334,6 +341,7 @@ class ParetoSearch:
             merged = {(int(a), int(b)) for a, b in state["merged_pairs"]}
             numbers = [int(state[k]) for k in ("round", "calls", "tokens", "work_done")]
             history = [dict(row) for row in state["history"]]
+            dearest_calls, dearest_tokens = (int(n) for n in state.get("dearest_item", (0, 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"ParetoSearch state is corrupt: {exc!r}") from None
         for c in pool:
@@ -341,6 +349,7 @@ class ParetoSearch:
                 raise ValueError(f"ParetoSearch state is corrupt: candidate {c.id}'s scores")
         self.pool, self.merged_pairs, self.history = pool, merged, history
         self.round, self.calls, self.tokens, self.work_done = numbers
+        self.dearest_item = (dearest_calls, dearest_tokens)
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> bool:
@@ -352,19 +361,29 @@ class ParetoSearch:
         )
 
     def _affordable(self, wanted: int) -> int:
-        """How many work items the remaining budget affords at the average cost so far."""
+        """How many work items the remaining budget affords at the dearest item's cost
+        so far (at least one: the budget was not spent when the round began)."""
+        dearest_calls, dearest_tokens = self.dearest_item
         if self.work_done == 0:
-            return wanted
-        spent_before = self.history[0]["calls"] if self.history else 0
-        per_item_calls = max(1.0, (self.calls - spent_before) / self.work_done)
-        tokens_before = self.history[0]["tokens"] if self.history else 0
-        per_item_tokens = max(1.0, (self.tokens - tokens_before) / self.work_done)
+            dearest_calls, dearest_tokens = self._first_item_estimate()
         limit = wanted
         if self.max_calls is not None:
-            limit = min(limit, math.ceil((self.max_calls - self.calls) / per_item_calls))
+            limit = min(limit, (self.max_calls - self.calls) // max(1, dearest_calls))
         if self.max_tokens is not None:
-            limit = min(limit, math.ceil((self.max_tokens - self.tokens) / per_item_tokens))
+            limit = min(limit, (self.max_tokens - self.tokens) // max(1, dearest_tokens))
         return max(1, limit)
+
+    def _first_item_estimate(self) -> tuple[int, int]:
+        """What a proposal may cost before any has run, from the seed's evaluation (round
+        0): its forward, backward and evaluation on a minibatch, a rewrite per parameter,
+        and the evaluation of its child on the Pareto set, at the seed's cost an example."""
+        seed = self.history[0] if self.history else {"calls": 0, "tokens": 0}
+        examples = 3 * self.minibatch_size + len(self.pareto_indices)
+        per_example = max(1, len(self.pareto_indices))
+        rewrites = len(self.module.state_dict())
+        calls = math.ceil(seed["calls"] / per_example * examples) + rewrites
+        tokens = math.ceil(seed["tokens"] / per_example * examples) * 2
+        return calls, tokens
 
     # -- models and evaluation -----------------------------------------------------
     def _model(self) -> ChatModel:
@@ -472,14 +491,22 @@ class ParetoSearch:
 
         async def run(i: int) -> None:
             kind, arg = items[i]
-            if kind == "merge":
-                outcomes[i] = await self._merge(*arg)
-            else:
-                outcomes[i] = await self._propose(*arg)
+            with track_usage() as usage:  # nested: the round's meter counts these too
+                if kind == "merge":
+                    outcome = await self._merge(*arg)
+                else:
+                    outcome = await self._propose(*arg)
+            spent = usage.snapshot()
+            outcome.cost = (spent.requests, spent.total_tokens)
+            outcomes[i] = outcome
 
         await run_all([functools.partial(run, i) for i in range(len(items))])
         done = [o for o in outcomes if o is not None]
         self.work_done += len(done)
+        self.dearest_item = (
+            max([self.dearest_item[0], *(o.cost[0] for o in done)]),
+            max([self.dearest_item[1], *(o.cost[1] for o in done)]),
+        )
         known = {json.dumps(c.values, sort_keys=True) for c in self.pool}
         for outcome in done:  # in plan order: the pool does not depend on timing
             if outcome.kind == "merge":
@@ -506,7 +533,14 @@ class ParetoSearch:
         return {
             "round": self.round,
             "work": [
-                {"kind": o.kind, "parents": list(o.parents), "stages": o.stages, "note": o.note}
+                {
+                    "kind": o.kind,
+                    "parents": list(o.parents),
+                    "stages": o.stages,
+                    "note": o.note,
+                    "calls": o.cost[0],
+                    "tokens": o.cost[1],
+                }
                 for o in outcomes
             ],
             "pool": len(self.pool),

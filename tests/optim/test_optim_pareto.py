@@ -24,6 +24,7 @@ from skills_task import (
 from asyncgraph import Module, Parameter, Variable
 from asyncgraph.models import SimulatedModel
 from asyncgraph.optim import Candidate, ParetoSearch
+from asyncgraph.text import LLMCall
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +133,32 @@ async def test_budget_in_calls_and_tokens_stops_the_search() -> None:
         per_round = spent / max(1, result.rounds - 1)
         assert spent - limit < per_round
         assert not await search.step()  # spent: nothing more runs
+
+
+class SkewedProgram(SkillProgram):
+    """Examples of the first skill cost 12 extra model calls each: work items cost
+    unevenly (a minibatch of them costs far more than the average item)."""
+
+    async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
+        if example["skill"] == "a":
+            for _ in range(12):  # answered, then dropped: no gradient flows through them
+                await LLMCall.apply(Variable(BASE), Variable(example["question"]), model=self.model)
+        return await super().forward(example)
+
+
+@pytest.mark.parametrize("max_calls", [180, 260, 400, 650])
+async def test_the_budget_is_overshot_by_at_most_one_work_item_with_skewed_costs(
+    max_calls: int,
+) -> None:
+    model = make_model()
+    search = search_for(SkewedProgram(model), model, max_calls=max_calls)
+    result = await search.run()
+    items = [item for row in result.history[1:] for item in row["work"]]
+    costs = [item["calls"] for item in items]
+    assert len(set(costs)) >= 2  # the items did cost unevenly
+    assert sum(costs) + result.history[0]["calls"] == result.calls  # every call is an item's
+    assert result.calls >= max_calls
+    assert result.calls - max_calls <= max(costs), (result.calls, max_calls, costs)
 
 
 async def test_max_rounds() -> None:
