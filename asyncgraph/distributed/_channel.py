@@ -30,13 +30,12 @@ waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -56,9 +55,6 @@ from asyncgraph.distributed.wire._schema import (
 from asyncgraph.distributed.wire._signing import SECRET_ENV, Signer
 from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
 
-if TYPE_CHECKING:
-    import trio
-
 __all__ = ["RedisExecutorStats", "TaskChannel"]
 
 log = logging.getLogger("asyncgraph.distributed")
@@ -75,44 +71,11 @@ CLIENT_BEAT_S = 2.0  # a client's heartbeat period; its expiry is CLIENT_TTL_S a
 CLIENT_TTL_S = 15.0
 
 
-class _FutureEvent:
-    """A one-shot event on asyncio: one future, awaited as is.
-
-    A wide pass keeps one waiting per remote node in flight; an ``anyio.Event`` there
-    is an asyncio.Event, its deque, a future and two coroutines per wait, all walked by
-    the garbage collector's full collections while they wait.
-    """
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: asyncio.Future[None]) -> None:
-        self._future = future
-
-    def set(self) -> None:
-        if not self._future.done():  # a waiter cancelled meanwhile has cancelled it
-            self._future.set_result(None)
-
-    def wait(self) -> asyncio.Future[None]:
-        return self._future
-
-
-def _event_factory() -> Callable[[], _FutureEvent | trio.Event]:
-    """One-shot events for this event loop: futures on asyncio, ``trio.Event`` on trio
-    (an ``anyio.Event`` would wrap it, with a coroutine more per wait)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio: trio, anyio's other backend
-        import trio
-
-        return trio.Event
-    return lambda: _FutureEvent(loop.create_future())
-
-
 @dataclass(eq=False, slots=True)
 class _Pending:
     task_id: str
     function: str
-    event: _FutureEvent | trio.Event
+    event: anyio.Event
     packed: bytes
     signature: bytes
     deadline: float
@@ -175,7 +138,6 @@ class TaskChannel:
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
         self._submitted = anyio.Event()
-        self._new_event = _event_factory()
         self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
         self._flushing = 0  # flushes on their way to Redis
 
@@ -199,7 +161,7 @@ class TaskChannel:
         pending = _Pending(
             task_id,
             function,
-            self._new_event(),
+            anyio.Event(),
             packed,
             signature,
             anyio.current_time() + self.timeout_s,

@@ -1,4 +1,4 @@
-"""A small async Redis client (RESP2) for asyncio and trio, on lean socket streams of its own.
+"""A small async Redis client (RESP2) for asyncio and trio, on anyio's socket streams.
 
 A leaf: it imports nothing else of asyncgraph, so the model clients (rate limiter,
 cache) and the distributed executor and worker share it without depending on each

@@ -1,10 +1,8 @@
 """A small async Redis client (RESP2): same code on asyncio and trio.
 
-It reads and writes anyio byte streams: over TLS, anyio's own; over plain TCP
-or Unix sockets, lean ones of its own (``_asyncio_stream``, ``_trio_stream``)
-that wait only when the socket would block, which spares every command a pass
-of the event loop (and on asyncio two system calls), and whose deadlines are not
-cancel scopes (``_lean_stream``).
+It reads and writes anyio's socket streams (``anyio.connect_tcp``, with TLS or
+without, and ``anyio.connect_unix``): one code path on every event loop anyio
+runs on, and a deadline per call is an ``anyio.fail_after``.
 
 Why not redis-py: its asyncio client does not run under trio, and its
 synchronous client in worker threads costs a thread hop (~130 us measured on
@@ -29,7 +27,6 @@ streams) set it from their message limit, so one huge entry cannot exhaust memor
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
 import ssl
@@ -41,9 +38,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
-
-from asyncgraph.resp._asyncio_stream import open_asyncio_stream
-from asyncgraph.resp._lean_stream import LeanStream
 
 if TYPE_CHECKING:
     from asyncgraph.resp._cluster import ClusterRouter
@@ -531,14 +525,6 @@ def _pack(commands: Sequence[Sequence[Arg]]) -> bytes:
     return b"".join(out)
 
 
-def _on_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # trio
-        return False
-    return True
-
-
 def _keep_alive(stream: anyio.abc.ByteStream) -> None:
     """TCP keepalive: a connection the network dropped silently errors within ~30 s."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
@@ -551,15 +537,6 @@ def _keep_alive(stream: anyio.abc.ByteStream) -> None:
 
 
 async def _connect(address: RedisAddress) -> anyio.abc.ByteStream:
-    if address.ssl_context is None:
-        if _on_asyncio():
-            lean: LeanStream = await open_asyncio_stream(address.host, address.port, address.path)
-        else:
-            from asyncgraph.resp._trio_stream import open_trio_stream  # trio: imported on it only
-
-            lean = await open_trio_stream(address.host, address.port, address.path)
-        _keep_alive(lean)
-        return lean
     if address.path is not None:
         return await anyio.connect_unix(address.path)
     if address.ssl_context is not None:
@@ -683,19 +660,10 @@ class Connection:
         ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
         arrays longer than this raise ``RedisConnectionLost``. ``max_items``: arrays of
         more items come back as ``Wide`` (unread). ``timeout_s``: ``TimeoutError`` when
-        the replies are not all in by then (the connection is closed). On a lean
-        stream that is the stream's deadline, not a cancel scope (about 5 us less for
-        every command).
+        the replies are not all in by then (the connection is closed).
         """
         if timeout_s is None:
             return await self._pipeline(commands, max_bulk, max_items)
-        stream = self._stream
-        if isinstance(stream, LeanStream):
-            stream.deadline = stream.time() + timeout_s
-            try:
-                return await self._pipeline(commands, max_bulk, max_items)
-            finally:
-                stream.deadline = None
         with anyio.fail_after(timeout_s):
             return await self._pipeline(commands, max_bulk, max_items)
 
@@ -712,8 +680,6 @@ class Connection:
             # A command cut short leaves replies in flight: the connection is unusable.
             self.broken = True
             await anyio.aclose_forcefully(self._stream)
-            if isinstance(exc, TimeoutError) and exc.errno is None:
-                raise  # timeout_s passed (the kernel's ETIMEDOUT has an errno: a lost link)
             if isinstance(
                 exc,
                 (

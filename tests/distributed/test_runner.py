@@ -1,5 +1,5 @@
 """The worker's task runner (``asyncgraph.distributed.worker._runner``), on asyncio and trio
-(every async test runs on both): one implementation each.
+(every async test runs on both): one implementation for both.
 
 No Redis: the runner only runs coroutines under deadlines and stops them.
 """

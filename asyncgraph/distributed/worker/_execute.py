@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from asyncgraph import FunctionCtx, no_grad
@@ -87,15 +87,13 @@ class Threads:
 def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
     """This event loop's "run this callback soon", callable from any thread, never waiting.
 
-    (``anyio.from_thread.run_sync`` waits for the callback to have run.) A closed loop
-    raises RuntimeError (trio's ``RunFinishedError`` is one).
+    (``anyio.from_thread.run_sync`` waits for the callback to have run.) Through the
+    loop's public token: its backend class schedules without waiting, on any event loop
+    anyio runs on. A finished loop raises ``anyio.RunFinishedError`` (a RuntimeError).
     """
-    try:
-        return asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:  # not asyncio: trio, anyio's other backend
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
+    token = anyio.lowlevel.current_token()
+    schedule, native = token.backend_class.run_sync_soon, token.native_token
+    return lambda callback: schedule(callback, (), native)
 
 
 async def execute(registered: RegisteredFunction, message: TaskMessage, threads: Threads) -> Any:
