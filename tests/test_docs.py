@@ -55,6 +55,36 @@ def test_a_local_tutorial_runs_as_written(name: str, tmp_path: Path) -> None:
     assert done.stdout == expected
 
 
+@pytest.mark.slow
+def test_the_tutorial_job_runs_from_the_command_line_as_the_tutorial_says(tmp_path: Path) -> None:
+    # "From the command line": the same file, run and evaluated by the CLI, which
+    # imports it and calls build_job() (no main(): the model must be set at import).
+    code, _ = snippets()["tutorial-job"]
+    (tmp_path / "job.py").write_text(code)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "asyncgraph", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            check=False,
+        )
+
+    done = cli("run", "job.py", "--out", "runs/even-odd")
+    assert done.returncode == 0, done.stderr
+    assert "finished after 4 step(s)" in done.stdout
+    assert "prompt: Label the number. Even numbers are 'even'. Odd numbers are 'odd'." in (
+        done.stdout
+    )
+    assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
+    done = cli("eval", "job.py", "--params", "runs/even-odd/best.json")
+    assert done.returncode == 0, done.stderr
+    assert "score: 1.0000" in done.stdout
+
+
 def test_the_fleet_tutorial_runs_against_real_workers(
     tmp_path: Path, redis_server_binary: None
 ) -> None:
