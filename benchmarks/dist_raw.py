@@ -1,8 +1,10 @@
 """The baseline: plain redis-py streams (asyncio), no framework.
 
 Worker: XREADGROUP in batches, XADD the reply and XACK, pipelined per batch.
-Client, two ways:
+Client, three ways:
 
+- *round trips* (``round_trips``): one task at a time, its XADD a plain command (not a
+  one-command pipeline, which redis-py makes dearer), then a blocking XREAD of the reply;
 - *per task* (``call``): each task is a coroutine that XADDs its message and
   awaits a future that one listener (XREAD BLOCK on the client's reply stream)
   resolves: what a hand-written task queue looks like, and what the issue's
@@ -57,12 +59,19 @@ class Client:
         self.n = 0
 
     async def submit(self, count: int) -> list[bytes]:
-        pipe = self.client.pipeline(transaction=False)
+        """XADD ``count`` tasks: a lone task as a plain command (what a hand-written client
+        sends), several in one pipeline."""
         ids = []
         for _ in range(count):
             self.n += 1
-            task_id = str(self.n).encode()
-            ids.append(task_id)
+            ids.append(str(self.n).encode())
+        if count == 1:
+            await self.client.xadd(
+                STREAM, {b"id": ids[0], b"reply": self.reply, b"payload": b"\x91\xc0"}
+            )
+            return ids
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in ids:
             pipe.xadd(STREAM, {b"id": task_id, b"reply": self.reply, b"payload": b"\x91\xc0"})
         await pipe.execute()
         return ids
