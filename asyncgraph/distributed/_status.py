@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -26,10 +27,20 @@ from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_u
 __all__ = ["add_arguments", "fleet_status", "format_status", "run"]
 
 _LATEST_DEAD = 5
+REDIS_URL_ENV = "ASYNCGRAPH_REDIS_URL"
 
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {ord("\n"): "\\n"}
+
+
+def _shown(value: Any) -> str:
+    """``value`` as text safe for a terminal: a stored escape sequence or carriage
+    return (anyone who can write to Redis chose it) is shown escaped, never sent raw."""
+    return str(value).translate(_CONTROL)
 
 
 def _pairs(flat: Any) -> dict[str, Any]:
@@ -81,6 +92,11 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
         raise RemoteConnectionError(
             f"{exc or f'no answer from Redis at {address.display}'} (waited up to "
             f"{timeout_s:g} s); check --redis and that Redis is up"
+        ) from None
+    except ReplyError as exc:  # e.g. WRONGPASS or NOAUTH while connecting
+        raise RemoteConnectionError(
+            f"Redis at {address.display} refused the connection: {exc}; check the "
+            f"user name and password in --redis (or $ASYNCGRAPH_REDIS_URL)"
         ) from None
     finally:
         with anyio.CancelScope(shield=True):
@@ -135,12 +151,17 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
 
 
 def format_status(status: dict[str, Any], rate: float | None = None) -> str:
-    """The reading as a few lines for a terminal."""
+    """The reading as a few lines for a terminal (every value read from Redis escaped)."""
+    lines = [_shown(line) for line in _status_lines(status, rate)]
+    return "\n".join(lines)
+
+
+def _status_lines(status: dict[str, Any], rate: float | None) -> list[str]:
     if not status["known"]:
-        return (
+        return [
             f"queue {status['queue']!r} at {status['redis']}: unknown (no task stream and no "
             f"worker has ever served it; check --queue)"
-        )
+        ]
     lines = [
         f"queue {status['queue']!r} at {status['redis']}: {status['alive']} worker(s) alive, "
         f"depth {status['depth']}, pending {status['pending']}"
@@ -166,11 +187,18 @@ def format_status(status: dict[str, Any], rate: float | None = None) -> str:
     lines.append(f"dead letters: {status['dead_letters']}")
     for d in status["latest_dead_letters"]:
         lines.append(f"  {d['id']} {d['reason']}: {d['error'][:100]}")
-    return "\n".join(lines)
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", metavar="URL", required=True, help="the fleet's Redis")
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get(REDIS_URL_ENV),
+        required=REDIS_URL_ENV not in os.environ,
+        help=f"the fleet's Redis (${REDIS_URL_ENV}; prefer the variable when the URL holds a "
+        f"password: argv is visible to other users)",
+    )
     parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     parser.add_argument(
         "--watch", action="store_true", help="read again every --interval seconds (Ctrl-C stops)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,53 @@ def test_status_of_an_unknown_queue_or_an_unreachable_redis_is_clear(redis_url: 
     assert down.returncode == 1
     assert down.stderr.startswith("error: ") and "check --redis" in down.stderr
     assert "Traceback" not in down.stderr
+
+
+def test_a_wrong_password_is_one_clear_line_that_does_not_show_the_password(
+    redis_url: str,
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.acl_setuser(
+        "statususer", enabled=True, passwords=["+right-password"], commands=["+@all"], keys=["*"]
+    )
+    try:
+        host = redis_url.split("//", 1)[1].split("/", 1)[0]
+        done = status(f"redis://statususer:wrong-password@{host}/0")
+        assert done.returncode == 1
+        assert done.stderr.startswith("error: Redis at redis://statususer:***@")
+        assert "WRONGPASS" in done.stderr and "check the user name and password" in done.stderr
+        assert "Traceback" not in done.stderr and "wrong-password" not in done.stderr
+        # The password in the query (redis-py's form) and in the environment variable.
+        env = {
+            **os.environ,
+            "ASYNCGRAPH_REDIS_URL": f"redis://statususer@{host}/0?password=right-password",
+        }
+        for extra in (["--json"], []):
+            shown = subprocess.run(
+                [sys.executable, "-m", "asyncgraph", "status", "--queue", QUEUE, *extra],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
+            assert shown.returncode == 1  # an unknown queue, read with the right password
+            assert "password=***" in shown.stdout
+            assert "right-password" not in shown.stdout + shown.stderr
+    finally:
+        client.acl_deluser("statususer")
+        client.close()
+
+
+def test_escape_sequences_stored_in_redis_are_shown_escaped(redis_url: str) -> None:
+    # Anyone who can write to Redis chooses what status prints: a worker entry of theirs.
+    client = redis.Redis.from_url(redis_url)
+    seconds, micros = client.time()
+    expiry = seconds * 1000 + micros // 1000 + 60_000
+    host = "evil\x1b]0;pwned\x07\x1b[2J\rhost"
+    client.hset(keys.workers_hash(QUEUE), "w\x1b[31m1", expiry)
+    client.hset(keys.workers_info_hash(QUEUE), "w\x1b[31m1", json.dumps({"host": host}))
+    client.close()
+    text = status(redis_url)
+    assert "\x1b" not in text.stdout and "\x07" not in text.stdout and "\r" not in text.stdout
+    assert "evil\\x1b]0;pwned\\x07\\x1b[2J\\x0dhost" in text.stdout
+    assert "w\\x1b[31m1" in text.stdout

@@ -1,0 +1,63 @@
+"""One redaction for every URL and secret (asyncgraph/_redact.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncgraph._redact import REDACTED, redact, redact_url, secret_values, url_host
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://default:pw1@h:6379/0", "redis://default:***@h:6379/0"),
+        ("redis://:pw1@h:6379/0", "redis://:***@h:6379/0"),
+        ("redis://h/0?password=pw2&db=1", "redis://h/0?password=***&db=1"),
+        ("unix:///tmp/r.sock?password=pw3&db=2", "unix:///tmp/r.sock?password=***&db=2"),
+        ("rediss://u:pw1@h:6380/0?password=pw2", "rediss://u:***@h:6380/0?password=***"),
+        (
+            "redis+sentinel://:pw1@a:1,b:2/svc?sentinel_password=pw4",
+            "redis+sentinel://:***@a:1,b:2/svc?sentinel_password=***",
+        ),
+        ("http://user:pass@h/v1?api-key=K9&x=1", "http://user:***@h/v1?api-key=***&x=1"),
+        (
+            "https://e.azure.com/o?api-version=2024-10-21&api_key=K",
+            "https://e.azure.com/o?api-version=2024-10-21&api_key=***",
+        ),
+        ("https://h/v1?token=t&sig=s&auth=a", "https://h/v1?token=***&sig=***&auth=***"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("https://api.openai.com/v1", "https://api.openai.com/v1"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url_masks_userinfo_and_credential_parameters(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_url_host_is_the_host_and_port_only() -> None:
+    assert url_host("http://user:pass@example.com:8443/v1?api-key=K") == "example.com:8443"
+    assert url_host("https://example.com/v1") == "example.com"
+    assert url_host("http://[::1]:8080/x") == "[::1]:8080"
+    assert url_host("unix:///tmp/r.sock") == ""
+
+
+def test_secret_values_are_those_of_secret_looking_variables_longest_first() -> None:
+    env = {
+        "OPENAI_API_KEY": "sk-test-abcdefgh",
+        "MY_TOKEN": "tok-12345678-long",
+        "PWD": "/home/user/project",  # the working directory: not a secret
+        "SHORT_KEY": "abc",  # too short to replace safely
+        "HOME": "/home/user",
+    }
+    assert secret_values(env) == ["tok-12345678-long", "sk-test-abcdefgh"]
+
+
+def test_redact_free_text() -> None:
+    text = (
+        "failed: redis://:hunter22@h:1/0?password=hunter33 said 'Bearer abcdefghijkl', "
+        "the reply quoted my-secret-value-123 and sk-abcdefghijklmnop"
+    )
+    out = redact(text, ["my-secret-value-123"])
+    for secret in ("hunter22", "hunter33", "abcdefghijkl", "my-secret-value-123", "sk-abc"):
+        assert secret not in out
+    assert "redis://:***@h:1/0?password=***" in out and out.count(REDACTED) == 3
