@@ -56,6 +56,7 @@ _STATIC = {
 }
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 _API = re.compile(r"^/api/run/(\d+)(?:/(calls|trace)/(\d+))?$")
+_MAX_DIGITS = 9  # a run or step number; longer ones are refused before int() sees them
 _WORDS = re.compile(r"\s+|[^\s]+")
 _MAX_DIFF_CHARS = 200_000
 
@@ -267,6 +268,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"runs": [run_summary(d) for d in self.server.run_dirs]})
             return
         match = _API.match(path)
+        if match is not None and any(len(g) > _MAX_DIGITS for g in match.groups("")):
+            self._send(HTTPStatus.BAD_REQUEST, b"run or step number out of range", "text/plain")
+            return
         if match is None or int(match.group(1)) >= len(self.server.run_dirs):
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
             return

@@ -70,6 +70,7 @@ def test_word_diff_marks_inserted_and_deleted_words() -> None:
     assert "".join(t for op, t in diff if op != "+") == "one two three"
 
 
+@pytest.mark.slow
 def test_load_run_has_metrics_parameters_with_diffs_feedback_and_traces(runs: list[Path]) -> None:
     run = load_run(runs[1])
     assert run["name"] == "demo-prompt-optimization"
@@ -101,6 +102,7 @@ def test_a_step_redone_after_an_interrupt_shows_its_last_line(tmp_path: Path) ->
     assert run["history"] == [] and run["steps_done"] == 0
 
 
+@pytest.mark.slow
 def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
     runs: list[Path],
 ) -> None:
@@ -130,6 +132,19 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
         assert get(url + "api/runs", host="attacker.example:80")[0] == 403
 
 
+def test_an_absurd_run_or_step_number_is_a_400_not_a_traceback(tmp_path: Path) -> None:
+    with open_ui_server([tmp_path]) as url:
+        for path in (
+            f"api/run/0/calls/{'9' * 5000}",
+            f"api/run/0/trace/{'1' * 10}",
+            f"api/run/{'7' * 5000}",
+        ):
+            status, body = get(url + path)
+            assert status == 400 and body == b"run or step number out of range", path
+        assert get(url + "api/run/0/calls/123456789")[0] == 200  # nine digits: fine
+
+
+@pytest.mark.slow
 def test_the_ui_follows_a_run_while_it_runs(tmp_path: Path) -> None:
     out = tmp_path / "live"
     out.mkdir()
@@ -158,6 +173,7 @@ def test_the_ui_follows_a_run_while_it_runs(tmp_path: Path) -> None:
     assert final["steps_done"] == 6
 
 
+@pytest.mark.slow
 def test_ui_of_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("ui", str(tmp_path / "nope"), "--no-browser")
     assert proc.returncode == 2
@@ -204,6 +220,7 @@ def count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
 
 
+@pytest.mark.slow
 def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chromium(
     runs: list[Path], chromium: list[str], tmp_path: Path
 ) -> None:
