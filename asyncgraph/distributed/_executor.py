@@ -221,7 +221,7 @@ class RedisExecutor:
         try:
             packed, signature = encode(message, self._signer, self._limits)
         except TypeError:
-            raise diagnose_unpackable(fn.__name__, ctx, values()) from None
+            raise diagnose_unpackable(fn, ctx, values()) from None
         return task_id, name, packed, signature
 
     async def _result(

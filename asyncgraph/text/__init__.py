@@ -8,6 +8,8 @@ backward asks it for feedback.
   model call. ``dispatch = "local"``.
 - :class:`TextLoss`: an LLM judge whose evaluation is the loss.
 - :class:`ExactMatch`, :class:`Metric`: non-differentiable metrics.
+- :class:`LLMOptions`, :class:`PythonCallOptions`: the options of one call,
+  resolved, as a frozen record; a node keeps it as ``ctx.options``.
 - :class:`PythonCall`: a Python function on text (TextGrad's
   StringBasedFunction); backward asks the feedback model about each input.
   ``dispatch = "remote"``.
@@ -73,6 +75,7 @@ from asyncgraph.text._functions import (
     llm_call,
 )
 from asyncgraph.text._loss import TextLoss
+from asyncgraph.text._options import LLMOptions, PythonCallOptions
 from asyncgraph.text._prompts import describe
 from asyncgraph.text._pyfunc import (
     REMOTE_FUNCTIONS,
@@ -98,11 +101,13 @@ __all__ = [
     "ExactMatch",
     "FormattedLLMCall",
     "LLMCall",
+    "LLMOptions",
     "Metric",
     "ModelDefaults",
     "ModelLike",
     "ModelRef",
     "PythonCall",
+    "PythonCallOptions",
     "REMOTE_FUNCTIONS",
     "StructuredOutputError",
     "TextLoss",

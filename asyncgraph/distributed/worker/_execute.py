@@ -127,7 +127,7 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
     return {
         "out": result_entries(tuple(outputs)),
         "tuple": is_tuple,
-        "ctx": ctx_state(ctx),
+        "ctx": ctx_state(ctx, fn),
         "nd": [i for i, o in enumerate(outputs) if any(o is n for n in non_diff)],
     }
 
