@@ -1,9 +1,10 @@
 """Text Functions: LLM calls, formatted LLM calls, concatenation and metrics.
 
 Every Function here keeps only msgpack-friendly data in its ctx (strings,
-numbers, lists, dicts, a model *reference*; no saved Variables, no model
-objects), so a distributed executor can rebuild the ctx on a worker and run the
-backward there. ``dispatch`` says where: the LLM calls default to ``"remote"``
+numbers, lists, dicts; no saved Variables, no model objects), and the LLM calls
+their options as one typed record, ``ctx.options`` (an ``LLMOptions``, declared in
+``ctx_types``, holding model *references*), so a distributed executor can rebuild
+the ctx on a worker and run the backward there. ``dispatch`` says where: the LLM calls default to ``"remote"``
 (their backward calls a model), the cheap ones to ``"local"``. Change it per
 class with a subclass::
 
@@ -23,23 +24,18 @@ import functools
 import inspect
 import string
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Function, Variable
-from asyncgraph.text._budget import (
-    DEFAULT_FEEDBACK_BUDGET,
-    current_feedback_budget,
-    feedback_within_budget,
-)
+from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
-from asyncgraph.text._defaults import with_defaults
+from asyncgraph.text._options import OUTPUT_ROLE, LLMOptions
 from asyncgraph.text._prompts import describe, llm_feedback_messages
-from asyncgraph.text._registry import ModelLike, ModelRef, RefData, model_ref, resolve_ref
+from asyncgraph.text._registry import ModelLike, ModelRef
 from asyncgraph.text._structured import (
-    DEFAULT_STRUCTURED_ATTEMPTS,
     StructuredOutputError,
-    json_schema_of,
     parse_structured,
     response_format_param,
     retry_message,
@@ -61,20 +57,7 @@ __all__ = [
     "llm_call",
 ]
 
-_OUTPUT_ROLE = "response from the language model"
-_LLM_OPTIONS = frozenset(
-    {
-        "model",
-        "base_url",
-        "params",
-        "feedback_model",
-        "feedback_params",
-        "role",
-        "feedback_budget",
-        "response_format",
-        "format_attempts",
-    }
-)
+_LLM_CTX_TYPES: Mapping[str, type[Any]] = MappingProxyType({"options": LLMOptions})
 
 
 class _TextFunction(Function):
@@ -103,78 +86,8 @@ def _images(values: Any) -> list[dict[str, Any]]:
     return found
 
 
-def _params(value: Any, name: str, function: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise TypeError(f"{function}: {name} must be a dict of model parameters, got {value!r:.80}")
-    return dict(value)
-
-
-def _llm_options(function: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate an LLM call's keyword options; store what backward needs as plain data."""
-    unknown = sorted(set(options) - _LLM_OPTIONS)
-    if unknown:
-        raise TypeError(f"{function} got unexpected keyword argument(s) {unknown!r}")
-    for name, value in options.items():
-        if isinstance(value, Variable):
-            raise TypeError(
-                f"{function}: option {name}= must be plain data, got a Variable ({value!r}); "
-                f"pass its .data, or pass the Variable as an input"
-            )
-    # The budget is read now (use_feedback_budget / set_feedback_budget) and kept in the
-    # node; None is a real value here (no condensing), so it is taken out before the
-    # model defaults, which read None as "not given".
-    budget = (
-        current_feedback_budget(options["feedback_budget"], where=function)
-        if "feedback_budget" in options
-        else current_feedback_budget()
-    )
-    schema = (
-        None
-        if options.get("response_format") is None
-        else json_schema_of(options["response_format"])
-    )
-    attempts = options.get("format_attempts", DEFAULT_STRUCTURED_ATTEMPTS)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise TypeError(f"{function}: format_attempts must be an int >= 1, got {attempts!r}")
-    structured = {"feedback_budget", "response_format", "format_attempts"}
-    options = {k: v for k, v in options.items() if k not in structured}
-    options = with_defaults(function, options)  # use_models / set_default_models
-    base_url = options.get("base_url")
-    if base_url is not None and not isinstance(base_url, str):
-        raise TypeError(f"{function}: base_url must be a str, got {base_url!r}")
-    role = options.get("role", _OUTPUT_ROLE)
-    if not isinstance(role, str):
-        raise TypeError(f"{function}: role must be a str, got {role!r}")
-    feedback_model = options.get("feedback_model")
-    params = _params(options.get("params"), "params", function)
-    feedback_params = options.get("feedback_params")
-    return {
-        "model": model_ref(options["model"], base_url).to_data(),
-        "feedback_model": None
-        if feedback_model is None
-        else model_ref(feedback_model, None, what="feedback_model").to_data(),
-        # Model objects passed in: the node keeps them alive (the registry holds them
-        # weakly), off the wire (underscored ctx attributes are not sent to workers).
-        "objects": [
-            m
-            for m in (options["model"], feedback_model)
-            if m is not None and not isinstance(m, str)
-        ],
-        "params": params,
-        "feedback_params": params
-        if feedback_params is None
-        else _params(feedback_params, "feedback_params", function),
-        "role": role,
-        "feedback_budget": budget,
-        "response_format": schema,
-        "format_attempts": attempts,
-    }
-
-
-async def _complete(ref: RefData, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
-    completion = await resolve_ref(ref).complete(messages, **params)
+async def _complete(ref: ModelRef, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
+    completion = await ref.resolve().complete(messages, **params)
     return completion.text
 
 
@@ -184,51 +97,49 @@ def _slot(index: int, var: Variable, fallback: str) -> dict[str, Any]:
 
 async def _llm_forward(
     ctx: Any,
-    options: dict[str, Any],
+    options: LLMOptions,
     system_prompt: str | None,
     user_prompt: str,
     slots: list[dict[str, Any]],
+    images: list[dict[str, Any]],
     conversation: list[dict[str, Any]] | None = None,
 ) -> Variable:
     """Send the request (``conversation`` as is, or the system and user messages) and
-    keep in ``ctx`` what the backward's feedback requests show of it."""
+    keep in ``ctx`` the options and what the backward's feedback requests show of it."""
     messages: list[dict[str, Any]] = []
-    images: list[dict[str, Any]] = options.get("images", [])
     if conversation is not None:
         messages = list(conversation)
     else:
         if system_prompt is not None:
             messages.append({"role": "system", "content": system_prompt})
         messages.append({"role": "user", "content": with_images(user_prompt, images)})
-    schema = options["response_format"]
+    schema = options.response_format
     if schema is None:
-        output = await _complete(options["model"], messages, options["params"])
+        output = await _complete(options.model, messages, dict(options.params))
         value: Any = output
     else:
         output, value = await _structured_reply(ctx, options, messages, schema)
-    ctx._model_objects = options["objects"]
-    ctx.model = options["model"]
-    ctx.feedback_model = options["feedback_model"]
-    ctx.feedback_params = options["feedback_params"]
-    ctx.feedback_budget = options["feedback_budget"]
+    # Model objects passed in: the node keeps them alive (the registry holds them
+    # weakly), off the wire (underscored ctx attributes are not sent to workers).
+    ctx._model_objects = options.local_models()
+    ctx.options = options
     ctx.system_prompt = system_prompt
     ctx.user_prompt = user_prompt
     ctx.output = output
-    ctx.output_role = describe(options["role"], _OUTPUT_ROLE)
     ctx.slots = slots
     ctx.images = images  # msgpack bytes when the backward runs on a worker
-    return Variable(value, role=options["role"])
+    return Variable(value, role=options.role)
 
 
 async def _structured_reply(
-    ctx: Any, options: dict[str, Any], messages: list[dict[str, Any]], schema: dict[str, Any]
+    ctx: Any, options: LLMOptions, messages: list[dict[str, Any]], schema: dict[str, Any]
 ) -> tuple[str, Any]:
     """The reply's text and its data, asked again with the errors until it follows
     ``schema`` (``format_attempts`` replies in all); ``StructuredOutputError`` then."""
-    params = {**options["params"], "response_format": response_format_param(schema)}
-    attempts: int = options["format_attempts"]
+    params = {**options.params, "response_format": response_format_param(schema)}
+    attempts = options.format_attempts
     for attempt in range(1, attempts + 1):
-        output = await _complete(options["model"], messages, params)
+        output = await _complete(options.model, messages, params)
         data, errors = parse_structured(output, schema)
         if not errors:
             return output, data
@@ -250,30 +161,32 @@ async def _structured_reply(
 
 async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
     """One feedback request per input that needs a gradient, all sent at once."""
+    options = LLMOptions.of(ctx)
     needs = list(ctx.needs_input_grad)
     grads: list[Variable | None] = [None] * len(needs)
     if grad_output is None:
         return tuple(grads)
-    ref: RefData = ctx.feedback_model or ctx.model
-    params: dict[str, Any] = dict(ctx.feedback_params)
+    ref = options.feedback_model or options.model
+    params = options.request_params
+    output_role = describe(options.role, OUTPUT_ROLE)
     feedback, note = await feedback_within_budget(
         grad_output,
-        budget=getattr(ctx, "feedback_budget", DEFAULT_FEEDBACK_BUDGET),
-        role=ctx.output_role,
+        budget=options.feedback_budget,
+        role=output_role,
         ask=functools.partial(_complete, ref, params=params),
     )
+    images: list[dict[str, Any]] = ctx.images
 
     async def ask(slot: dict[str, Any]) -> None:
         messages = llm_feedback_messages(
             system_prompt=ctx.system_prompt,
             user_prompt=ctx.user_prompt,
             output=ctx.output,
-            output_role=ctx.output_role,
+            output_role=output_role,
             variable=slot["value"],
             variable_role=slot["role"],
             feedback=feedback,
         )
-        images = getattr(ctx, "images", [])
         if images:  # the feedback model sees what the forward saw
             messages[-1] = {**messages[-1], "content": with_images(messages[-1]["content"], images)}
         text = await _complete(ref, messages, params)
@@ -306,7 +219,10 @@ class LLMCall(_TextFunction):
     e.g. ``{"temperature": 0}``), ``feedback_model`` / ``feedback_params`` (for
     the backward's requests; default: the same; a ``feedback_model`` spec
     resolves without ``base_url``: register a name for another server),
-    ``role``.
+    ``role``, ``feedback_budget`` (see ``use_feedback_budget``), ``response_format``
+    and ``format_attempts`` (structured outputs). An unknown name is a ``TypeError``
+    naming the valid ones. The node keeps them, resolved, as ``ctx.options``
+    (an :class:`LLMOptions`), which is all its backward reads of them.
 
     ``dispatch = "remote"``: a distributed executor may run the backward on a
     worker, which resolves the model spec with its own ``resolve_model``; for
@@ -324,6 +240,7 @@ class LLMCall(_TextFunction):
 
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.LLMCall"
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **options: Any) -> Variable:
@@ -332,7 +249,7 @@ class LLMCall(_TextFunction):
                 "LLMCall.apply(system_prompt, *inputs, model=...) needs a system_prompt "
                 "(a Variable, a str, or None)"
             )
-        opts = _llm_options("LLMCall", options)
+        opts = LLMOptions.from_kwargs("LLMCall", options)
         system, inputs = args[0], args[1:]
         if not inputs:
             raise TypeError(
@@ -346,8 +263,7 @@ class LLMCall(_TextFunction):
                 slots.append(_slot(i, item, "input to the language model"))
         system_text = None if system is None else _text(system)
         user_prompt = "\n\n".join(_text(item) for item in inputs)
-        opts["images"] = _images(inputs)
-        return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
+        return await _llm_forward(ctx, opts, system_text, user_prompt, slots, _images(inputs))
 
     @staticmethod
     async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
@@ -384,6 +300,7 @@ class ChatCall(_TextFunction):
 
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.ChatCall"
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
 
     @staticmethod
     async def forward(ctx: Any, roles: Any, *contents: Any, **options: Any) -> Variable:
@@ -397,7 +314,7 @@ class ChatCall(_TextFunction):
                 f"ChatCall.apply(roles, *contents): {len(roles)} role(s) for "
                 f"{len(contents)} message content(s); give one role per message"
             )
-        opts = _llm_options("ChatCall", options)
+        opts = LLMOptions.from_kwargs("ChatCall", options)
         turns = [{"role": r, "content": _text(c)} for r, c in zip(roles, contents, strict=True)]
         slots = [
             _slot(i, c, f"{r} message {i + 1} of the conversation")
@@ -408,7 +325,7 @@ class ChatCall(_TextFunction):
             f"<{t['role'].upper()}_MESSAGE>\n{t['content']}\n</{t['role'].upper()}_MESSAGE>"
             for t in turns
         )
-        return await _llm_forward(ctx, opts, None, transcript, slots, conversation=turns)
+        return await _llm_forward(ctx, opts, None, transcript, slots, [], conversation=turns)
 
     @staticmethod
     async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
@@ -423,8 +340,8 @@ class FormattedLLMCall(_TextFunction):
     fields' text and calls the model like :class:`LLMCall`. Each field is a
     Variable (differentiable: backward asks for feedback on it, naming it by its
     role or else by its field name) or a str. Options as in :class:`LLMCall`;
-    a field cannot be called ``model``, ``base_url``, ``params``,
-    ``feedback_model``, ``feedback_params``, ``role`` or ``system_prompt``.
+    a field cannot be called ``system_prompt`` or like an option
+    (``LLMOptions.KEYWORDS``).
     Raises ``ValueError`` when the fields given differ from the template's.
 
     Example::
@@ -440,6 +357,7 @@ class FormattedLLMCall(_TextFunction):
 
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.FormattedLLMCall"
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **kwargs: Any) -> Variable:
@@ -456,10 +374,11 @@ class FormattedLLMCall(_TextFunction):
         if len(args) == 2 and "system_prompt" in kwargs:
             raise TypeError("FormattedLLMCall got system_prompt twice (positional and keyword)")
         system = args[1] if len(args) == 2 else kwargs.get("system_prompt")
-        opts = _llm_options(
-            "FormattedLLMCall", {k: v for k, v in kwargs.items() if k in _LLM_OPTIONS}
+        known = LLMOptions.KEYWORDS
+        opts = LLMOptions.from_kwargs(
+            "FormattedLLMCall", {k: v for k, v in kwargs.items() if k in known}
         )
-        fields = {k: v for k, v in kwargs.items() if k not in _LLM_OPTIONS and k != "system_prompt"}
+        fields = {k: v for k, v in kwargs.items() if k not in known and k != "system_prompt"}
         wanted = _template_fields(template)
         if set(fields) != wanted:
             raise ValueError(
@@ -475,10 +394,10 @@ class FormattedLLMCall(_TextFunction):
             if isinstance(value, Variable):
                 slots.append(_slot(positions[name], value, f"'{name}' field of the prompt"))
         user_prompt = template.format(**{name: _text(value) for name, value in fields.items()})
-        opts["images"] = _images(fields.values())
         system_text = None if system is None else _text(system)
         ctx.template = template
-        return await _llm_forward(ctx, opts, system_text, user_prompt, slots)
+        images = _images(fields.values())
+        return await _llm_forward(ctx, opts, system_text, user_prompt, slots, images)
 
     @staticmethod
     async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
@@ -649,12 +568,14 @@ def check_portable(*outputs: Variable) -> None:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        if issubclass(node.function, _TextFunction) and node.function.dispatch == "remote":
-            for attr in ("model", "feedback_model"):
-                data = getattr(node.ctx, attr, None)
-                if data is None:
-                    continue
-                ref = ModelRef.from_data(data)
+        function = node.function
+        if (
+            issubclass(function, _TextFunction)
+            and function.dispatch == "remote"
+            and "options" in function.ctx_types
+        ):
+            options = function.ctx_types["options"].of(node.ctx)
+            for attr, ref in options.model_refs().items():
                 if not ref.portable:
                     problems.append(f"{node.describe()}: {attr}={ref.spec!r}")
         for edge in node.next_edges:
@@ -673,30 +594,17 @@ def check_portable(*outputs: Variable) -> None:
         )
 
 
-def _given(
-    model: ModelLike | None,
-    base_url: str | None,
-    params: Mapping[str, Any] | None,
-    feedback_model: ModelLike | None,
-    feedback_params: Mapping[str, Any] | None,
-    role: str,
-    response_format: Any = None,
-) -> dict[str, Any]:
-    """The options worth passing (each one becomes an input of the recorded node)."""
-    options: dict[str, Any] = {}
-    for name, value in (
-        ("model", model),
-        ("base_url", base_url),
-        ("params", params),
-        ("feedback_model", feedback_model),
-        ("feedback_params", feedback_params),
-        ("response_format", response_format),
-    ):
-        if value is not None:
-            options[name] = value
-    if role != _OUTPUT_ROLE:
-        options["role"] = role
-    return options
+def _given(**options: Any) -> dict[str, Any]:
+    """The options a wrapper was given: those not None, and ``role`` unless the default.
+
+    Each one passed becomes an input of the recorded node; the forward checks and
+    completes them (``LLMOptions.from_kwargs``), so the wrappers only name them.
+    """
+    return {
+        name: value
+        for name, value in options.items()
+        if value is not None and not (name == "role" and value == OUTPUT_ROLE)
+    }
 
 
 async def llm_call(
@@ -707,7 +615,7 @@ async def llm_call(
     params: Mapping[str, Any] | None = None,
     feedback_model: ModelLike | None = None,
     feedback_params: Mapping[str, Any] | None = None,
-    role: str = _OUTPUT_ROLE,
+    role: str = OUTPUT_ROLE,
     response_format: Any = None,
 ) -> Variable:
     """``await LLMCall.apply(...)`` with a typed signature; see :class:`LLMCall`.
@@ -716,7 +624,13 @@ async def llm_call(
     reply parsed into data (see ``asyncgraph.text.StructuredOutputError``).
     """
     options = _given(
-        model, base_url, params, feedback_model, feedback_params, role, response_format
+        model=model,
+        base_url=base_url,
+        params=params,
+        feedback_model=feedback_model,
+        feedback_params=feedback_params,
+        role=role,
+        response_format=response_format,
     )
     out: Variable = await LLMCall.apply(system_prompt, *inputs, **options)
     return out
@@ -732,18 +646,24 @@ async def formatted_llm_call(
     params: Mapping[str, Any] | None = None,
     feedback_model: ModelLike | None = None,
     feedback_params: Mapping[str, Any] | None = None,
-    role: str = _OUTPUT_ROLE,
+    role: str = OUTPUT_ROLE,
     response_format: Any = None,
 ) -> Variable:
     """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there."""
-    clash = sorted((set(_LLM_OPTIONS) | {"system_prompt"}) & set(fields))
+    clash = sorted((LLMOptions.KEYWORDS | {"system_prompt"}) & set(fields))
     if clash:
         raise ValueError(
             f"formatted_llm_call: field name(s) {clash!r} are option names; rename them in "
             f"the template"
         )
     options = _given(
-        model, base_url, params, feedback_model, feedback_params, role, response_format
+        model=model,
+        base_url=base_url,
+        params=params,
+        feedback_model=feedback_model,
+        feedback_params=feedback_params,
+        role=role,
+        response_format=response_format,
     )
     out: Variable = await FormattedLLMCall.apply(template, system_prompt, **options, **fields)
     return out
@@ -757,7 +677,7 @@ async def chat_call(
     params: Mapping[str, Any] | None = None,
     feedback_model: ModelLike | None = None,
     feedback_params: Mapping[str, Any] | None = None,
-    role: str = _OUTPUT_ROLE,
+    role: str = OUTPUT_ROLE,
     response_format: Any = None,
 ) -> Variable:
     """``await ChatCall.apply(...)`` from ``[{"role": ..., "content": str | Variable}]``."""
@@ -769,7 +689,13 @@ async def chat_call(
             )
     roles = tuple(m["role"] for m in messages)
     options = _given(
-        model, base_url, params, feedback_model, feedback_params, role, response_format
+        model=model,
+        base_url=base_url,
+        params=params,
+        feedback_model=feedback_model,
+        feedback_params=feedback_params,
+        role=role,
+        response_format=response_format,
     )
     out: Variable = await ChatCall.apply(roles, *(m["content"] for m in messages), **options)
     return out

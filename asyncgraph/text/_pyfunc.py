@@ -8,7 +8,9 @@ an explanation, the explanation being the feedback itself, so an exact-match
 style metric drives TGD without an LLM judge.
 
 Both keep only msgpack data in their ctx (the function is not needed by the
-backward), so a distributed executor can run their backward on a worker.
+backward; ``PythonCall``'s options are one typed record, ``ctx.options``, a
+``PythonCallOptions`` declared in ``ctx_types``), so a distributed executor can run
+their backward on a worker.
 """
 
 from __future__ import annotations
@@ -16,21 +18,18 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Variable
-from asyncgraph.text._budget import (
-    DEFAULT_FEEDBACK_BUDGET,
-    current_feedback_budget,
-    feedback_within_budget,
-)
+from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
-from asyncgraph.text._defaults import feedback_defaults
 from asyncgraph.text._feedback import render_feedback
 from asyncgraph.text._functions import REMOTE_FUNCTIONS as _LLM_FUNCTIONS
 from asyncgraph.text._functions import _TextFunction
+from asyncgraph.text._options import PythonCallOptions
 from asyncgraph.text._prompts import describe, function_feedback_messages
-from asyncgraph.text._registry import ModelLike, RefData, model_ref, resolve_ref
+from asyncgraph.text._registry import ModelLike
 
 __all__ = [
     "REMOTE_FUNCTIONS",
@@ -40,7 +39,7 @@ __all__ = [
     "python_call",
 ]
 
-_PY_OPTIONS = frozenset({"purpose", "role", "feedback_model", "feedback_params", "feedback_budget"})
+_PY_OPTIONS = PythonCallOptions.KEYWORDS
 
 
 def _text(value: Any) -> str:
@@ -105,6 +104,7 @@ class PythonCall(_TextFunction):
 
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.PythonCall"
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = MappingProxyType({"options": PythonCallOptions})
 
     @staticmethod
     async def forward(ctx: Any, fn: Any, *args: Any, **kwargs: Any) -> Variable:
@@ -115,23 +115,13 @@ class PythonCall(_TextFunction):
         # The node's inputs: fn, the positional inputs, then the keywords in the order
         # Function.apply lists them (call order, but for names in forward's signature).
         keys = sorted(kwargs, key=lambda key: _FORWARD_ORDER.get(key, len(_FORWARD_ORDER)))
-        options = {key: kwargs[key] for key in keys if key in _PY_OPTIONS}
         named = {key: kwargs[key] for key in keys if key not in _PY_OPTIONS}
-        purpose = options.get("purpose")
-        if not isinstance(purpose, str) or not purpose.strip():
-            raise TypeError(
-                f"PythonCall of {_name(fn)}() needs purpose=: a sentence saying what the "
-                f"function does (the feedback model reads it instead of the code), got "
-                f"{purpose!r:.80}"
-            )
-        role = options.get("role") or f"output of {_name(fn)}"
-        if not isinstance(role, str):
-            raise TypeError(f"PythonCall: role must be a str, got {role!r}")
-        for key, value in options.items():
-            if isinstance(value, Variable):
-                raise TypeError(
-                    f"PythonCall: option {key}= must be plain data, got a Variable ({value!r})"
-                )
+        options = PythonCallOptions.from_kwargs(
+            f"PythonCall of {_name(fn)}()",
+            {key: kwargs[key] for key in keys if key in _PY_OPTIONS},
+            default_role=f"output of {_name(fn)}",
+            needs_feedback=any(ctx.needs_input_grad),
+        )
 
         values = [fn, *args, *(kwargs[key] for key in keys)]
         labels = ["", *(f"input {i}" for i in range(1, len(args) + 1)), *keys]
@@ -153,55 +143,44 @@ class PythonCall(_TextFunction):
         )
         if isinstance(result, Variable):
             result = result.data
-        out = Variable(result, role=role)
+        out = Variable(result, role=options.role)
 
-        ctx.feedback_model = None
-        ctx.feedback_params = {}
-        if any(ctx.needs_input_grad):  # recorded: the backward will ask a model
-            model, base_url, params = feedback_defaults(
-                "PythonCall", options.get("feedback_model"), options.get("feedback_params")
-            )
-            ctx.feedback_model = model_ref(model, base_url, what="feedback_model").to_data()
-            ctx.feedback_params = params
-            ctx._model_objects = [model] if not isinstance(model, str) else []
-        ctx.feedback_budget = (
-            current_feedback_budget(options["feedback_budget"], where="PythonCall")
-            if "feedback_budget" in options
-            else current_feedback_budget()
-        )
-        ctx.purpose = purpose
+        # The node keeps model objects alive (the registry holds them weakly), off the wire.
+        ctx._model_objects = options.local_models()
+        ctx.options = options
         ctx.inputs = inputs
         ctx.slots = slots
         ctx.output = _text(out)
-        ctx.output_role = describe(role, "output of the function")
         return out
 
     @staticmethod
     async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        options = PythonCallOptions.of(ctx)
         needs = list(ctx.needs_input_grad)
         grads: list[Variable | None] = [None] * len(needs)
-        if grad_output is None or ctx.feedback_model is None:
+        ref = options.feedback_model
+        if grad_output is None or ref is None:
             return tuple(grads)
-        ref: RefData = ctx.feedback_model
-        params: dict[str, Any] = dict(ctx.feedback_params)
+        params = dict(options.feedback_params)
+        output_role = describe(options.role, "output of the function")
 
         async def complete(messages: list[dict[str, Any]]) -> str:
-            completion = await resolve_ref(ref).complete(messages, **params)
+            completion = await ref.resolve().complete(messages, **params)
             return completion.text
 
         feedback, note = await feedback_within_budget(
             grad_output,
-            budget=getattr(ctx, "feedback_budget", DEFAULT_FEEDBACK_BUDGET),
-            role=ctx.output_role,
+            budget=options.feedback_budget,
+            role=output_role,
             ask=complete,
         )
 
         async def ask(slot: dict[str, Any]) -> None:
             messages = function_feedback_messages(
-                purpose=ctx.purpose,
+                purpose=options.purpose,
                 inputs=list(ctx.inputs),
                 output=ctx.output,
-                output_role=ctx.output_role,
+                output_role=output_role,
                 variable=slot["value"],
                 variable_role=slot["role"],
                 feedback=feedback,

@@ -18,6 +18,7 @@ from asyncgraph import Parameter, Variable
 from asyncgraph.optim import TGD
 from asyncgraph.text import (
     ModelDefaults,
+    ModelRef,
     TextLoss,
     current_models,
     feedback_defaults,
@@ -169,7 +170,7 @@ async def test_a_base_url_goes_only_with_its_model() -> None:
             answer = await llm_call(Parameter("sys"), "q")
         assert current_models().base_url == "http://127.0.0.1:9/v1"
     node = answer.grad_fn
-    assert node is not None and node.ctx.model == {"spec": "simulated:0", "base_url": None}
+    assert node is not None and node.ctx.options.model == ModelRef("simulated:0", None)
 
 
 async def test_scopes_do_not_leak_between_tasks(log: Log) -> None:

@@ -7,13 +7,26 @@ function of the messages), so the remote gradients must equal the local ones.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
+from text_helpers import NamedModel
 
 from asyncgraph import Parameter, Variable
 from asyncgraph.distributed import Worker, WorkerConfig, build_registry, open_redis_executor
 from asyncgraph.models import SimulatedModel
-from asyncgraph.text import TextLoss, check_portable, concat, llm_call, unregister_model
+from asyncgraph.text import (
+    LLMCall,
+    LLMOptions,
+    ModelRef,
+    TextLoss,
+    check_portable,
+    concat,
+    llm_call,
+    register_model,
+    unregister_model,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -53,6 +66,54 @@ async def test_remote_backward_equals_local_backward(redis_url: str) -> None:
     assert len(prompt.grad.data) == 3
 
 
+async def test_the_options_record_travels_with_the_ctx_both_ways(redis_url: str) -> None:
+    """A forward on the worker sends its ``LLMOptions`` back, typed; a backward on the
+    worker uses the caller's options: feedback model, feedback params and budget."""
+    log: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = []
+    register_model("tests-options-feedback", NamedModel("feedback", log))  # the worker's too
+    worker = Worker(
+        WorkerConfig(redis_url, queue="text-tests-options", lease_ms=1000),
+        build_registry(["asyncgraph.text"]),
+    )
+    prompt = Parameter("Answer the question.", role="system prompt")
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.serve)
+                async with open_redis_executor(
+                    redis_url, queue="text-tests-options", timeout_s=20
+                ) as executor:
+                    answer = await executor.apply(
+                        LLMCall,
+                        prompt,
+                        "What is 2 + 2?",
+                        model=SPEC,
+                        feedback_model="tests-options-feedback",
+                        feedback_params={"temperature": 0.25},
+                        feedback_budget=5,
+                    )
+                    assert answer.grad_fn is not None
+                    assert answer.grad_fn.ctx.options == LLMOptions(
+                        model=ModelRef(SPEC),
+                        feedback_model=ModelRef("tests-options-feedback"),
+                        feedback_params={"temperature": 0.25},
+                        feedback_budget=5,
+                    )
+                    await answer.backward(
+                        Variable("far too long, say only the number"), executor=executor
+                    )
+                    assert executor.stats.submitted == 2  # the forward and the backward
+                worker.drain()
+    finally:
+        unregister_model("tests-options-feedback")
+    # The worker condensed first (5 tokens of budget), then asked for the gradient, both
+    # with the feedback model and its params.
+    assert len(log) >= 2  # a summary request at least, then the gradient's
+    assert all(name == "feedback" and params == {"temperature": 0.25} for name, params, _ in log)
+    assert prompt.grad is not None
+    assert "budget of 5 tokens" in prompt.grad.data
+
+
 def _messages(error: BaseException) -> str:
     """Every message in an error's tree (groups, causes), for what the caller gets to see."""
     seen: list[str] = []
@@ -80,7 +141,7 @@ async def test_a_model_object_fails_early_or_with_what_to_do_on_a_worker(redis_u
     # shares our process, so forget the instance here, as another process never knew it.
     node = answer.grad_fn
     assert node is not None
-    unregister_model(node.ctx.model["spec"])
+    unregister_model(node.ctx.options.model.spec)
     worker = Worker(
         WorkerConfig(redis_url, queue="text-tests-object", lease_ms=1000),
         build_registry(["asyncgraph.text"]),

@@ -238,7 +238,8 @@ async def test_metric_runs_sync_and_async_user_functions() -> None:
 
 
 async def test_backward_runs_from_a_msgpack_copy_of_the_ctx(registered: list[str]) -> None:
-    """What a worker does: rebuild ctx from msgpack data, resolve the model by name."""
+    """What a worker does: rebuild ctx from msgpack data (the options record through
+    ``ctx_types``: ``to_data`` here, ``from_data`` there), resolve the model by name."""
     recorder = Recorder()
     registered.append(register_model("tests-text-worker-model", recorder.model))
     prompt = Parameter("Answer briefly.", role="system prompt")
@@ -248,11 +249,18 @@ async def test_backward_runs_from_a_msgpack_copy_of_the_ctx(registered: list[str
     )
     node = out.grad_fn
     assert node is not None and node.function in REMOTE_FUNCTIONS
-    public = {k: v for k, v in vars(node.ctx).items() if not k.startswith("_")}
+    typed = node.function.ctx_types
+    assert set(typed) == {"options"}
+    public = {
+        k: v.to_data() if k in typed else v
+        for k, v in vars(node.ctx).items()
+        if not k.startswith("_")
+    }
     wire = msgpack.unpackb(msgpack.packb(public), raw=False)  # fails on non-plain data
     ctx = FunctionCtx()
     for key, value in wire.items():
-        setattr(ctx, key, value)
+        setattr(ctx, key, typed[key].from_data(value) if key in typed else value)
+    assert ctx.options == node.ctx.options
     remote = await FormattedLLMCall.backward(ctx, Variable("too vague"))
     local = await FormattedLLMCall.backward(node.ctx, Variable("too vague"))
     assert [g.data if g is not None else None for g in remote] == [

@@ -6,7 +6,10 @@ worker running other code for the same name is detected instead of silently
 used. A backward task carries the ctx state (saved variables, ``needs_input_grad``,
 the user's public ctx attributes) and the incoming gradients; the reply carries
 one gradient per forward input. Variables travel as ``[data, role]`` (plus
-``requires_grad`` for saved variables and arguments); None as nil.
+``requires_grad`` for saved variables and arguments); None as nil. A ctx attribute
+the Function declares in ``ctx_types`` travels as its record's ``to_data()`` and is
+rebuilt with the declared class's ``from_data``: the class is the registered
+Function's, never a name read from the message.
 """
 
 from __future__ import annotations
@@ -103,13 +106,35 @@ def _saved_entry(var: Variable | None) -> list[Any] | None:
 
 
 # -- ctx ----------------------------------------------------------------------------
-def ctx_state(ctx: FunctionCtx) -> dict[str, Any]:
+def _ctx_attrs(ctx: FunctionCtx, fn: type[Function]) -> dict[str, Any]:
+    """The public ctx attributes, declared records (``fn.ctx_types``) as their data.
+
+    Raises ``TypeError`` when a declared attribute holds something else.
+    """
+    typed = fn.ctx_types
+    attrs: dict[str, Any] = {}
+    for key, value in vars(ctx).items():
+        if key[0] == "_" or key == "needs_input_grad":
+            continue
+        kind = typed.get(key)
+        if kind is not None:
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"ctx.{key} must be a {kind.__name__} ({fn.__name__}.ctx_types declares "
+                    f"it), got {type(value).__name__} ({value!r:.60})"
+                )
+            value = value.to_data()
+        attrs[key] = value
+    return attrs
+
+
+def ctx_state(ctx: FunctionCtx, fn: type[Function]) -> dict[str, Any]:
     """The ctx as plain data (call ``diagnose_unpackable`` if packing it then fails)."""
     saved = ctx._saved
     return {
         "saved": None if saved is None else [_saved_entry(v) for v in saved],
         "needs": list(ctx.needs_input_grad),
-        "attrs": {k: v for k, v in vars(ctx).items() if k[0] != "_" and k != "needs_input_grad"},
+        "attrs": _ctx_attrs(ctx, fn),
     }
 
 
@@ -143,16 +168,29 @@ def ctx_from_state(state: Any, fn: type[Function]) -> FunctionCtx:
             or key in _CTX_RESERVED
         ):
             raise WireError(f"ctx attribute name {key!r:.60} is not allowed")
+        kind = fn.ctx_types.get(key)
+        if kind is not None:
+            try:
+                value = kind.from_data(value)
+            except (TypeError, ValueError) as exc:
+                raise WireError(
+                    f"ctx attribute {key!r} is not a valid {kind.__name__}: {exc}"
+                ) from None
         setattr(ctx, key, value)
     return ctx
 
 
-def diagnose_unpackable(fn_name: str, ctx: FunctionCtx | None, values: dict[str, Any]) -> TypeError:
-    """A TypeError naming the ctx attribute (or value) of ``fn_name`` that cannot be sent."""
+def diagnose_unpackable(
+    fn: type[Function], ctx: FunctionCtx | None, values: dict[str, Any]
+) -> TypeError:
+    """A TypeError naming the ctx attribute (or value) of ``fn`` that cannot be sent."""
+    fn_name = fn.__name__
     if ctx is not None:
-        for key, value in vars(ctx).items():
-            if key[0] == "_" or key == "needs_input_grad":
-                continue
+        try:
+            attrs = _ctx_attrs(ctx, fn)
+        except TypeError as exc:
+            return TypeError(f"{fn_name}: {exc}")
+        for key, value in attrs.items():
             try:
                 check_packable(value, f"ctx.{key}")
             except TypeError as exc:
@@ -178,7 +216,7 @@ def diagnose_unpackable(fn_name: str, ctx: FunctionCtx | None, values: dict[str,
 
 # -- backward ---------------------------------------------------------------------------
 def backward_payload(node: Node, grad_outputs: tuple[Variable | None, ...]) -> dict[str, Any]:
-    return {"ctx": ctx_state(node.ctx), "g": [var_entry(g) for g in grad_outputs]}
+    return {"ctx": ctx_state(node.ctx, node.function), "g": [var_entry(g) for g in grad_outputs]}
 
 
 def grads_from_entries(entries: Any, what: str) -> tuple[Variable | None, ...]:
