@@ -8,14 +8,15 @@ never reach the file: requests carry no headers, and every value of an environme
 variable whose name says it is a secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
 ``*PASSWORD*``), every ``Bearer`` credential and every ``sk-...`` key that appears in
 a line anyway (a prompt quoting one, an echoing server) is replaced by
-``[redacted]``.
+``[redacted]``, and every URL in it (the endpoint included) loses its userinfo password
+and credential query values (``asyncgraph._redact``). The file is created 0600: its
+prompts and replies are the user's data.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,29 +25,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from asyncgraph._files import open_private
+from asyncgraph._redact import redact, secret_values
+
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels, node_info
 from ._timeline import current_timeline
 
-__all__ = ["CallLog", "call_record", "log_calls", "read_call_log", "secret_values"]
-
-REDACTED = "[redacted]"
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-_SECRET_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\bsk-[A-Za-z0-9_-]{12,}")
-
-
-def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of the environment's secret-looking variables (8 characters or more)."""
-    env = os.environ if environ is None else environ
-    found = {value for name, value in env.items() if _SECRET_NAME.search(name) and len(value) >= 8}
-    return sorted(found, key=len, reverse=True)  # longest first: a key containing another
-
-
-def _redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    return _SECRET_SHAPES.sub(lambda m: (m.group(1) or "") + REDACTED, text)
+__all__ = ["CallLog", "call_record", "log_calls", "read_call_log"]
 
 
 def call_record(call: ModelCall) -> dict[str, Any]:
@@ -87,7 +73,7 @@ class CallLog:
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("a" if append else "w", encoding="utf-8")
+        self._file: IO[str] | None = open_private(self.path, append=append)
         self._lock = threading.Lock()
         self._secrets = secret_values()
         self.count = 0
@@ -99,7 +85,7 @@ class CallLog:
     def write(self, record: Mapping[str, Any]) -> None:
         """Write one record (``call_record``'s, perhaps with more labels) as a line."""
         line = json.dumps(record, ensure_ascii=False, default=repr)
-        line = _redact(line, self._secrets)
+        line = redact(line, self._secrets)
         with self._lock:
             if self._file is None:
                 return

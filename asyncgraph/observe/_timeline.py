@@ -37,6 +37,7 @@ from typing import Any, Literal, Self
 import anyio.to_thread
 
 from asyncgraph import NodeEvent, Variable, current_node, observe_nodes
+from asyncgraph._files import write_private
 
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels
@@ -338,10 +339,7 @@ class Timeline:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(self.to_chrome_trace(), ensure_ascii=False, default=repr)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, target)
-        return target
+        return write_private(target, data)
 
     def __repr__(self) -> str:
         return f"Timeline({self.name!r}, {len(self.spans)} spans, trace_id={self.trace_id!r})"

@@ -140,3 +140,22 @@ async def test_nothing_is_logged_outside_the_block_and_a_cut_line_is_skipped(
     records = read_call_log(path)
     assert len(records) == 1
     assert records[0]["cost_usd"] == 0.0  # a simulated call costs nothing, by definition
+
+
+async def test_the_log_is_private_and_urls_in_it_lose_their_credentials(
+    tmp_path: Path, server: OpenAITestServer
+) -> None:
+    base_url = server.url.replace("http://", "http://user:pa55-w0rd-secret@")
+    model = OpenAIChat("gpt-4o-mini", base_url=base_url, api_key="k")
+    path, trace = tmp_path / "calls.jsonl", tmp_path / "trace.json"
+    path.write_text("")
+    path.chmod(0o644)  # an existing file is narrowed too
+    async with model, log_calls(path), trace_pass(trace):
+        await model.complete([{"role": "user", "content": "hi"}])
+    text = path.read_text()
+    assert "pa55-w0rd-secret" not in text and "user:***@" in text
+    (record,) = lines(path)
+    assert record["endpoint"] == base_url.replace("pa55-w0rd-secret", "***")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert trace.stat().st_mode & 0o777 == 0o600
+    assert "pa55-w0rd-secret" not in trace.read_text()
