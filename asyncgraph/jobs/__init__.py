@@ -7,10 +7,18 @@ optimizer.step()``, validation, a progress bar, a checkpoint after every step (f
 step 0, before the initial validation), ``history.json`` and ``metrics.png``.
 ``resume=True`` continues a checkpoint; an existing one is otherwise refused unless
 ``overwrite=True``. Every unusable checkpoint raises ``CheckpointError``.
+
+One concept a module: ``_job`` the spec (``Job``, ``Evaluation``, ``JobResult``),
+``_checkpoint`` the run directory's files of parameters (writing, checking, resuming,
+``load_parameters``), ``_runner`` the run loop (``run_job``, ``evaluate``), ``_report``
+and ``_record`` what a run shows and leaves behind, ``_*_cli`` the commands, ``_ui`` the
+dashboard. ``_checkpoint`` names ``Job`` in annotations only (``_job`` takes its
+``fingerprint_data``); ``_runner`` imports both, the commands import ``_runner``.
 """
 
-from ._checkpoint import CheckpointError
-from ._runner import Evaluation, Job, JobResult, evaluate, load_parameters, run_job
+from ._checkpoint import CheckpointError, load_parameters
+from ._job import Evaluation, Job, JobResult
+from ._runner import evaluate, run_job
 
 __all__ = [
     "CheckpointError",

@@ -29,8 +29,9 @@ from ._cli_common import (
     run_command,
     usage_error,
 )
+from ._job import JobResult
 from ._run_cli import add_logging, add_max_attempts, apply_logging, apply_max_attempts, outputs
-from ._runner import JobResult, run_job
+from ._runner import run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
 

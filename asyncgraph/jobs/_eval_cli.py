@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._checkpoint import BEST_FORMAT, load_parameters
 from ._cli_common import run_command, usage_error
+from ._job import Job
 from ._run_cli import (
     JobFileError,
     add_logging,
@@ -27,7 +29,7 @@ from ._run_cli import (
     job_file_problem,
     load_job_file,
 )
-from ._runner import Job, evaluate, load_parameters
+from ._runner import evaluate
 
 __all__ = ["SPLITS", "add_arguments", "run"]
 
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         if args.params is not None:
             saved = load_parameters(job, args.params)
             source = str(args.params)
-            if saved.get("format") == "asyncgraph-best":
+            if saved.get("format") == BEST_FORMAT:
                 source += f" (step {saved.get('step')}, validation {saved.get('val_score'):.2f})"
         started = time.perf_counter()
         score = await evaluate(job, examples)

@@ -31,7 +31,8 @@ from ._cli_common import (
     run_command,
     usage_error,
 )
-from ._runner import Job, JobResult, run_job
+from ._job import Job, JobResult
+from ._runner import run_job
 
 __all__ = ["JobFileError", "add_arguments", "best_line", "load_job_file", "print_best", "run"]
 

@@ -30,7 +30,7 @@ from asyncgraph import Module, Parameter, Variable
 from ..models import SimulatedModel
 from ..optim import TGD
 from ..text import FormattedLLMCall, LLMCall, TextLoss, register_model
-from ._runner import Evaluation, Job
+from ._job import Evaluation, Job
 
 __all__ = ["DEMO_MODEL", "build_demo_job", "make_demo_model"]
 

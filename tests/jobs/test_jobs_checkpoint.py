@@ -216,6 +216,27 @@ UNRESTORABLE: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] 
         lambda ck: _deep_set(ck, ["parameters", 0, "role"], "bias"),
         "parameter 0 has role 'bias', not 'slope'",
     ),
+    # The best validation so far (best.json's record, keep_best, patience): these used to
+    # escape as ValueError / KeyError / TypeError, or ("no") stop the job as if true.
+    ("best-not-a-map", _edit(best=[1]), "'best' is [1], not null or a map"),
+    (
+        "best-without-its-score",
+        lambda ck: _deep_del(ck, ["best", "val_score"]),
+        "not null or a map of a step up to 9, a val_score and parameters",
+    ),
+    (
+        "best-after-the-last-step",
+        lambda ck: _deep_set(ck, ["best", "step"], 10),
+        "not null or a map of a step up to 9",
+    ),
+    (
+        "best-parameter-text-for-a-number",
+        lambda ck: _deep_set(ck, ["best", "parameters", 0, "data"], "2.5"),
+        "the parameters of 'best': the value of parameter 0 ('slope') is a str",
+    ),
+    ("since-best-text", _edit(since_best="x"), "since_best is 'x', not a count of validations"),
+    ("since-best-negative", _edit(since_best=-1), "since_best is -1, not a count"),
+    ("stopped-early-text", _edit(stopped_early="no"), "stopped_early is 'no', not true or false"),
 ]
 
 
@@ -266,6 +287,21 @@ async def test_resume_from_an_unrestorable_checkpoint_raises_checkpoint_error(
     # Nothing of the checkpoint went into the job.
     assert fit.w.data == 0.0 and fit.optimizer.state == {}
     assert fit.optimizer.param_groups[0]["lr"] == LR
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("absent", [_DROP, None], ids=["missing", "null"])
+async def test_a_checkpoint_without_the_best_fields_still_resumes(
+    tmp_path: Path, good_checkpoint: dict[str, Any], absent: Any
+) -> None:
+    # As written before best.json existed: no best record, no count, not stopped.
+    fields = ("best", "since_best", "stopped_early")
+    _write(tmp_path / "checkpoint.json", _edit(**dict.fromkeys(fields, absent))(good_checkpoint))
+    fit = LineFit()
+    result = await run_job(fit.job, tmp_path, resume=True, progress=False)
+    assert result.already_finished and not result.stopped_early
+    assert result.best_val_score is None and result.best_parameters is None
+    assert fit.w.data == good_checkpoint["parameters"][0]["data"]
 
 
 @pytest.mark.anyio

@@ -87,6 +87,10 @@ def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
             lambda ck: ck["optimizer"].update(param_groups=[]),
             "optimizer state does not load",
         ),
+        (  # used to pass the resume, then fail a keep_best revert or the result
+            lambda ck: ck["best"]["module"].update({"line.slope": "steep"}),
+            "the parameters of 'best': its 'module' state does not load",
+        ),
     ],
 )
 async def test_a_damaged_module_checkpoint_is_refused_and_changes_nothing(

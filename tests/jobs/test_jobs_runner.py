@@ -3,6 +3,7 @@ the plot, resume after a crash and after Ctrl-C (SIGINT in the middle of a step)
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -321,6 +322,13 @@ def test_job_settings_are_checked() -> None:
             train_set=TRAIN,
             batch_size=0,
         )
+
+
+@pytest.mark.parametrize("name", ["batch_size", "epochs", "max_concurrency", "validate_every"])
+def test_a_bool_is_not_a_positive_int_setting(name: str) -> None:
+    # True used to pass as 1 (patience already refused it).
+    with pytest.raises(ValueError, match=f"{name} must be a positive int, got True"):
+        dataclasses.replace(LineFit().job, **{name: True})
 
 
 def test_batches_cover_every_example_once_per_epoch_in_a_seeded_order() -> None:

@@ -1,0 +1,218 @@
+"""The job spec: what a batch job is (``Job``), what its forward returns for one example
+(``Evaluation``) and how a run of it ended (``JobResult``).
+
+A ``Job`` checks its settings when it is made, and knows what follows from them: its
+steps, the mini-batch of each step, and its identity (what a checkpoint must match to
+be resumed by it). Running it is ``_runner``'s; its checkpoint is ``_checkpoint``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from asyncgraph import Module, Parameter, Variable
+
+from ._checkpoint import fingerprint_data
+
+__all__ = ["Evaluation", "Job", "JobResult"]
+
+
+@dataclass
+class Evaluation:
+    """What a job's forward returns for one example.
+
+    ``loss`` is where backward starts (text feedback from a judge, or a number);
+    ``score`` is the metric in [0, 1] (e.g. exact match), never differentiated.
+    """
+
+    loss: Variable
+    score: float
+    prediction: Any = None
+
+
+class _Optimizer(Protocol):
+    def zero_grad(self) -> None: ...
+
+    def step(self) -> Awaitable[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class Job:
+    """A prompt (or program) optimization job.
+
+    ``forward(example)`` builds the graph for one example and returns an
+    :class:`Evaluation`. ``parameters`` are what ``optimizer`` updates; their
+    values are checkpointed. ``parameters`` may be a :class:`asyncgraph.Module`
+    (the program whose ``forward`` the job's ``forward`` calls): its parameters,
+    in ``named_parameters()`` order, are the job's, the checkpoint stores its
+    ``state_dict()`` (field ``"module"``, with the parameters' names and roles
+    in ``"parameters"``), and a resume loads it back with ``load_state_dict``
+    (so a checkpoint from a Module with other parameters is refused by name). Tokens and cost are those of every model call
+    made by the job (``asyncgraph.models.track_usage``), on workers too when
+    the backward runs on a fleet. ``config`` holds the settings that
+    change the job's results and are not visible to the runner (model, endpoint,
+    optimizer options, ...): a JSON-able map, part of the job's identity, so a
+    checkpoint is only resumed by a job configured the same way.
+
+    Keeping the best: with a ``val_set``, the parameters with the best validation score
+    so far (the initial ones included) are written to ``best.json`` in the run
+    directory whenever they improve. ``keep_best=True`` also reverts a step that
+    lowered the validation score: the parameters go back to the best ones (the
+    optimizer's state is kept). ``patience=N`` stops the job early after N validations
+    in a row without a better score. ``test_set``: held-out examples the job never
+    trains or selects on; ``asyncgraph eval`` scores saved parameters on it.
+
+    Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
+    a positive int (a bool is not one), a ``config`` that is not JSON, or ``keep_best``
+    / ``patience`` without a ``val_set``.
+    """
+
+    name: str
+    parameters: Sequence[Parameter] | Module
+    optimizer: _Optimizer
+    forward: Callable[[Mapping[str, Any]], Awaitable[Evaluation]]
+    train_set: Sequence[Mapping[str, Any]]
+    val_set: Sequence[Mapping[str, Any]] = ()
+    batch_size: int = 8
+    epochs: int = 1
+    max_concurrency: int = 16
+    validate_every: int = 1
+    seed: int = 0
+    config: Mapping[str, Any] = field(default_factory=dict)
+    test_set: Sequence[Mapping[str, Any]] = ()
+    keep_best: bool = False
+    patience: int | None = None
+    module: Module | None = field(init=False, default=None, repr=False)
+    """The Module given as ``parameters``, else None."""
+    params: list[Parameter] = field(init=False, default_factory=list, repr=False)
+    """The parameters as a list (those of the Module, when one was given)."""
+    param_names: list[str] = field(init=False, default_factory=list, repr=False)
+    """Their dotted names in the Module (empty without one)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.parameters, Module):
+            self.module = self.parameters
+            named = list(self.module.named_parameters())
+            if not named:
+                raise ValueError(
+                    f"job {self.name!r}: its Module {type(self.module).__name__} has no "
+                    f"parameters to optimize"
+                )
+            self.param_names = [name for name, _ in named]
+            self.params = [param for _, param in named]
+        else:
+            self.params = list(self.parameters)
+        if not self.train_set:
+            raise ValueError(f"job {self.name!r} has an empty train_set")
+        for name in ("batch_size", "epochs", "max_concurrency", "validate_every"):
+            if not _is_positive_int(getattr(self, name)):
+                raise ValueError(
+                    f"job {self.name!r}: {name} must be a positive int, got {getattr(self, name)!r}"
+                )
+        self._config_json()
+        if self.patience is not None and not _is_positive_int(self.patience):
+            raise ValueError(
+                f"job {self.name!r}: patience must be a positive int or None, got {self.patience!r}"
+            )
+        if (self.keep_best or self.patience is not None) and not self.val_set:
+            raise ValueError(
+                f"job {self.name!r}: keep_best and patience need a val_set to measure progress on"
+            )
+
+    def _config_json(self) -> dict[str, Any]:
+        """``config`` as it reads back from a checkpoint (tuples become lists, ...)."""
+        if not isinstance(self.config, Mapping):
+            raise ValueError(f"job {self.name!r}: config must be a map, got {self.config!r:.80}")
+        try:
+            text = json.dumps(dict(self.config), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"job {self.name!r}: config must be JSON (str keys; str, numbers, bool, None, "
+                f"lists and maps; no NaN), got {self.config!r:.120} ({exc})"
+            ) from None
+        loaded: dict[str, Any] = json.loads(text)
+        return loaded
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.train_set) / self.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this job (JSON data)."""
+        identity = {
+            "name": self.name,
+            "parameters": [p.role for p in self.params],
+            "train_set": fingerprint_data(list(self.train_set)),
+            "val_set": fingerprint_data(list(self.val_set)),
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "optimizer": type(self.optimizer).__name__,
+            "config": self._config_json(),
+        }
+        if self.module is not None:
+            identity["module"] = list(self.param_names)
+        # Only when set: checkpoints of jobs without them keep resuming.
+        if self.keep_best:
+            identity["keep_best"] = True
+        if self.patience is not None:
+            identity["patience"] = self.patience
+        return identity
+
+    def batch(self, step: int) -> list[Mapping[str, Any]]:
+        """The mini-batch of ``step`` (0-based): a seeded permutation per epoch, cut in order."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        order = list(range(len(self.train_set)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        chosen = order[index * self.batch_size : (index + 1) * self.batch_size]
+        return [self.train_set[i] for i in chosen]
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass
+class JobResult:
+    """How a job ended: its metrics history and final parameter values.
+
+    ``plot_path`` is where ``metrics.png`` was written, None when it was not
+    (matplotlib is not installed, or drawing failed). ``already_finished`` is True
+    when a resume found every step done: nothing ran and nothing was rewritten.
+    """
+
+    history: list[dict[str, Any]]
+    parameters: list[Any]
+    initial_val_score: float | None
+    final_val_score: float | None
+    steps_done: int
+    interrupted: bool
+    out_dir: Path
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    plot_path: Path | None = None
+    already_finished: bool = False
+    best_val_score: float | None = None
+    """The best validation score seen (the initial one included); None without a val_set."""
+    best_step: int | None = None
+    """The step after which the parameters of ``best.json`` were found (0: the initial ones)."""
+    best_path: Path | None = None
+    """``best.json`` in the run directory, None when none was written."""
+    best_parameters: list[Any] | None = None
+    """The values of the best parameters, in the job's parameter order."""
+    stopped_early: bool = False
+    """True when ``patience`` ended the job before its last step."""
