@@ -41,24 +41,21 @@ Example::
     print(render_feedback(prompt.grad))
 """
 
+from asyncgraph._exceptions import UnknownModelError
 from asyncgraph.text._budget import (
-    DEFAULT_FEEDBACK_BUDGET,
     condense_feedback,
-    current_feedback_budget,
     set_feedback_budget,
     truncate_to_tokens,
     use_feedback_budget,
 )
 from asyncgraph.text._concurrency import run_all
-from asyncgraph.text._content import describe_content, image, is_image
+from asyncgraph.text._content import image
 from asyncgraph.text._defaults import (
-    ModelDefaults,
     current_models,
     feedback_defaults,
     set_default_models,
     use_models,
 )
-from asyncgraph.text._exceptions import UnknownModelError
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._functions import (
     ChatCall,
@@ -75,10 +72,9 @@ from asyncgraph.text._functions import (
     llm_call,
 )
 from asyncgraph.text._loss import TextLoss
-from asyncgraph.text._options import LLMOptions, PythonCallOptions
+from asyncgraph.text._options import LLMOptions
 from asyncgraph.text._prompts import describe
 from asyncgraph.text._pyfunc import (
-    REMOTE_FUNCTIONS,
     DeterministicEvaluator,
     PythonCall,
     deterministic_evaluator,
@@ -86,29 +82,23 @@ from asyncgraph.text._pyfunc import (
 )
 from asyncgraph.text._registry import (
     ModelLike,
-    ModelRef,
     register_model,
     resolve_model,
     unregister_model,
 )
-from asyncgraph.text._structured import StructuredOutputError, json_schema_of, schema_errors
+from asyncgraph.text._structured import StructuredOutputError, json_schema_of
 
 __all__ = [
     "ChatCall",
     "Concat",
-    "DEFAULT_FEEDBACK_BUDGET",
     "DeterministicEvaluator",
     "ExactMatch",
     "FormattedLLMCall",
     "LLMCall",
     "LLMOptions",
     "Metric",
-    "ModelDefaults",
     "ModelLike",
-    "ModelRef",
     "PythonCall",
-    "PythonCallOptions",
-    "REMOTE_FUNCTIONS",
     "StructuredOutputError",
     "TextLoss",
     "UnknownModelError",
@@ -117,17 +107,14 @@ __all__ = [
     "check_portable",
     "concat",
     "condense_feedback",
-    "current_feedback_budget",
     "current_models",
     "describe",
-    "describe_content",
     "deterministic_evaluator",
     "exact_match",
     "feedback_defaults",
     "feedback_entries",
     "formatted_llm_call",
     "image",
-    "is_image",
     "json_schema_of",
     "llm_call",
     "python_call",
@@ -135,7 +122,6 @@ __all__ = [
     "render_feedback",
     "resolve_model",
     "run_all",
-    "schema_errors",
     "set_default_models",
     "set_feedback_budget",
     "truncate_to_tokens",

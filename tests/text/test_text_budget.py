@@ -16,16 +16,15 @@ from text_helpers import Recorder
 
 from asyncgraph import Parameter, Variable, backward
 from asyncgraph.text import (
-    DEFAULT_FEEDBACK_BUDGET,
     LLMCall,
     PythonCall,
     TextLoss,
     approx_tokens,
-    current_feedback_budget,
     render_feedback,
     set_feedback_budget,
     use_feedback_budget,
 )
+from asyncgraph.text._budget import DEFAULT_FEEDBACK_BUDGET, current_feedback_budget
 
 pytestmark = pytest.mark.anyio
 

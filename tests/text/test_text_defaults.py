@@ -17,8 +17,6 @@ from text_helpers import NamedModel
 from asyncgraph import Parameter, Variable
 from asyncgraph.optim import TGD
 from asyncgraph.text import (
-    ModelDefaults,
-    ModelRef,
     TextLoss,
     current_models,
     feedback_defaults,
@@ -27,6 +25,8 @@ from asyncgraph.text import (
     set_default_models,
     use_models,
 )
+from asyncgraph.text._defaults import ModelDefaults
+from asyncgraph.text._registry import ModelRef
 
 pytestmark = pytest.mark.anyio
 

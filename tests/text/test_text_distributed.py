@@ -19,7 +19,6 @@ from asyncgraph.models import SimulatedModel
 from asyncgraph.text import (
     LLMCall,
     LLMOptions,
-    ModelRef,
     TextLoss,
     check_portable,
     concat,
@@ -27,6 +26,7 @@ from asyncgraph.text import (
     register_model,
     unregister_model,
 )
+from asyncgraph.text._registry import ModelRef
 
 pytestmark = pytest.mark.anyio
 

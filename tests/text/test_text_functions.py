@@ -11,7 +11,6 @@ from text_helpers import Recorder
 from asyncgraph import BackwardError, FunctionCtx, Parameter, Variable, backward
 from asyncgraph.models import ModelRequestError, SimulatedModel
 from asyncgraph.text import (
-    REMOTE_FUNCTIONS,
     Concat,
     ExactMatch,
     FormattedLLMCall,
@@ -26,6 +25,7 @@ from asyncgraph.text import (
     register_model,
     render_feedback,
 )
+from asyncgraph.text._pyfunc import REMOTE_FUNCTIONS
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,8 @@ from asyncgraph.distributed.wire import Limits
 from asyncgraph.models import SimulatedModel
 from asyncgraph.models._simulated import content_text
 from asyncgraph.optim import TGD
-from asyncgraph.text import TextLoss, describe_content, image, is_image, llm_call, render_feedback
+from asyncgraph.text import TextLoss, image, llm_call, render_feedback
+from asyncgraph.text._content import describe_content, is_image
 
 pytestmark = pytest.mark.anyio
 

@@ -16,9 +16,7 @@ from asyncgraph.text import (
     FormattedLLMCall,
     LLMCall,
     LLMOptions,
-    ModelRef,
     PythonCall,
-    PythonCallOptions,
     chat_call,
     formatted_llm_call,
     llm_call,
@@ -27,6 +25,8 @@ from asyncgraph.text import (
     use_feedback_budget,
     use_models,
 )
+from asyncgraph.text._options import PythonCallOptions
+from asyncgraph.text._registry import ModelRef
 
 pytestmark = pytest.mark.anyio
 

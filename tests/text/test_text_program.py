@@ -60,6 +60,7 @@ async def train(program: ThreeStage, epochs: int) -> list[tuple[float, int]]:
     return steps
 
 
+@pytest.mark.slow
 async def test_a_three_stage_program_trains_saves_and_reloads_in_a_fresh_process(
     tmp_path: Path,
 ) -> None:

@@ -5,14 +5,8 @@ import gc
 import pytest
 
 from asyncgraph.models import ModelConfigError, SimulatedModel
-from asyncgraph.text import (
-    ModelRef,
-    UnknownModelError,
-    register_model,
-    resolve_model,
-    unregister_model,
-)
-from asyncgraph.text._registry import model_ref
+from asyncgraph.text import UnknownModelError, register_model, resolve_model, unregister_model
+from asyncgraph.text._registry import ModelRef, model_ref
 
 
 def test_registered_name_resolves_to_the_instance(registered: list[str]) -> None:

@@ -19,8 +19,8 @@ from asyncgraph.text import (
     json_schema_of,
     llm_call,
     render_feedback,
-    schema_errors,
 )
+from asyncgraph.text._structured import schema_errors
 
 pytestmark = pytest.mark.anyio
 
