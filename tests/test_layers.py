@@ -2,7 +2,8 @@
 
 ``lint-imports`` (import-linter, contracts in pyproject.toml) checks which package may
 import which, in .ci/run. These tests check what it cannot say: that no package reaches
-into another's underscore modules, and that ``import asyncgraph`` loads the core only.
+into another's underscore modules (but the exception tree, ``asyncgraph._exceptions``, the one
+leaf every package shares), and that ``import asyncgraph`` loads the core only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "asyncgraph"
 HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
+# Every error class is defined here, and each package imports the ones it raises: the model
+# clients and the RESP client cannot import the root (it loads the core), so this one
+# private module is shared.
+SHARED_LEAF = "asyncgraph._exceptions"
 
 
 def owner(module: str) -> str:
@@ -54,6 +59,8 @@ def private_reaches(path: Path) -> list[str]:
     for line, target in imports_of(path):
         if not target.startswith("asyncgraph") or owner(target) == owner(me):
             continue
+        if target == SHARED_LEAF or target.startswith(SHARED_LEAF + "."):
+            continue
         rest = target[len(owner(target)) :].lstrip(".").split(".")
         if any(p.startswith("_") and not p.startswith("__") for p in rest if p):
             bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
@@ -77,6 +84,27 @@ def test_the_checker_finds_a_reach_into_a_private_module(tmp_path: Path) -> None
         ]
     finally:
         offender.unlink()
+
+
+def test_every_package_may_import_the_exception_tree_and_nothing_else_private() -> None:
+    offender = PACKAGE / "models" / "_layer_probe_tmp.py"
+    offender.write_text(
+        "from asyncgraph._exceptions import ModelError\n"
+        "import asyncgraph._exceptions\n"
+        "from asyncgraph._core._graph import Node\n"
+    )
+    try:
+        assert private_reaches(offender) == [
+            "asyncgraph/models/_layer_probe_tmp.py:3 imports asyncgraph._core._graph",
+            "asyncgraph/models/_layer_probe_tmp.py:3 imports asyncgraph._core._graph.Node",
+        ]
+    finally:
+        offender.unlink()
+
+
+def test_the_exception_tree_imports_nothing_of_asyncgraph() -> None:
+    path = PACKAGE / "_exceptions.py"
+    assert [t for _, t in imports_of(path) if t.startswith("asyncgraph")] == []
 
 
 def test_import_asyncgraph_loads_the_core_only() -> None:

@@ -131,10 +131,10 @@ class GradManager:
     def record(self) -> None:
         """Start recording: a later ``backward`` may differentiate what runs now.
 
-        Raises RuntimeError if already recording (as MegEngine does).
+        Raises ``GraphError`` (a ``RuntimeError``, as in MegEngine) if already recording.
         """
         if self._recording:
-            raise RuntimeError("this GradManager is already recording; call release() first")
+            raise GraphError("this GradManager is already recording; call release() first")
         self._recording = True
         # Computation before this point is ignored by backward (MegEngine: "any
         # computation on a tensor before it is attached is completely ignored").
@@ -153,7 +153,7 @@ class GradManager:
     ) -> None:
         """Accumulate d(y)/d(attached) into the attached variables' ``.grad``, then release."""
         if not self._recording:
-            raise RuntimeError(
+            raise GraphError(
                 "no computation history: call gm.record() (or use `with gm:`) before the "
                 "forward pass, and call gm.backward() only once per recording"
             )

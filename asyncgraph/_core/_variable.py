@@ -6,6 +6,8 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from asyncgraph._exceptions import GraphError
+
 from ._awaited import must_await
 from ._graph import Hook, Node, PostAccumulateHook, RemovableHandle, add_hook, new_hook_dict
 
@@ -102,7 +104,7 @@ class Variable:
 
     def requires_grad_(self, requires_grad: bool = True) -> Variable:
         """Set ``requires_grad`` in place and return this variable (PyTorch's rules: on a
-        non-leaf, True is a no-op and False raises ``RuntimeError``)."""
+        non-leaf, True is a no-op and False raises ``GraphError``, a ``RuntimeError``)."""
         if self.grad_fn is not None:
             if requires_grad:
                 return self  # a computed variable requires grad already
@@ -118,7 +120,7 @@ class Variable:
             if not value
             else ""
         )
-        raise RuntimeError(
+        raise GraphError(
             f"you can only change requires_grad flags of leaf variables; {self!r} was "
             f"computed by {self.grad_fn.name}.{hint}"
         )
@@ -154,7 +156,7 @@ class Variable:
         node = self.grad_fn
         if node is None:
             if not self._requires_grad:
-                raise RuntimeError(f"retain_grad() on {self!r}, which does not require grad")
+                raise GraphError(f"retain_grad() on {self!r}, which does not require grad")
             return
         if node.retained is None:
             node.retained = {}
@@ -176,7 +178,7 @@ class Variable:
         order they were registered. ``handle.remove()`` unregisters.
         """
         if not self._requires_grad:
-            raise RuntimeError(f"cannot register a hook on {self!r}: it does not require grad")
+            raise GraphError(f"cannot register a hook on {self!r}: it does not require grad")
         if self.grad_fn is not None:
             return add_hook(self.grad_fn.hooks_for(self._output_nr), fn)
         if self._hooks is None:
@@ -203,12 +205,12 @@ class Variable:
         (``RuntimeError`` otherwise). ``handle.remove()`` unregisters.
         """
         if self.grad_fn is not None:
-            raise RuntimeError(
+            raise GraphError(
                 f"post-accumulate-grad hooks can only be registered on leaves; {self!r} is "
                 f"computed by {self.grad_fn.name}"
             )
         if not self._requires_grad:
-            raise RuntimeError(
+            raise GraphError(
                 f"cannot register a post-accumulate-grad hook on {self!r}: it does not require grad"
             )
         if self._post_hooks is None:

@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from asyncgraph import AsyncGraphError, RemoteConnectionError
+from asyncgraph import RemoteConnectionError
+from asyncgraph._exceptions import FleetError
 from asyncgraph.distributed._liveness import live_consumers
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
@@ -42,10 +43,6 @@ T = TypeVar("T")
 __all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-class FleetError(AsyncGraphError, RuntimeError):
-    """The local fleet could not start (no redis-server binary, workers that exit or hang)."""
 
 
 def child_setup() -> Callable[[], None]:

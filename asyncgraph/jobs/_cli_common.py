@@ -21,7 +21,6 @@ from asyncgraph import AsyncGraphError
 from asyncgraph.distributed import check_queue_name, live_workers, no_live_workers_message
 from asyncgraph.resp import parse_redis_url
 
-from ..models import ModelError
 from ._checkpoint import CheckpointError
 
 __all__ = [
@@ -38,8 +37,8 @@ __all__ = [
     "usage_error",
 ]
 
-# The errors reported as one line: asyncgraph's and the model clients' (a separate root).
-_REPORTED = (AsyncGraphError, ModelError)
+# The errors reported as one line: asyncgraph's (model and Redis errors included).
+_REPORTED = AsyncGraphError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -163,7 +162,7 @@ def _keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 def run_command(main: Callable[[], Awaitable[int]]) -> int:
     """``anyio.run(main)``, with asyncgraph's errors and Ctrl-C as one line, not a traceback.
 
-    ``AsyncGraphError`` and ``ModelError`` (and subclasses: CheckpointError exits 2,
+    ``AsyncGraphError`` (and subclasses: CheckpointError exits 2,
     the others 1),
     exception groups holding one, and ``KeyboardInterrupt`` (130) are reported
     this way; anything else (a bug, in asyncgraph or in a job file) keeps its

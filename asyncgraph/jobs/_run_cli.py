@@ -18,9 +18,9 @@ from types import ModuleType
 from typing import Any
 
 from asyncgraph import AsyncGraphError
+from asyncgraph._exceptions import JobFileError
 from asyncgraph.distributed import log_level
 
-from ..models import ModelError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -64,10 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 DEFAULT_RUNS_DIR = "runs"
-
-
-class JobFileError(AsyncGraphError):
-    """A job file that cannot be run: the one line ``asyncgraph run`` prints."""
 
 
 def _where(exc: BaseException, file: Path) -> str:
@@ -148,7 +144,7 @@ async def build(module: ModuleType) -> Job:
         job: Any = factory()
         if inspect.isawaitable(job):
             job = await job
-    except (AsyncGraphError, ModelError):
+    except AsyncGraphError:  # ours (model errors included): reported as they are
         raise
     except Exception as exc:
         raise JobFileError(

@@ -25,13 +25,11 @@ from a command-line string; such models take their rate limit and cache from the
 environment (``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``,
 ``ASYNCGRAPH_MODEL_RATE_REDIS``, ``ASYNCGRAPH_MODEL_CACHE``; see
 ``model_options_from_env``), which is how a worker fleet shares one rate limit. Errors are
-``ModelError`` subclasses (see ``_exceptions``).
+``ModelError`` subclasses: a branch of asyncgraph's one exception tree
+(``AsyncGraphError``; drawn in ``asyncgraph._exceptions``).
 """
 
-from asyncgraph.models._base import BaseChatModel
-from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache, request_key
-from asyncgraph.models._calls import CallObserver, ModelCall, observe_calls
-from asyncgraph.models._exceptions import (
+from asyncgraph._exceptions import (
     ModelBackendError,
     ModelConfigError,
     ModelConnectionError,
@@ -46,6 +44,9 @@ from asyncgraph.models._exceptions import (
     ModelTimeoutError,
     RateLimitWaitError,
 )
+from asyncgraph.models._base import BaseChatModel
+from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache, request_key
+from asyncgraph.models._calls import CallObserver, ModelCall, observe_calls
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._policy import ModelPolicy
 from asyncgraph.models._prices import PRICES, PRICES_DATE, PRICES_SOURCE, default_pricing

@@ -12,9 +12,9 @@ from typing import Any, Self
 
 import anyio
 
+from asyncgraph._exceptions import ModelBackendError, ModelError, ModelRetryError
 from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._calls import ModelCall, notify_call, observing_calls
-from asyncgraph.models._exceptions import ModelBackendError, ModelError, ModelRetryError
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio.to_thread
 
-from asyncgraph.models._exceptions import ModelBackendError
+from asyncgraph._exceptions import ModelBackendError
 from asyncgraph.models._keys import CACHE_PREFIX, cache_key
 from asyncgraph.models._redis import RedisHandle
 from asyncgraph.models._types import Completion

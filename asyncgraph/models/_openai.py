@@ -17,9 +17,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 
-from asyncgraph.models._base import BaseChatModel
-from asyncgraph.models._cache import Cache
-from asyncgraph.models._exceptions import (
+from asyncgraph._exceptions import (
     ModelConfigError,
     ModelConnectionError,
     ModelRateLimitedError,
@@ -30,6 +28,8 @@ from asyncgraph.models._exceptions import (
     ModelStatusError,
     ModelTimeoutError,
 )
+from asyncgraph.models._base import BaseChatModel
+from asyncgraph.models._cache import Cache
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry, parse_retry_after
 from asyncgraph.models._types import Completion

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from asyncgraph.models._exceptions import ModelConfigError
+from asyncgraph._exceptions import ModelConfigError
 from asyncgraph.models._usage import Pricing
 
 __all__ = ["ENV_PRICES", "PRICES", "PRICES_DATE", "PRICES_SOURCE", "default_pricing"]

@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import anyio
 
-from asyncgraph.models._exceptions import RateLimitWaitError
+from asyncgraph._exceptions import RateLimitWaitError
 from asyncgraph.models._keys import rate_limit_keys
 from asyncgraph.models._redis import RedisHandle, Script
 

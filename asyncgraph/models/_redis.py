@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio.lowlevel
 
-from asyncgraph.models._exceptions import ModelBackendError
+from asyncgraph._exceptions import ModelBackendError
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url, redact_url
 
 __all__ = ["RedisHandle", "Script", "redact_url"]

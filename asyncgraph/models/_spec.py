@@ -38,9 +38,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from asyncgraph._exceptions import ModelConfigError
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
-from asyncgraph.models._exceptions import ModelConfigError
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter

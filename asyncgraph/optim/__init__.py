@@ -21,7 +21,7 @@ Example::
         tgd.zero_grad()
 """
 
-from asyncgraph.optim._exceptions import NoFeedbackWarning, OptimizerError, UpdateParseError
+from asyncgraph._exceptions import NoFeedbackWarning, OptimizerError, UpdateParseError
 from asyncgraph.optim._optimizer import Optimizer
 from asyncgraph.optim._pareto import Candidate, ParetoSearch, SearchResult
 from asyncgraph.optim._sgd import SGD

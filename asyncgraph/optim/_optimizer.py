@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from asyncgraph import Variable, enable_grad
-from asyncgraph.optim._exceptions import NoFeedbackWarning
+from asyncgraph._exceptions import NoFeedbackWarning
 
 __all__ = ["Closure", "Optimizer", "ParamGroup", "Params"]
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from asyncgraph import Variable
+from asyncgraph._exceptions import UpdateParseError
 from asyncgraph.models import BaseChatModel, ChatModel
-from asyncgraph.optim._exceptions import UpdateParseError
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, update_messages
 from asyncgraph.text import (

@@ -44,8 +44,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from asyncgraph._exceptions import UnknownModelError
 from asyncgraph.models import ChatModel, ModelConfigError, check_base_url, parse_model_spec
-from asyncgraph.text._exceptions import UnknownModelError
 
 __all__ = [
     "ModelLike",

@@ -23,25 +23,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from asyncgraph import AsyncGraphError
+from asyncgraph._exceptions import StructuredOutputError
 
 __all__ = ["StructuredOutputError", "json_schema_of", "parse_structured", "schema_errors"]
 
 DEFAULT_STRUCTURED_ATTEMPTS = 3
-
-
-class StructuredOutputError(AsyncGraphError, ValueError):
-    """A reply never followed its ``response_format`` schema.
-
-    ``path`` is where the last reply failed (``$`` the whole reply, ``$.steps[2]`` ...),
-    ``reply`` its text, ``attempts`` how many replies were tried.
-    """
-
-    def __init__(self, message: str, *, path: str, reply: str, attempts: int) -> None:
-        super().__init__(message)
-        self.path = path
-        self.reply = reply
-        self.attempts = attempts
 
 
 _SCALARS: dict[Any, str] = {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from asyncgraph._exceptions import ConfigError
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.resp import parse_redis_url
@@ -27,33 +28,6 @@ from asyncgraph.resp import parse_redis_url
 __all__ = ["SETTINGS", "ConfigError", "Setting", "WorkerConfig", "log_level"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-class ConfigError(ValueError):
-    """A setting that is wrong: ``field`` names it, ``problem`` says what is wrong.
-
-    ``str()`` names the field as a Python keyword; ``WorkerConfig.from_env`` and
-    ``from_args`` re-word it with the variable or the flag the user wrote.
-    """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(self.worded(field))
-
-    def with_name(self, name: str) -> ConfigError:
-        """The same error, naming the setting as ``name`` (a variable or a flag)."""
-        named = ConfigError(self.field, self.problem)
-        named.args = (self.worded(name),)
-        return named
-
-    def worded(self, name: str) -> str:
-        # "X must be ..." reads as a sentence; an underlying validator's text follows a colon.
-        return (
-            f"{name} {self.problem}"
-            if self.problem.startswith("must ")
-            else f"{name}: {self.problem}"
-        )
 
 
 def log_level(text: str) -> str:
