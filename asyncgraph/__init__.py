@@ -5,16 +5,16 @@ starts as soon as its inputs are ready, in-process or on a Redis-fed worker
 fleet, and joins the gradients into the leaves exactly as a sequential run would.
 """
 
-from ._core._accumulate import accumulate, register_accumulator
+from ._core._accumulate import register_accumulator
 from ._core._autodiff import backward, grad
 from ._core._engine import NodeEvent, PassInfo, current_node, observe_nodes, observe_passes
 from ._core._executor import BatchingExecutor, Executor, current_executor, use_executor
 from ._core._function import Function, FunctionCtx
 from ._core._grad_manager import GradManager, GradManagerGroup
 from ._core._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from ._core._graph import Node, RemovableHandle, graph_order
+from ._core._graph import Node, graph_order
 from ._core._local_executor import LocalExecutor
-from ._core._module import IncompatibleKeys, Module
+from ._core._module import Module
 from ._core._variable import Parameter, Variable
 from ._exceptions import (
     AsyncGraphError,
@@ -38,20 +38,17 @@ __all__ = [
     "GradManager",
     "GradManagerGroup",
     "GraphError",
-    "IncompatibleKeys",
     "LocalExecutor",
     "Module",
     "Node",
     "NodeEvent",
-    "PassInfo",
     "Parameter",
+    "PassInfo",
     "RemoteConnectionError",
     "RemoteError",
     "RemoteTimeoutError",
-    "RemovableHandle",
     "Variable",
     "WireError",
-    "accumulate",
     "backward",
     "current_executor",
     "current_node",

@@ -48,6 +48,16 @@ class TaskInfo:
 
 
 class TaskHook(Protocol):
+    """What a layer installs to act around each remote task, on the client and the worker.
+
+    ``name`` keys the hook (installing a hook of the same name replaces it);
+    ``serving(settings)`` runs once when a worker starts serving and returns a function
+    that undoes it; ``task_metadata()`` is called on the client when a task is sent and
+    returns plain data that travels with it; ``around_task(metadata, info)`` wraps the
+    task's run on the worker and yields a function whose result travels back with the
+    reply; ``on_reply(metadata)`` receives it on the client.
+    """
+
     name: str
 
     def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]: ...

@@ -10,15 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from asyncgraph import (
-    Function,
-    LocalExecutor,
-    Parameter,
-    Variable,
-    accumulate,
-    backward,
-    register_accumulator,
-)
+from asyncgraph import Function, LocalExecutor, Parameter, Variable, backward, register_accumulator
+from asyncgraph._core._accumulate import accumulate
 
 from ._ops import Identity, Mul
 

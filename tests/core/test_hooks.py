@@ -6,7 +6,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import BackwardError, RemovableHandle, Variable, grad
+from asyncgraph import BackwardError, Variable, grad
+from asyncgraph._core._graph import RemovableHandle
 
 from ._ops import Add, Mul, SinCos
 

