@@ -237,3 +237,35 @@ def test_variable_misuse_is_a_graph_error_and_still_a_runtime_error() -> None:
     with pytest.raises(GraphError, match="does not require grad"):
         frozen.register_post_accumulate_grad_hook(lambda v, g: None)
     assert issubclass(GraphError, RuntimeError) and asyncgraph.GraphError is GraphError
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        tree_module.RedisConnectionLost("Redis at 127.0.0.1:1 is unreachable"),
+        tree_module.ReplyError("NOPERM this user has no permissions"),
+        tree_module.ModelConfigError("OPENAI_API_KEY is not set", variable="k", value=""),
+        tree_module.ConfigError("concurrency", "must be >= 1, got 0"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_the_command_line_prints_any_error_of_the_tree_as_one_line(
+    error: AsyncGraphError, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph.jobs._cli_common import EXIT_ERROR, run_command
+
+    async def main() -> int:
+        raise error
+
+    assert run_command(main) == EXIT_ERROR
+    assert capsys.readouterr().err == f"error: {error}\n"
+
+
+def test_the_command_line_keeps_the_traceback_of_an_error_outside_the_tree() -> None:
+    from asyncgraph.jobs._cli_common import run_command
+
+    async def main() -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError, match="a bug"):
+        run_command(main)
