@@ -2,8 +2,9 @@
 
 ``lint-imports`` (import-linter, contracts in pyproject.toml) checks which package may
 import which, in .ci/run. These tests check what it cannot say: that no package reaches
-into another's underscore modules (but the exception tree, ``asyncgraph._exceptions``, the one
-leaf every package shares), and that ``import asyncgraph`` loads the core only.
+into another's underscore modules (but the shared leaves at the root: the exception tree
+``asyncgraph._exceptions``, ``_redact`` and ``_files``), and that ``import asyncgraph`` loads
+the core only.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "asyncgraph"
 HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
-# Every error class is defined here, and each package imports the ones it raises: the model
-# clients and the RESP client cannot import the root (it loads the core), so this one
-# private module is shared.
-SHARED_LEAF = "asyncgraph._exceptions"
+# Private modules at the root that every package may import: leaves (they import nothing of
+# asyncgraph), shared because the model clients and the RESP client cannot import the root
+# (it loads the core). The exception tree: every error class is defined there, and each
+# package imports the ones it raises. The one redaction of URLs and secrets, and the one way
+# to write a private file.
+SHARED_LEAVES = ("asyncgraph._exceptions", "asyncgraph._redact", "asyncgraph._files")
 
 
 def owner(module: str) -> str:
@@ -59,7 +64,7 @@ def private_reaches(path: Path) -> list[str]:
     for line, target in imports_of(path):
         if not target.startswith("asyncgraph") or owner(target) == owner(me):
             continue
-        if target == SHARED_LEAF or target.startswith(SHARED_LEAF + "."):
+        if any(target == leaf or target.startswith(leaf + ".") for leaf in SHARED_LEAVES):
             continue
         rest = target[len(owner(target)) :].lstrip(".").split(".")
         if any(p.startswith("_") and not p.startswith("__") for p in rest if p):
@@ -102,8 +107,9 @@ def test_every_package_may_import_the_exception_tree_and_nothing_else_private() 
         offender.unlink()
 
 
-def test_the_exception_tree_imports_nothing_of_asyncgraph() -> None:
-    path = PACKAGE / "_exceptions.py"
+@pytest.mark.parametrize("leaf", SHARED_LEAVES)
+def test_a_shared_leaf_imports_nothing_of_asyncgraph(leaf: str) -> None:
+    path = ROOT / (leaf.replace(".", "/") + ".py")
     assert [t for _, t in imports_of(path) if t.startswith("asyncgraph")] == []
 
 
