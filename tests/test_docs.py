@@ -48,6 +48,7 @@ def test_every_python_block_of_a_tutorial_is_tested() -> None:
 
 
 @pytest.mark.parametrize("name", ["tutorial-job", "function-sync", "function-async"])
+@pytest.mark.slow
 def test_a_local_tutorial_runs_as_written(name: str, tmp_path: Path) -> None:
     code, expected = snippets()[name]
     done = run(code, tmp_path)

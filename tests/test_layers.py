@@ -113,6 +113,7 @@ def test_a_shared_leaf_imports_nothing_of_asyncgraph(leaf: str) -> None:
     assert [t for _, t in imports_of(path) if t.startswith("asyncgraph")] == []
 
 
+@pytest.mark.slow
 def test_import_asyncgraph_loads_the_core_only() -> None:
     code = (
         "import asyncgraph, sys; "
@@ -129,6 +130,7 @@ def test_import_asyncgraph_loads_the_core_only() -> None:
         assert f"'asyncgraph.{name}" not in ours, ours
 
 
+@pytest.mark.slow
 def test_numpy_is_summed_once_it_is_used() -> None:
     code = (
         "import asyncgraph, sys; assert 'numpy' not in sys.modules; import numpy as np; "

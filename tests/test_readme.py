@@ -12,6 +12,7 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow
 def test_readme_core_example_runs() -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
     core = [b for b in blocks if "be calmer" in b]
@@ -23,6 +24,7 @@ def test_readme_core_example_runs() -> None:
     assert "be calmer (given: no feedback yet)" in done.stdout
 
 
+@pytest.mark.slow
 def test_readme_demo_output_is_what_the_demo_prints() -> None:
     text = README.read_text()
     block = re.search(r"<!-- demo-output -->\n```\n(.*?)```", text, re.DOTALL)
@@ -63,6 +65,7 @@ def test_the_readme_has_runnable_snippets() -> None:
 
 
 @pytest.mark.parametrize("name", [name for name, _, _ in _snippets()])
+@pytest.mark.slow
 def test_readme_snippet_runs_as_written(name: str, tmp_path: Path) -> None:
     (code, expected) = next((c, e) for n, c, e in _snippets() if n == name)
     done = subprocess.run(

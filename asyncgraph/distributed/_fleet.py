@@ -17,7 +17,6 @@ recently, so a command can refuse to start against a queue nobody serves.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -60,7 +59,9 @@ def child_setup() -> Callable[[], None]:
     prctl: Any = None
     if sys.platform.startswith("linux"):
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            # The running program's symbols, libc's among them: no ldconfig subprocess
+            # (ctypes.util.find_library runs one) before every fleet starts.
+            libc = ctypes.CDLL(None, use_errno=True)
             prctl = libc.prctl
         except (OSError, AttributeError):
             prctl = None

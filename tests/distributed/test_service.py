@@ -86,6 +86,7 @@ def test_metrics_print_exact_values_and_declare_the_task_seconds_summary() -> No
     ]
 
 
+@pytest.mark.slow
 def test_python_m_workers_check_lists_the_default_functions() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRAPH_")}
     env["ASYNCGRAPH_REDIS_URL"] = "redis://127.0.0.1:1/0"

@@ -145,6 +145,7 @@ async def test_supervisor_readiness_follows_the_children_and_argv_holds_no_url(
         await wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout_s=20)
 
 
+@pytest.mark.slow
 def test_zero_processes_is_refused() -> None:
     import subprocess
     import sys

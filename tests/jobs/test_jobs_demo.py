@@ -115,6 +115,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return ckpt
 
 
+@pytest.mark.slow
 def test_demo_without_arguments(tmp_path: Path) -> None:
     # Exactly what a user types: simulated model at 100 ms a call, progress, a temp dir.
     proc = run_cli("demo", timeout_s=120)
@@ -137,6 +138,7 @@ def test_demo_without_arguments(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_local_run_learns_every_instruction(local_run: dict[str, Any]) -> None:
     history = local_run["history"]
     assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6]
@@ -192,6 +194,7 @@ def test_demo_on_the_workers_of_an_existing_redis_matches_the_local_run(
     _assert_same_run(_check_learned(out), local_run)
 
 
+@pytest.mark.slow
 def test_demo_against_an_openai_compatible_endpoint(
     tmp_path: Path, local_run: dict[str, Any]
 ) -> None:
@@ -223,6 +226,7 @@ def test_demo_against_an_openai_compatible_endpoint(
     }
 
 
+@pytest.mark.slow
 def test_demo_resume_with_other_settings_exits_2(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = run_cli(
@@ -277,6 +281,7 @@ def _demo_process(*args: str, logs: Path) -> Iterator[subprocess.Popen[str]]:
             proc.wait(10)
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_the_demo_keeps_its_checkpoint_and_resume_finishes_it(
     tmp_path: Path, local_run: dict[str, Any]
 ) -> None:
@@ -461,15 +466,14 @@ def test_demo_on_a_redis_without_workers_fails_fast(
     assert "--import asyncgraph.text --import asyncgraph.jobs.demo" in err
 
 
-def test_demo_workers_without_a_redis_server_binary_is_one_line(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_demo_workers_without_a_redis_server_is_one_line_saying_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import asyncgraph.distributed._redis_server
-
-    def missing() -> str:
-        raise FileNotFoundError("no redis-server found: install one (apt-get install redis-server)")
-
-    monkeypatch.setattr(asyncgraph.distributed._redis_server, "find_redis_server", missing)
+    # No server: the one binary allowed is a command that an empty PATH does not have.
+    monkeypatch.setenv("ASYNCGRAPH_REDIS_SERVER", "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path))
     assert _demo_main("--workers", "1", "--no-progress") == 1
     err = capsys.readouterr().err
-    assert err == "error: no redis-server found: install one (apt-get install redis-server)\n"
+    assert err.startswith("error: no redis-server found: ") and err.count("\n") == 1, err
+    for hint in ('pip install "asyncgraph[fleet]"', "redis-server on PATH", "--redis URL"):
+        assert hint in err, err

@@ -109,6 +109,7 @@ def test_json_value_keeps_json_data_and_cuts_what_is_not() -> None:
     assert json_value(object()).startswith("<object object")
 
 
+@pytest.mark.slow
 def test_asyncgraph_run_trace_writes_a_timeline_per_step_and_log_calls_a_call_log(
     tmp_path: Path,
 ) -> None:

@@ -38,6 +38,7 @@ EXAMPLE = str(REPO / "examples" / "prompt_job.py")
 FAST = cli_env(PROMPT_JOB_LATENCY_MS="5")
 
 
+@pytest.mark.slow
 def test_run_the_example_job_file(tmp_path: Path) -> None:
     out = tmp_path / "router"
     proc = run_cli("run", EXAMPLE, "--out", str(out), "--no-progress", env=FAST)
@@ -75,6 +76,7 @@ def test_run_the_example_job_file(tmp_path: Path) -> None:
     assert (out / "metrics.png").read_bytes().startswith(PNG_MAGIC)
 
 
+@pytest.mark.slow
 def test_run_shows_progress_off_a_terminal(tmp_path: Path) -> None:
     proc = run_cli("run", EXAMPLE, "--out", str(tmp_path / "o"), env=FAST)
     assert proc.returncode == 0, describe(proc)
@@ -133,6 +135,7 @@ def _run_on_a_terminal(
     [(80, False), (160, True)],
     ids=["80-columns", "stdout-to-a-file"],
 )
+@pytest.mark.slow
 def test_run_shows_a_rich_progress_bar_on_a_terminal(
     tmp_path: Path, columns: int, stdout_to_a_file: bool
 ) -> None:
@@ -163,6 +166,7 @@ def test_run_shows_a_rich_progress_bar_on_a_terminal(
     assert "Traceback" not in screen
 
 
+@pytest.mark.slow
 def test_resume_from_a_corrupt_checkpoint_exits_2_with_the_reason(tmp_path: Path) -> None:
     out = tmp_path / "o"
     out.mkdir()
@@ -174,12 +178,14 @@ def test_resume_from_a_corrupt_checkpoint_exits_2_with_the_reason(tmp_path: Path
     assert listing(out) == ["checkpoint.json"]  # nothing overwritten
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_exits_2(tmp_path: Path) -> None:
     proc = run_cli("run", EXAMPLE, "--out", str(tmp_path / "o"), "--resume", env=FAST)
     assert proc.returncode == 2, describe(proc)
     assert "error: no checkpoint at" in proc.stderr and "run without --resume" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_with_a_checkpoint_of_another_job_exits_2(tmp_path: Path) -> None:
     out = tmp_path / "o"
     done = run_cli("run", EXAMPLE, "--out", str(out), "--no-progress", env=FAST)
@@ -193,6 +199,7 @@ def test_resume_with_a_checkpoint_of_another_job_exits_2(tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_job_file_or_one_without_build_job_exits_2(tmp_path: Path) -> None:
     proc = run_cli("run", str(tmp_path / "nope.py"))
     assert proc.returncode == 2, describe(proc)
@@ -413,6 +420,7 @@ def test_run_on_the_workers_of_a_redis_matches_the_in_process_run(
 # --- Paper cuts: job-file problems, run directories, resume and the end of a run ----------
 
 
+@pytest.mark.slow
 def test_run_given_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
     proc = run_cli("run", str(tmp_path))
     assert proc.returncode == 2, describe(proc)
@@ -420,6 +428,7 @@ def test_run_given_a_directory_says_it_is_a_directory(tmp_path: Path) -> None:
     assert "does not exist" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_syntax_error_in_a_job_file_is_one_line_with_a_caret(tmp_path: Path) -> None:
     job_file = tmp_path / "broken.py"
     job_file.write_text("def build_job():\n    return Job(name='x',,)\n")
@@ -451,6 +460,7 @@ def test_a_syntax_error_in_a_job_file_is_one_line_with_a_caret(tmp_path: Path) -
     ],
     ids=["import-error", "error-at-import", "wrong-type", "build-job-raises", "async-none"],
 )
+@pytest.mark.slow
 def test_any_problem_in_a_job_file_is_one_line(
     tmp_path: Path, source: str, words: list[str]
 ) -> None:
@@ -498,6 +508,7 @@ def test_resuming_says_after_which_step(capsys: pytest.CaptureFixture[str]) -> N
     assert capsys.readouterr().out == "demo-prompt-optimization: resuming after step 2/6\n"
 
 
+@pytest.mark.slow
 def test_without_out_the_run_directory_is_announced(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()  # a git work tree without runs/ in its .gitignore
     env = cli_env(PROMPT_JOB_LATENCY_MS="1")
@@ -549,6 +560,7 @@ def test_max_attempts_is_a_flag_and_an_environment_variable(
     monkeypatch.delenv("ASYNCGRAPH_MODEL_MAX_ATTEMPTS")
 
 
+@pytest.mark.slow
 def test_demo_help_explains_every_option() -> None:
     proc = run_cli("demo", "--help")
     assert proc.returncode == 0
@@ -593,6 +605,7 @@ def build_job():
 @pytest.mark.parametrize(
     ("flags", "shown"), [((), False), (("-v",), True), (("--log-level", "info"), True)]
 )
+@pytest.mark.slow
 def test_verbose_shows_model_retries(tmp_path: Path, flags: tuple[str, ...], shown: bool) -> None:
     job_file = tmp_path / "flaky_job.py"
     job_file.write_text(FLAKY_JOB)
@@ -602,6 +615,7 @@ def test_verbose_shows_model_retries(tmp_path: Path, flags: tuple[str, ...], sho
     assert (line in proc.stderr) is shown, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_log_level_is_a_usage_error() -> None:
     proc = run_cli("demo", "--log-level", "LOUD")
     assert proc.returncode == 2

@@ -114,6 +114,7 @@ def _interrupt_mid_step(
         "twice-during-backward",
     ],
 )
+@pytest.mark.slow
 def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
     tmp_path: Path, reference: dict[str, Any], phase: str, step: int, sigints: int
 ) -> None:

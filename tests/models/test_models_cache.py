@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(params=["memory", "disk", "redis"])
+@pytest.fixture(params=["memory", "disk", pytest.param("redis", marks=pytest.mark.slow)])
 async def make_cache(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[Callable[[], Cache]]:

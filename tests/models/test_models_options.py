@@ -77,6 +77,7 @@ async def test_a_missing_api_key_fails_before_any_model_call(no_key: pytest.Monk
         await llm_call("Be brief.", "hi", model="openai:gpt-4o-mini-nokey")
 
 
+@pytest.mark.slow
 def test_demo_with_a_real_model_and_no_key_says_so_before_any_step(tmp_path: Any) -> None:
     import os
 

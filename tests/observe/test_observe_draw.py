@@ -127,6 +127,7 @@ def test_bad_arguments_say_what_is_wrong() -> None:
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed")
+@pytest.mark.slow
 def test_render_writes_an_svg_through_dot(tmp_path: Path) -> None:
     x = Parameter("draft", role="draft")
     picture = draw_graph(Critique.apply(x))
@@ -142,6 +143,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "draw_demo_graph.py
 
 
 @pytest.mark.parametrize("fmt", ["mermaid", "dot"])
+@pytest.mark.slow
 def test_the_readme_shows_the_picture_of_the_demo_pass(fmt: str) -> None:
     block = re.search(
         rf"<!-- demo-graph-{fmt} -->\n```{fmt}\n(.*?)```\n<!-- /demo-graph-{fmt} -->",
