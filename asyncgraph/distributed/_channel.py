@@ -332,7 +332,11 @@ class TaskChannel:
         self.stats.flushes += 1
         self._flushing += 1
         try:
-            replies = await self._pool.pipeline(commands, timeout_s=timeout_s, shield=not inline)
+            # Sent again after a lost connection (they may have been added): a task sent
+            # twice is joined once, its reply matched by task id; a cancel twice cancels once.
+            replies = await self._pool.pipeline(
+                commands, timeout_s=timeout_s, shield=not inline, retry=True
+            )
         except RedisConnectionLost as exc:
             for p in outbox:
                 self._fail(p, self._connection_error(exc, "sending the task"))

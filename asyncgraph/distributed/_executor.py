@@ -392,7 +392,10 @@ async def open_redis_executor(
     )
     try:
         # Tasks sent before any worker exists must wait for it: create the group at 0.
-        await pool.execute("XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0", "MKSTREAM")
+        # Sent again after a lost connection: a repeat answers BUSYGROUP, read as done.
+        await pool.execute(
+            "XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0", "MKSTREAM", retry=True
+        )
     except ReplyError as exc:
         if exc.code != "BUSYGROUP":
             await pool.aclose()

@@ -18,6 +18,7 @@ below ``J``. For 600/min, ``B = 1``, ``J = 0.5 s`` that is 99.2% of the limit.
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from asyncgraph._exceptions import RateLimitWaitError
-from asyncgraph.models._keys import rate_limit_keys
+from asyncgraph.models._keys import rate_limit_keys, rate_limit_once_key
 from asyncgraph.models._redis import RedisHandle, Script
 
 __all__ = [
@@ -241,38 +242,58 @@ class LocalRateLimiter:
         return f"LocalRateLimiter({self.limit.describe()}, name={self.name!r})"
 
 
-# KEYS: one GCRA "theoretical arrival time" (microseconds, Redis clock) per bucket.
-# ARGV: max_wait_us, then per bucket: interval_us, tolerance_us, cost.
-# Returns {1, wait_us} when booked, {0, wait_us} when the wait exceeds max_wait_us.
+# NOTE [Limiter calls sent twice]
+# A booking or a correction whose reply is lost may have been applied: sent again
+# blindly, it would book a second slot (or correct the budget twice). So each call
+# carries a random id, and its script first looks for the call's "once" key
+# (``rate_limit_once_key``): there, a booking keeps the start of its slot, and a
+# correction a mark. Found, the script does nothing more and answers as the first run
+# did (a booking: its slot, counted from now); not found, it does the work and writes
+# the key. That makes both safe to send again (``run_script(..., retry=True)``). The key
+# lives for two of the client's Redis deadlines and a second (``_once_ttl_ms``): the
+# repeat leaves when the first attempt fails, at most one deadline after it, and reaches
+# Redis within its own; so at most the calls of that span have a key.
+
+# KEYS: one GCRA "theoretical arrival time" (microseconds, Redis clock) per bucket, then
+# the call's once key. ARGV: max_wait_us, once_ttl_ms, then per bucket: interval_us,
+# tolerance_us, cost. Returns {1, wait_us} when booked, {0, wait_us} when the wait
+# exceeds max_wait_us (nothing booked). See NOTE [Limiter calls sent twice].
 _RESERVE_LUA = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local once = KEYS[#KEYS]
+local booked = redis.call('GET', once)
+if booked then return {1, math.ceil(tonumber(booked) - now)} end
 local max_wait = tonumber(ARGV[1])
 local start = now
 local tats = {}
-for i = 1, #KEYS do
+for i = 1, #KEYS - 1 do
   local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
   if tat < now then tat = now end
   tats[i] = tat
-  local s = tat - tonumber(ARGV[i * 3])
+  local s = tat - tonumber(ARGV[i * 3 + 1])
   if s > start then start = s end
 end
 local wait = math.ceil(start - now)
 if wait > max_wait then return {0, wait} end
-for i = 1, #KEYS do
+for i = 1, #KEYS - 1 do
   local base = tats[i]
   if start > base then base = start end
-  local new_tat = math.ceil(base + tonumber(ARGV[i * 3 - 1]) * tonumber(ARGV[i * 3 + 1]))
+  local new_tat = math.ceil(base + tonumber(ARGV[i * 3]) * tonumber(ARGV[i * 3 + 2]))
   local ttl_ms = math.ceil((new_tat - now) / 1000) + 1000
   redis.call('SET', KEYS[i], string.format('%.0f', new_tat), 'PX', ttl_ms)
 end
+redis.call('SET', once, string.format('%.0f', start), 'PX', ARGV[2])
 return {1, wait}
 """
 
-# KEYS[1]: the tokens key. ARGV: token delta (used - reserved), interval_us.
+# KEYS: the tokens key, the call's once key. ARGV: token delta (used - reserved),
+# interval_us, once_ttl_ms. See NOTE [Limiter calls sent twice].
 _SETTLE_LUA = """
 if redis.replicate_commands then redis.replicate_commands() end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -295,7 +316,9 @@ class RedisRateLimiter:
     One Lua script books the slot atomically against Redis's clock (so the machines'
     clocks do not matter); the caller then sleeps until the slot. Each Redis call has a
     ``limit.redis_timeout_s`` timeout and raises ``ModelBackendError`` when Redis fails.
-    Every process must use the same ``RateLimit`` numbers for one ``name``.
+    A call whose connection is lost is sent again, and still books (or corrects) once
+    (see NOTE [Limiter calls sent twice]). Every process must use the same ``RateLimit``
+    numbers for one ``name``.
     """
 
     def __init__(self, limit: RateLimit, *, name: str, redis_url: str | None = None) -> None:
@@ -307,6 +330,7 @@ class RedisRateLimiter:
         self.limit = limit
         self.name = name
         self._keys = rate_limit_keys(name)
+        self._once_ttl_ms = math.ceil((2 * limit.redis_timeout_s + 1) * 1000)
         self._redis = RedisHandle(
             url, timeout_s=limit.redis_timeout_s, purpose=f"rate limit {name!r}"
         )
@@ -315,12 +339,13 @@ class RedisRateLimiter:
         """Book a slot without waiting; return the seconds until it starts."""
         buckets = self.limit.buckets(tokens)
         keys = [self._keys[kind] for kind, *_ in buckets]
+        keys.append(self._once_key())
         # Lua's tonumber() cannot read 'inf'; a year is as good as forever here.
-        args: list[str] = [repr(min(self.limit.max_wait_s, 3.2e7) * 1e6)]
+        args: list[str] = [repr(min(self.limit.max_wait_s, 3.2e7) * 1e6), str(self._once_ttl_ms)]
         for _, interval, tolerance, cost in buckets:
             args += [repr(interval * 1e6), repr(tolerance * 1e6), repr(cost)]
 
-        granted, wait = await self._redis.run_script(_RESERVE, keys, args)
+        granted, wait = await self._redis.run_script(_RESERVE, keys, args, retry=True)
         wait_us = float(wait)
         if not granted:
             raise _wait_error(self.limit, self.name, wait_us / 1e6)
@@ -336,10 +361,18 @@ class RedisRateLimiter:
         interval = self.limit.token_interval_s()
         if interval is None or used_tokens == reserved_tokens:
             return
-        args = [repr(float(used_tokens - reserved_tokens)), repr(interval * 1e6)]
-        keys = [self._keys[1]]
+        args = [
+            repr(float(used_tokens - reserved_tokens)),
+            repr(interval * 1e6),
+            str(self._once_ttl_ms),
+        ]
+        keys = [self._keys[1], self._once_key()]
 
-        await self._redis.run_script(_SETTLE, keys, args)
+        await self._redis.run_script(_SETTLE, keys, args, retry=True)
+
+    def _once_key(self) -> str:
+        """A fresh call's once key (NOTE [Limiter calls sent twice])."""
+        return rate_limit_once_key(self.name, secrets.token_hex(8))
 
     async def aclose(self) -> None:
         await self._redis.aclose()

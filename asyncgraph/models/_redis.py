@@ -3,7 +3,9 @@
 The same client serves the worker fleet's streams (picked by measurement:
 ``benchmarks/bench_redis_clients.py``). It runs on asyncio and trio alike, so no call
 takes a thread hop. Every call has a deadline (``timeout_s``); a script is sent by its
-SHA1 and loaded once when Redis does not know it (``NOSCRIPT``).
+SHA1 and loaded once when Redis does not know it (``NOSCRIPT``). A call whose
+connection is lost is sent again only when that is harmless: by ``asyncgraph.resp``'s
+table of safe commands, or when the caller says so (``retry=True``).
 """
 
 from __future__ import annotations
@@ -54,13 +56,16 @@ class RedisHandle:
             self._pools[id(loop)] = entry
         return entry[1]
 
-    async def call(self, *command: Any) -> Any:
-        (reply,) = await self.pipeline([command])
+    async def call(self, *command: Any, retry: bool | None = None) -> Any:
+        (reply,) = await self.pipeline([command], retry=retry)
         return reply
 
-    async def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def pipeline(
+        self, commands: Sequence[Sequence[Any]], *, retry: bool | None = None
+    ) -> list[Any]:
+        """Run ``commands`` in one round trip (``retry`` as in ``asyncgraph.resp.Pool.pipeline``)."""
         try:
-            replies = await self._pool().pipeline(commands)
+            replies = await self._pool().pipeline(commands, retry=retry)
         except RedisConnectionLost as exc:
             raise self._error(exc) from exc
         for reply in replies:
@@ -68,13 +73,21 @@ class RedisHandle:
                 raise self._error(reply) from reply
         return replies
 
-    async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def run_script(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        retry: bool | None = None,
+    ) -> Any:
+        """Run ``script``; ``retry=True`` only if running it twice does what once does."""
         try:
-            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args, retry=retry)
         except ModelBackendError as exc:
             if not (isinstance(exc.__cause__, ReplyError) and exc.__cause__.code == "NOSCRIPT"):
                 raise
-        return await self.call("EVAL", script.source, len(keys), *keys, *args)
+        return await self.call("EVAL", script.source, len(keys), *keys, *args, retry=retry)
 
     def _error(self, exc: Exception) -> ModelBackendError:
         return ModelBackendError(

@@ -13,7 +13,9 @@ commands, pipelines (one write, N replies), blocking reads that a cancel scope
 interrupts at once. redis-py is still used to parse URLs.
 
 Every call has a deadline (``timeout_s``); a connection that saw a timeout, a
-cancellation or a protocol error mid-command is closed, never reused. Errors:
+cancellation or a protocol error mid-command is closed, never reused. A pooled
+connection that fails mid-call gets the commands sent again on a new one only when
+a repeat is harmless (``Pool.pipeline``'s ``retry``, and ``_idempotence``). Errors:
 ``RedisConnectionLost`` (also ``ConnectionError``) for anything network,
 ``ReplyError`` for an error reply of the server.
 
@@ -40,6 +42,7 @@ import anyio
 import anyio.abc
 
 from asyncgraph._exceptions import RedisConnectionLost, ReplyError
+from asyncgraph.resp._idempotence import unsafe_command
 
 if TYPE_CHECKING:
     from asyncgraph.resp._cluster import ClusterRouter
@@ -766,9 +769,11 @@ class Pool:
         timeout_s: float | None = None,
         max_bulk: int | None = None,
         max_items: int | None = None,
+        retry: bool | None = None,
     ) -> Any:
+        """Run one command (see ``pipeline``); raise ``ReplyError`` if Redis answers with one."""
         (reply,) = await self.pipeline(
-            [args], timeout_s=timeout_s, max_bulk=max_bulk, max_items=max_items
+            [args], timeout_s=timeout_s, max_bulk=max_bulk, max_items=max_items, retry=retry
         )
         if isinstance(reply, ReplyError):
             raise reply
@@ -782,12 +787,22 @@ class Pool:
         max_bulk: int | None = None,
         max_items: int | None = None,
         shield: bool = False,
+        retry: bool | None = None,
     ) -> list[Any]:
         """Run commands in one round trip within ``timeout_s`` (default: the pool's).
 
         ``max_bulk`` as in ``Connection.pipeline``. ``shield``: the caller's
         cancellation waits until the commands are answered (or the deadline passes),
         for writes that must not be cut in the middle.
+
+        A pooled connection that fails (Redis restarted, or a NAT forgot the connection
+        and the call timed out) may have delivered the commands, and Redis may have run
+        them. They are sent once more, on a new connection, only when that is safe:
+        ``retry=None`` (the default) when every command is in the table of
+        ``asyncgraph.resp._idempotence`` (reads, and writes that set rather than add);
+        ``retry=True`` when the caller makes a repeat harmless (an idempotency key, or a
+        protocol that joins duplicates); never with ``retry=False``. Otherwise the
+        failure raises ``RedisConnectionLost``, saying the commands were not sent again.
         """
         limit = self.timeout_s if timeout_s is None else timeout_s
         if self._idle:
@@ -797,13 +812,19 @@ class Pool:
                     return await conn.pipeline(
                         commands, max_bulk=max_bulk, max_items=max_items, timeout_s=limit
                     )
-            except (RedisConnectionLost, TimeoutError):
-                # The idle connections predate an outage (Redis restarted), or went dead
-                # without a word (a NAT or firewall forgot them: the command just hangs):
-                # drop them all and try once on a new one. Commands of the protocol are
-                # safe to repeat (a task sent twice is joined once, a reply read twice
-                # counts once, acknowledgements are idempotent).
+            except (RedisConnectionLost, TimeoutError) as exc:
+                # The idle connections predate an outage or went dead without a word: drop
+                # them all, and try once on a new one if a repeat cannot do harm.
                 await self._discard_idle()
+                if retry is False:
+                    raise self._not_repeated(exc, "the caller asked for no retry", limit) from exc
+                unsafe = None if retry else unsafe_command(commands)
+                if unsafe is not None:
+                    why = (
+                        f"{unsafe} may have run, and is not known safe to run twice; pass "
+                        f"retry=True if the caller makes a repeat harmless"
+                    )
+                    raise self._not_repeated(exc, why, limit) from exc
             finally:
                 await self._put_back(conn)
         try:
@@ -814,6 +835,14 @@ class Pool:
             raise RedisConnectionLost(
                 f"Redis at {self.address.display} did not answer within {limit:g}s"
             ) from None
+
+    def _not_repeated(self, exc: Exception, why: str, limit: float) -> RedisConnectionLost:
+        what = (
+            str(exc)
+            if isinstance(exc, RedisConnectionLost)
+            else f"Redis at {self.address.display} did not answer within {limit:g}s"
+        )
+        return RedisConnectionLost(f"{what} (not sent again: {why})")
 
     async def aclose(self) -> None:
         self._closed = True

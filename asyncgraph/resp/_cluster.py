@@ -18,8 +18,11 @@ connection per node it has talked to:
   ``-CLUSTERDOWN``: wait a moment and route the unit again.
 
 A redirected unit was not run by the node that redirected it (a ``MULTI`` block whose
-command was redirected is aborted whole), so sending it again runs it once. The caller's
-deadline bounds the whole exchange; redirections are also capped in number.
+command was redirected is aborted whole), so sending it again runs it once. A lost
+connection is another matter: the node may have run the unit, so it is not sent again
+here; the error goes up to ``Pool.pipeline``, which repeats the whole pipeline only when
+that is harmless (see ``asyncgraph.resp._idempotence``). The caller's deadline bounds the
+whole exchange; redirections are also capped in number.
 
 All the keys of a unit must share one slot: asyncgraph's keys carry a hash tag per queue
 (``asyncgraph:{queue}:...``) and per rate limit, so they do.

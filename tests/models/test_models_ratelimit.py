@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -26,6 +28,7 @@ from asyncgraph.models import (
 )
 from asyncgraph.models._ratelimit import gcra_reserve
 from asyncgraph.models._testing import OpenAITestServer
+from asyncgraph.resp import Pool, parse_redis_url
 
 REPO_ROOT = Path(asyncgraph.models.__file__).resolve().parents[2]
 
@@ -181,6 +184,62 @@ async def test_redis_token_budget_is_corrected_after_the_call(redis_url: str) ->
         assert await limiter.reserve(tokens=50) == 0
         await limiter.settle(50, 10)
         assert 0.5 < await limiter.reserve(tokens=10) <= 1.0
+    finally:
+        await limiter.aclose()
+
+
+@pytest.fixture
+def lossy_redis_url(redis_url: str) -> Iterator[tuple[str, Any]]:
+    """A URL of the suite's Redis through a proxy that can lose a reply, and the proxy."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resp"))
+    from blackhole import BlackholeProxy
+
+    address = parse_redis_url(redis_url)
+    proxy = BlackholeProxy(address.host, address.port)
+    yield f"redis://127.0.0.1:{proxy.port}/0", proxy
+    proxy.close()
+
+
+@pytest.mark.anyio
+async def test_a_reservation_whose_reply_is_lost_is_sent_again_and_booked_once(
+    redis_url: str, lossy_redis_url: tuple[str, Any]
+) -> None:
+    """Issue #23 point 8: the script booked the slot, the reply was lost, the client sent
+    the reservation again; the budget counts it once, and the call's mark expires."""
+    url, proxy = lossy_redis_url
+    limit = RateLimit(requests_per_minute=6, margin_s=0, redis_url=url)  # a slot every 10 s
+    limiter = RedisRateLimiter(limit, name="lost")
+    redis = Pool(parse_redis_url(redis_url), timeout_s=2)
+    try:
+        assert await limiter.reserve() == 0  # and a pooled connection
+        proxy.drop_next_reply()
+        assert 9 < await limiter.reserve() <= 10  # the second slot
+        assert proxy.accepted == 2  # sent again, on a new connection
+        assert 19 < await limiter.reserve() <= 20  # the third: the second was booked once
+        marks = await redis.execute("KEYS", "*:once:*")
+        assert len(marks) == 3
+        for mark in marks:
+            assert 0 < await redis.execute("PTTL", mark) <= (2 * limit.redis_timeout_s + 1) * 1000
+    finally:
+        await limiter.aclose()
+        await redis.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_token_correction_whose_reply_is_lost_is_applied_once(
+    lossy_redis_url: tuple[str, Any],
+) -> None:
+    url, proxy = lossy_redis_url
+    limit = RateLimit(tokens_per_minute=600, margin_s=0, redis_url=url)  # 10 tokens a second
+    limiter = RedisRateLimiter(limit, name="lost-tokens")
+    try:
+        assert await limiter.reserve(tokens=50) == 0
+        await limiter.settle(50, 10)  # loads the script; books 40 tokens back
+        assert 0.5 < await limiter.reserve(tokens=20) <= 1.0
+        proxy.drop_next_reply()
+        await limiter.settle(20, 10)  # 10 tokens back, once (twice: 1 s less to wait)
+        assert proxy.accepted == 2
+        assert 1.5 < await limiter.reserve(tokens=10) <= 2.0
     finally:
         await limiter.aclose()
 

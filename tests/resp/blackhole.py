@@ -1,4 +1,5 @@
-"""A TCP proxy that can silently black-hole its established connections (a lost NAT entry)."""
+"""A TCP proxy that can silently black-hole its established connections (a lost NAT entry),
+or lose the reply to a request (the connection drops after Redis ran the command)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ import threading
 
 class BlackholeProxy:
     """Forwards 127.0.0.1:<port> to ``target``; ``blackhole()`` makes every connection open at
-    that moment swallow all data both ways (no RST, no FIN), while new ones work."""
+    that moment swallow all data both ways (no RST, no FIN), while new ones work.
+    ``drop_next_reply()``: the next bytes Redis sends back on any connection are thrown
+    away and that connection is closed both ways (the command ran; its reply is lost).
+    ``accepted`` counts the connections made through the proxy."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._generation = 0
+        self._drops = 0
+        self._lock = threading.Lock()
+        self.accepted = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._accepting = threading.Thread(target=self._accept, daemon=True)
@@ -23,6 +30,17 @@ class BlackholeProxy:
 
     def blackhole(self) -> None:
         self._generation += 1
+
+    def drop_next_reply(self) -> None:
+        with self._lock:
+            self._drops += 1
+
+    def _drop(self) -> bool:
+        with self._lock:
+            if not self._drops:
+                return False
+            self._drops -= 1
+            return True
 
     def _accept(self) -> None:
         self.listener.settimeout(0.2)
@@ -32,6 +50,7 @@ class BlackholeProxy:
             except OSError:
                 continue
             upstream = socket.create_connection(self.target)
+            self.accepted += 1
             thread = threading.Thread(
                 target=self._pipe, args=(client, upstream, self._generation), daemon=True
             )
@@ -47,6 +66,8 @@ class BlackholeProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if sock is b and self._drop():
+                        return  # closes both: the client sees its connection lost
                     if self._generation == generation:  # else: swallowed, silently
                         peers[sock].sendall(data)
         except OSError:

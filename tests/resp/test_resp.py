@@ -316,3 +316,81 @@ def test_commands_are_packed_the_same_by_hiredis_and_by_the_python_encoder() -> 
     for command in commands:
         _encode(command, python)  # type: ignore[arg-type]
     assert _pack(commands) == b"".join(python)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Any:
+    """A proxy to the suite's Redis that can lose a reply (``blackhole.BlackholeProxy``)."""
+    from blackhole import BlackholeProxy
+
+    address = parse_redis_url(redis_url)
+    proxy = BlackholeProxy(address.host, address.port)
+    yield proxy
+    proxy.close()
+
+
+async def test_a_write_not_safe_to_repeat_whose_reply_is_lost_is_not_sent_again(
+    redis_url: str, proxy: Any
+) -> None:
+    """Issue #23 point 8: INCR and XADD * ran once, and the lost reply is an error."""
+    pool = Pool(parse_redis_url(f"redis://127.0.0.1:{proxy.port}/0"), timeout_s=2)
+    direct = Pool(parse_redis_url(redis_url), timeout_s=2)
+    try:
+        assert await pool.execute("PING") == b"PONG"  # a pooled connection
+        for command in (["INCR", "n"], ["XADD", "s", "*", "f", "v"]):
+            proxy.drop_next_reply()
+            with pytest.raises(RedisConnectionLost, match=f"not sent again: {command[0]} may"):
+                await pool.execute(*command)
+            assert await pool.execute("PING") == b"PONG"  # a new pooled connection
+        assert await direct.execute("GET", "n") == b"1"
+        assert await direct.execute("XLEN", "s") == 1
+        assert proxy.accepted == 3  # the first, and one after each loss: nothing re-sent
+        # A pipeline is sent again only if all of it is safe.
+        proxy.drop_next_reply()
+        with pytest.raises(RedisConnectionLost, match="INCR may have run"):
+            await pool.pipeline([["GET", "n"], ["INCR", "n"]])
+        assert await direct.execute("GET", "n") == b"2"
+    finally:
+        await pool.aclose()
+        await direct.aclose()
+
+
+async def test_a_safe_command_whose_reply_is_lost_is_sent_again_and_the_caller_decides(
+    redis_url: str, proxy: Any
+) -> None:
+    pool = Pool(parse_redis_url(f"redis://127.0.0.1:{proxy.port}/0"), timeout_s=2)
+    try:
+        assert await pool.execute("SET", "k", "v") == b"OK"
+        proxy.drop_next_reply()
+        replies = await pool.pipeline([["GET", "k"], ["HSET", "h", "f", 1], ["DEL", "x"]])
+        # The repeat's HSET adds no field: the first run did (a count may be lower).
+        assert replies == [b"v", 0, 0]
+        assert await pool.execute("HGETALL", "h") == [b"f", b"1"]
+        assert proxy.accepted == 2  # sent again on a new connection
+        # retry=False: never sent again.
+        proxy.drop_next_reply()
+        with pytest.raises(RedisConnectionLost, match="the caller asked for no retry"):
+            await pool.execute("GET", "k", retry=False)
+        # retry=True: the caller vouches for a repeat (INCR here runs twice: its promise).
+        assert await pool.execute("PING") == b"PONG"
+        proxy.drop_next_reply()
+        assert await pool.execute("INCR", "n", retry=True) == 2
+        assert proxy.accepted == 4  # one more for the PING, one for the repeat
+    finally:
+        await pool.aclose()
+
+
+async def test_a_write_not_safe_to_repeat_on_a_silently_dead_connection_is_not_sent_again(
+    redis_url: str, proxy: Any
+) -> None:
+    """A NAT that forgot the connection: the call times out once and is not repeated."""
+    pool = Pool(parse_redis_url(f"redis://127.0.0.1:{proxy.port}/0"), timeout_s=0.3)
+    try:
+        assert await pool.execute("PING") == b"PONG"
+        proxy.blackhole()
+        with pytest.raises(RedisConnectionLost, match=r"did not answer within 0.3s \(not sent"):
+            await pool.execute("RPUSH", "l", "x")
+        assert proxy.accepted == 1
+        assert await pool.execute("LLEN", "l") == 0  # swallowed on its way: never ran
+    finally:
+        await pool.aclose()

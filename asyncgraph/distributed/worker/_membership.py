@@ -105,7 +105,10 @@ class Membership:
 
     async def ensure_group(self) -> None:
         try:
-            await self._pool.execute("XGROUP", "CREATE", self._tasks, keys.GROUP, "0", "MKSTREAM")
+            # Sent again after a lost connection: a repeat answers BUSYGROUP, read as done.
+            await self._pool.execute(
+                "XGROUP", "CREATE", self._tasks, keys.GROUP, "0", "MKSTREAM", retry=True
+            )
         except ReplyError as exc:
             if exc.code != "BUSYGROUP":
                 raise

@@ -94,8 +94,11 @@ class ReplyWriter:
         try:
             try:
                 # Shielded (bounded by the pool's deadline): cut in the middle, the
-                # replies would be written without their acknowledgements.
-                replies = await self._pool.pipeline(self._transaction(batch), shield=True)
+                # replies would be written without their acknowledgements. Sent again
+                # after a lost connection (see _transaction).
+                replies = await self._pool.pipeline(
+                    self._transaction(batch), shield=True, retry=True
+                )
             except RedisConnectionLost as exc:
                 self._health.failed(f"writing {len(batch)} repl(ies) (will retry)", exc)
                 self._outgoing[:0] = batch
@@ -120,7 +123,9 @@ class ReplyWriter:
         left: list[Settled] = []
         for index, settled in enumerate(batch):
             try:
-                replies = await self._pool.pipeline(self._transaction([settled]), shield=True)
+                replies = await self._pool.pipeline(
+                    self._transaction([settled]), shield=True, retry=True
+                )
             except RedisConnectionLost as exc:
                 self._health.failed("writing replies (will retry)", exc)
                 left += batch[index:]
@@ -169,6 +174,12 @@ class ReplyWriter:
         return short
 
     def _transaction(self, batch: list[Settled]) -> list[list[Any]]:
+        """The MULTI that settles ``batch``: safe to send twice (``retry=True``).
+
+        Run twice, it writes each reply (and dead letter) twice; a client joins a task
+        once and drops the second reply, and acknowledging and deleting are idempotent.
+        This writer sends a batch again after a failure anyway.
+        """
         ids = [s.held.entry_id for s in batch]
         commands: list[list[Any]] = [["MULTI"]]
         for settled in batch:
