@@ -133,6 +133,9 @@ class Intake:
                         if await self._health.step(self._ensure_group, "creating the group"):
                             continue
                     else:
+                        # Reading on after a lost reply is safe: what that XREADGROUP
+                        # delivered stays pending to this consumer, unheld and unrenewed,
+                        # and the reclaimers take it back once its lease has passed.
                         self._health.failed("reading tasks", exc)
                     if conn is not None:
                         await conn.aclose()
