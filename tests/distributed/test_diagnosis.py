@@ -61,18 +61,11 @@ async def test_a_worker_keeps_a_task_past_its_clients_deadline_for_the_diagnosis
     import anyio
 
     from asyncgraph.distributed.worker._config import WorkerConfig
+    from asyncgraph.distributed.worker._context import WorkerContext
     from asyncgraph.distributed.worker._membership import EXPIRY_GRACE_MS, Membership
 
-    # No Redis, health or metrics: the deadline is clock arithmetic.
-    membership = Membership(
-        WorkerConfig("redis://127.0.0.1:1/0", queue="q"),
-        "w",
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        held=list,
-        info_json=str,
-    )
+    # No Redis: the deadline is clock arithmetic.
+    membership = Membership(WorkerContext.new(WorkerConfig("redis://127.0.0.1:1/0", queue="q")))
     enqueued = f"{int(membership.redis_now_ms())}-0".encode()
     now = anyio.current_time()
     left = membership.deadline(enqueued, 1000, now) - now

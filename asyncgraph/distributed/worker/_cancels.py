@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import anyio
 
 from asyncgraph import WireError
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._schema import CancelMessage, decode
-from asyncgraph.distributed.wire._signing import Signer
-from asyncgraph.distributed.worker._config import WorkerConfig
-from asyncgraph.distributed.worker._metrics import Metrics
-from asyncgraph.distributed.worker._outcomes import Held
-from asyncgraph.distributed.worker._redis_health import RedisHealth
-from asyncgraph.resp import Connection, Pool, RedisConnectionLost, ReplyError
+from asyncgraph.distributed.worker._context import WorkerContext
+from asyncgraph.resp import Connection, RedisConnectionLost, ReplyError
 
 __all__ = ["Cancels"]
 
@@ -27,29 +22,17 @@ _BLOCK_MS = 2000
 
 
 class Cancels:
-    """Which tasks were cancelled (``key in cancels``), and the held ones to stop (``stop``)."""
+    """Which tasks were cancelled (``key in cancels``); a cancel stops the running ones.
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        consumer: str,
-        pool: Pool,
-        signer: Signer,
-        health: RedisHealth,
-        metrics: Metrics,
-        redis_now_ms: Callable[[], float],
-        stop: Callable[[Held, str], None],
-    ) -> None:
-        self.config = config
-        self.stop = stop
-        self.consumer = consumer
-        self._pool = pool
-        self._signer = signer
-        self._health = health
-        self._metrics = metrics
-        self._redis_now_ms = redis_now_ms
+    Admission reads ``key in cancels``; a task already running is stopped through
+    ``ctx.slots``, which knows the running tasks and their runner.
+    """
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self.config = ctx.config
+        self.consumer = ctx.consumer
         self._cancelled: dict[tuple[str, str], float] = {}
-        self.running: dict[tuple[str, str], Held] = {}  # admitted, not yet settled
 
     def __contains__(self, key: object) -> bool:
         return key in self._cancelled
@@ -65,21 +48,22 @@ class Cancels:
         for task_id in task_ids:
             task_key = (client, task_id)
             self._cancelled[task_key] = until
-            held = self.running.get(task_key)
-            if held is not None:
-                self.stop(held, "cancelled")
+            self._ctx.slots.stop(task_key, "cancelled")
 
-    async def watch(self) -> None:
-        """Follow the cancel stream (looking back a little: a cancel may predate this worker)."""
+    async def watch(self, redis_now_ms: float) -> None:
+        """Follow the cancel stream from two leases before ``redis_now_ms`` (Redis's clock).
+
+        It looks back a little: a cancel may predate this worker.
+        """
         stream = keys.cancel_stream(self.config.queue)
-        last_id: bytes | str = f"{max(0, int(self._redis_now_ms()) - 2 * self.config.lease_ms)}-0"
+        last_id: bytes | str = f"{max(0, int(redis_now_ms) - 2 * self.config.lease_ms)}-0"
         max_bulk = self.config.limits.max_message_bytes + keys.BULK_MARGIN
         conn: Connection | None = None
         try:
             while True:
                 try:
                     if conn is None:
-                        conn = await self._pool.connect()
+                        conn = await self._ctx.pool.connect()
                     reply = await conn.execute(
                         "XREAD",
                         "COUNT",
@@ -94,13 +78,13 @@ class Cancels:
                         timeout_s=_BLOCK_MS / 1000 + self.config.redis_timeout_s,
                     )
                 except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
-                    self._health.failed("reading cancellations", exc)
+                    self._ctx.health.failed("reading cancellations", exc)
                     if conn is not None:
                         await conn.aclose()
                         conn = None
                     await anyio.sleep(0.5)
                     continue
-                self._health.ok()
+                self._ctx.health.ok()
                 for entry_id, fields in reply[0][1] if reply else ():
                     last_id = entry_id
                     self._read(fields)
@@ -116,14 +100,14 @@ class Cancels:
             message = decode(
                 data.get(keys.F_MESSAGE),
                 data.get(keys.F_SIGNATURE),
-                self._signer,
+                self._ctx.signer,
                 self.config.queue,
                 self.config.limits,
             )
             if not isinstance(message, CancelMessage):
                 raise WireError("not a cancel message")
         except WireError as exc:
-            self._metrics.inc("asyncgraph_worker_dead_letters_total", reason="bad_cancel")
+            self._ctx.metrics.inc("asyncgraph_worker_dead_letters_total", reason="bad_cancel")
             log.warning("worker %s: ignored a cancel entry: %s", self.consumer, exc)
             return
         self.cancel(message.client, list(message.ids))

@@ -10,7 +10,6 @@ parser is linear, so such an entry costs its bytes once, and admission dead-lett
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 import anyio
@@ -18,11 +17,11 @@ import anyio
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._admission import MAX_FIELDS
-from asyncgraph.distributed.worker._config import WorkerConfig
-from asyncgraph.distributed.worker._metrics import Metrics
-from asyncgraph.distributed.worker._redis_health import RedisHealth
+from asyncgraph.distributed.worker._context import WorkerContext
+from asyncgraph.distributed.worker._membership import ensure_group
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
-from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, ReplyError
+from asyncgraph.distributed.worker._tasks import Tasks
+from asyncgraph.resp import Connection, Oversize, RedisConnectionLost, ReplyError
 
 __all__ = ["Intake", "ReadSizer"]
 
@@ -33,8 +32,6 @@ BLOCK_MS = 2000
 # entries, the next reads ask for fewer (at least one).
 READ_BUDGET = 64 * 1024 * 1024
 ASSUMED_ENTRY = 1024  # entry size assumed before any was read
-
-Take = Callable[[bytes, Any, int], None]
 
 
 class ReadSizer:
@@ -71,57 +68,34 @@ class ReadSizer:
 
 
 class Intake:
-    """The reader and the reclaimer of one worker; ``take(entry_id, fields, deliveries)`` each task."""
+    """The reader and the reclaimer of one worker: each task read goes to ``tasks.take``.
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        consumer: str,
-        pool: Pool,
-        health: RedisHealth,
-        metrics: Metrics,
-        writer: ReplyWriter,
-        *,
-        free_slots: Callable[[], int],
-        held: Container[bytes],
-        take: Take,
-        ensure_group: Callable[[], Awaitable[None]],
-    ) -> None:
-        self.config = config
-        self.consumer = consumer
-        self._pool = pool
-        self._health = health
-        self._metrics = metrics
+    They read as many tasks as ``ctx.slots`` has free slots (the reader waits for one).
+    """
+
+    def __init__(self, ctx: WorkerContext, writer: ReplyWriter, tasks: Tasks) -> None:
+        self.config = ctx.config
+        self.consumer = ctx.consumer
+        self._pool = ctx.pool
+        self._health = ctx.health
+        self._metrics = ctx.metrics
+        self._slots = ctx.slots
         self._writer = writer
-        self._free_slots = free_slots
-        self._held = held
-        self._take = take
-        self._ensure_group = ensure_group
-        self._tasks = keys.task_stream(config.queue)
+        self._take = tasks.take
+        self._stream = keys.task_stream(ctx.config.queue)
         self.sizer = ReadSizer(
-            config.batch_size, config.limits.max_message_bytes + keys.BULK_MARGIN
+            ctx.config.batch_size, ctx.config.limits.max_message_bytes + keys.BULK_MARGIN
         )
-        self._capacity: anyio.Event | None = None
 
-    def released(self) -> None:
-        """Some slot may be free again."""
-        if self._capacity is not None:
-            self._capacity.set()
-
-    async def _wait_capacity(self) -> int:
-        while True:
-            free = self._free_slots()
-            if free > 0:
-                return self.sizer.count(free)
-            self._capacity = anyio.Event()
-            await self._capacity.wait()
+    async def _ensure_group(self) -> None:
+        await ensure_group(self._pool, self.config.queue)
 
     async def reader(self) -> None:
         conn: Connection | None = None
         backoff = 0.05
         try:
             while True:
-                count = await self._wait_capacity()
+                count = self.sizer.count(await self._slots.wait_free())
                 try:
                     if conn is None:
                         conn = await self._pool.connect()
@@ -163,7 +137,7 @@ class Intake:
             "BLOCK",
             BLOCK_MS,
             "STREAMS",
-            self._tasks,
+            self._stream,
             ">",
             max_bulk=self.sizer.max_bulk,
             max_items=self.sizer.max_items(count),
@@ -193,7 +167,7 @@ class Intake:
         tick_s = max(50, self.config.lease_ms // 4) / 1000
         while True:
             await anyio.sleep(tick_s)
-            free = self._free_slots()
+            free = self._slots.free
             if free <= 0:
                 continue
             try:
@@ -223,7 +197,7 @@ class Intake:
         """One XAUTOCLAIM: the next cursor, and the claimed entries with their delivery counts."""
         reply = await self._pool.execute(
             "XAUTOCLAIM",
-            self._tasks,
+            self._stream,
             keys.GROUP,
             self.consumer,
             self.config.lease_ms,
@@ -243,13 +217,13 @@ class Intake:
             gone += list(reply[2])
         elif any(e is None for e in reply[1]):
             gone += await self._claimed_but_deleted(scanned_from, entries)
-        entries = [(i, f) for i, f in entries if f is not None and i not in self._held]
+        entries = [(i, f) for i, f in entries if f is not None and i not in self._slots.held]
         if gone:
-            await self._pool.execute("XACK", self._tasks, keys.GROUP, *gone)
+            await self._pool.execute("XACK", self._stream, keys.GROUP, *gone)
         if not entries:
             return cursor, []
         counts = await self._pool.pipeline(
-            [["XPENDING", self._tasks, keys.GROUP, i, i, 1] for i, _ in entries]
+            [["XPENDING", self._stream, keys.GROUP, i, i, 1] for i, _ in entries]
         )
         return cursor, [
             (i, f, int(p[0][3]) if isinstance(p, list) and p else 2)
@@ -267,7 +241,7 @@ class Intake:
         claimed = {i for i, _ in entries}
         rows = await self._pool.execute(
             "XPENDING",
-            self._tasks,
+            self._stream,
             keys.GROUP,
             scanned_from,
             "+",
@@ -279,7 +253,7 @@ class Intake:
             for row in rows
             if int(row[3]) >= 2
             and row[0] not in claimed
-            and row[0] not in self._held
+            and row[0] not in self._slots.held
             and int(row[2]) < self.config.lease_ms
         ]
 
@@ -291,13 +265,13 @@ class Intake:
         next XAUTOCLAIM's, this worker's or another's.
         """
         rows = await self._pool.execute(
-            "XPENDING", self._tasks, keys.GROUP, "-", "+", self.config.batch_size, self.consumer
+            "XPENDING", self._stream, keys.GROUP, "-", "+", self.config.batch_size, self.consumer
         )
-        strays = [row[0] for row in rows if int(row[3]) >= 2 and row[0] not in self._held]
+        strays = [row[0] for row in rows if int(row[3]) >= 2 and row[0] not in self._slots.held]
         if strays:
             await self._pool.execute(
                 "XCLAIM",
-                self._tasks,
+                self._stream,
                 keys.GROUP,
                 self.consumer,
                 0,

@@ -15,20 +15,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 import time
-from collections.abc import Callable, Iterable
 
 import anyio
 
+import asyncgraph
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.worker._config import WorkerConfig
-from asyncgraph.distributed.worker._metrics import Metrics
-from asyncgraph.distributed.worker._redis_health import RedisHealth
+from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError
 
-__all__ = ["Membership"]
+__all__ = ["Membership", "ensure_group"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
 
@@ -37,33 +37,37 @@ STALE_BEAT_MS = 60_000
 EXPIRY_GRACE_MS = 500  # a task outlives its client's deadline by this much (see deadline)
 
 
+async def ensure_group(pool: Pool, queue: str) -> None:
+    """Create ``queue``'s consumer group (and its task stream) unless it exists."""
+    try:
+        # Sent again after a lost connection: a repeat answers BUSYGROUP, read as done.
+        await pool.execute(
+            "XGROUP", "CREATE", keys.task_stream(queue), keys.GROUP, "0", "MKSTREAM", retry=True
+        )
+    except ReplyError as exc:
+        if exc.code != "BUSYGROUP":
+            raise
+
+
 class Membership:
-    def __init__(
-        self,
-        config: WorkerConfig,
-        consumer: str,
-        pool: Pool,
-        health: RedisHealth,
-        metrics: Metrics,
-        *,
-        held: Callable[[], Iterable[bytes]],
-        info_json: Callable[[], str],
-    ) -> None:
-        self.config = config
-        self.consumer = consumer
-        self._pool = pool
-        self._health = health
-        self._metrics = metrics
-        self._held = held
-        self._info_json = info_json
-        self._tasks = keys.task_stream(config.queue)
-        self._workers = keys.workers_hash(config.queue)
-        self._infos = keys.workers_info_hash(config.queue)
-        self._clients_key = keys.clients_hash(config.queue)
+    """The worker ``ctx`` describes, in its queue: what ``Worker`` runs to join, stay and leave."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self.config = ctx.config
+        self.consumer = ctx.consumer
+        self._pool = ctx.pool
+        self._health = ctx.health
+        self._metrics = ctx.metrics
+        self._tasks = keys.task_stream(ctx.config.queue)
+        self._workers = keys.workers_hash(ctx.config.queue)
+        self._infos = keys.workers_info_hash(ctx.config.queue)
+        self._clients_key = keys.clients_hash(ctx.config.queue)
         self.clock_offset_ms = 0.0
         self._clients: dict[str, int] = {}  # client id -> heartbeat expiry (Redis ms)
         self.connected = False
-        self.beat_s = min(config.lease_ms / 3000, 5.0)
+        self.beat_s = min(ctx.config.lease_ms / 3000, 5.0)
+        self._started_at = time.time()
 
     # -- joining -------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -104,14 +108,7 @@ class Membership:
             return
 
     async def ensure_group(self) -> None:
-        try:
-            # Sent again after a lost connection: a repeat answers BUSYGROUP, read as done.
-            await self._pool.execute(
-                "XGROUP", "CREATE", self._tasks, keys.GROUP, "0", "MKSTREAM", retry=True
-            )
-        except ReplyError as exc:
-            if exc.code != "BUSYGROUP":
-                raise
+        await ensure_group(self._pool, self.config.queue)
 
     async def sync_clock(self) -> None:
         before = time.time()
@@ -150,7 +147,7 @@ class Membership:
         period = self.config.lease_ms / 3000
         while True:
             await anyio.sleep(period)
-            ids = list(self._held())
+            ids = list(self._ctx.slots.held)
             if not ids:
                 continue
             try:
@@ -169,7 +166,7 @@ class Membership:
         *_, clients = await self._pool.pipeline(
             [
                 ["HSET", self._workers, self.consumer, expiry],
-                ["HSET", self._infos, self.consumer, self._info_json()],
+                ["HSET", self._infos, self.consumer, self.info_json()],
                 ["HGETALL", self._clients_key],
             ]
         )
@@ -179,6 +176,22 @@ class Membership:
                 for i in range(0, len(clients), 2)
             }
         self._health.ok()
+
+    def info_json(self) -> str:
+        """What ``asyncgraph status`` shows of this worker (plain JSON, never code)."""
+        slots = self._ctx.slots
+        return json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "concurrency": self.config.concurrency,
+                "in_flight": len(slots.held),
+                "abandoned": slots.abandoned,
+                "version": asyncgraph.__version__,
+                "draining": self._ctx.stopping.draining,
+                "started": self._started_at,
+            }
+        )
 
     def client_gone(self, client: str) -> bool:
         """The client's heartbeat expired: it died, and nobody would read the reply.

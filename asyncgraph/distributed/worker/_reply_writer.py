@@ -12,17 +12,15 @@ tells its client what Redis said.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._schema import ErrorInfo
-from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.distributed.worker._outcomes import Replies, Settled
-from asyncgraph.distributed.worker._redis_health import RedisHealth
-from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError
+from asyncgraph.resp import RedisConnectionLost, ReplyError
 
 __all__ = ["ReplyWriter"]
 
@@ -32,23 +30,15 @@ REFUSALS_BEFORE_ERROR_REPLY = 3  # a refused reply is retried this often, then r
 
 
 class ReplyWriter:
-    """Queues ``Settled`` tasks and writes them; ``on_written(entry_ids)`` after each write."""
+    """Queues ``Settled`` tasks and writes them; their slots are released once written."""
 
-    def __init__(
-        self,
-        pool: Pool,
-        queue: str,
-        replies: Replies,
-        health: RedisHealth,
-        metrics: Metrics,
-        on_written: Callable[[list[bytes]], None],
-    ) -> None:
-        self._pool = pool
-        self._tasks = keys.task_stream(queue)
-        self._replies = replies
-        self._health = health
-        self._metrics = metrics
-        self._on_written = on_written
+    def __init__(self, ctx: WorkerContext, replies: Replies) -> None:
+        self._ctx = ctx
+        self._pool = ctx.pool
+        self._tasks = keys.task_stream(ctx.config.queue)
+        self.replies = replies
+        self._health = ctx.health
+        self._metrics = ctx.metrics
         self._outgoing: list[Settled] = []
         self._ready: anyio.Event | None = None
         self.flushing = 0
@@ -105,7 +95,7 @@ class ReplyWriter:
                 return False
             self._health.ok()
             if not isinstance(replies[-1], ReplyError):
-                self._on_written([s.held.entry_id for s in batch])
+                self._ctx.slots.release([s.held.entry_id for s in batch])
                 return True
             # Refused (EXECABORT): nothing of it was written. Task by task, so that only
             # the ones Redis refuses wait, and what Redis said reaches their clients.
@@ -116,7 +106,7 @@ class ReplyWriter:
     async def _one_by_one(self, batch: list[Settled], cause: ReplyError) -> bool:
         log.warning(
             "worker %s: Redis refused the reply transaction of %d task(s): %s; retrying each",
-            self._replies.consumer,
+            self.replies.consumer,
             len(batch),
             cause,
         )
@@ -131,7 +121,7 @@ class ReplyWriter:
                 left += batch[index:]
                 break
             if not isinstance(replies[-1], ReplyError):
-                self._on_written([settled.held.entry_id])
+                self._ctx.slots.release([settled.held.entry_id])
                 continue
             left.append(await self._refused(settled, _cause(replies)))
         self._outgoing[:0] = left
@@ -163,11 +153,11 @@ class ReplyWriter:
             f"re-run. If this is OOM, Redis is at maxmemory: raise maxmemory, or make sure "
             f"clients read their replies; the queue needs maxmemory-policy noeviction"
         )
-        log.warning("worker %s: %s", self._replies.consumer, text)
+        log.warning("worker %s: %s", self.replies.consumer, text)
         # The dead letters of the original, then the short reply (no big payload).
-        dead = [c for c in settled.commands if c[0] == "XADD" and c[1] == self._replies.dead_stream]
+        dead = [c for c in settled.commands if c[0] == "XADD" and c[1] == self.replies.dead_stream]
         info = ErrorInfo("redis_refused", "ReplyError", text)
-        short = self._replies.error(
+        short = self.replies.error(
             settled.held, settled.client, settled.task_id, info, settled.outcome, *dead
         )
         short.refusals = settled.refusals

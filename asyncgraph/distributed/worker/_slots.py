@@ -1,0 +1,107 @@
+"""The tasks one worker holds: the state its parts share, read instead of called back.
+
+A slot is taken when an entry is read (``hold``) and freed when what settled it is
+written to Redis (``release``), not when it ends: until then the entry is pending,
+its lease renewed. A synchronous call abandoned in its thread (see ``Threads``) keeps
+a slot until it really returns. The intake reads ``free`` before each read, the lease
+renewer reads ``held``, a cancel message stops ``running[key]``, and a drain waits
+for ``wait_idle``.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from asyncgraph.distributed.worker._execute import Threads
+from asyncgraph.distributed.worker._metrics import Metrics
+from asyncgraph.distributed.worker._outcomes import Held
+from asyncgraph.distributed.worker._runner import Runner
+
+__all__ = ["Slots"]
+
+FINISHED_MEMORY = 4096  # entry ids of tasks just settled, not to be re-run if reclaimed late
+
+
+class Slots:
+    """At most ``concurrency`` tasks held at once, abandoned thread calls included.
+
+    ``held``: read, not yet acknowledged (by entry id). ``running``: admitted and not
+    yet settled (by client and task id): the ones a cancel message can stop.
+    ``runner``: the task runner while the worker serves (None before and after).
+    """
+
+    def __init__(self, concurrency: int, metrics: Metrics) -> None:
+        self.concurrency = concurrency
+        self.threads = Threads(concurrency)
+        self.threads.on_ended = self.changed
+        self.held: dict[bytes, Held] = {}
+        self.running: dict[tuple[str, str], Held] = {}
+        self.runner: Runner | None = None
+        self._finished: dict[bytes, None] = {}
+        self._metrics = metrics
+        self._changed: anyio.Event | None = None
+
+    @property
+    def abandoned(self) -> int:
+        """Synchronous calls cancelled but still running in their threads."""
+        return self.threads.abandoned
+
+    @property
+    def free(self) -> int:
+        """How many more tasks this worker may take now (0 or less: none)."""
+        return self.concurrency - len(self.held) - self.threads.abandoned
+
+    def hold(self, entry_id: bytes, delivery: int) -> Held | None:
+        """Take a slot for ``entry_id``; None if it is held already, or was settled a moment ago.
+
+        A settled entry comes back when an XAUTOCLAIM ran just before its reply was
+        written (after a stall past the lease): it must not run twice.
+        """
+        if entry_id in self.held or entry_id in self._finished:
+            return None
+        held = self.held[entry_id] = Held(entry_id, delivery=delivery)
+        return held
+
+    def stop(self, key: tuple[str, str], reason: str) -> None:
+        """Stop the running task ``key`` (client and task id), if this worker runs it."""
+        held = self.running.get(key)
+        if held is not None and self.runner is not None:
+            self.runner.stop(held, reason)
+
+    def stop_all(self) -> None:
+        """Stop every task now (a second signal): they are handed back, not settled."""
+        if self.runner is not None:
+            self.runner.stop_all()
+
+    def release(self, entry_ids: list[bytes]) -> None:
+        """``entry_ids`` were settled in Redis: free their slots."""
+        for entry_id in entry_ids:
+            self.held.pop(entry_id, None)
+            self._finished[entry_id] = None
+        while len(self._finished) > FINISHED_MEMORY:
+            del self._finished[next(iter(self._finished))]
+        self.changed()
+
+    def changed(self) -> None:
+        """A slot may be free again: update the gauges, wake whoever waits."""
+        self._metrics.set("asyncgraph_worker_tasks_in_flight", len(self.held))
+        self._metrics.set("asyncgraph_worker_abandoned_calls", self.threads.abandoned)
+        if self._changed is not None:
+            self._changed.set()
+
+    async def wait_free(self) -> int:
+        """Wait until a slot is free; the number free."""
+        while (free := self.free) <= 0:
+            await self._next_change()
+        return free
+
+    async def wait_idle(self) -> None:
+        """Wait until this worker holds nothing."""
+        while self.held:
+            await self._next_change()
+
+    async def _next_change(self) -> None:
+        # One event for every waiter (the reader, a drain): each re-checks its condition.
+        if self._changed is None or self._changed.is_set():
+            self._changed = anyio.Event()
+        await self._changed.wait()
