@@ -685,7 +685,7 @@ class Connection:
             ):
                 raise RedisConnectionLost(
                     f"lost the connection to Redis at {self.address.display}: "
-                    f"{type(exc).__name__}: {exc or 'connection closed'}"
+                    f"{type(exc).__name__}: {str(exc) or 'connection closed'}"
                 ) from exc
             raise
         if self.address.sentinels:

@@ -11,16 +11,17 @@ import threading
 class BlackholeProxy:
     """Forwards 127.0.0.1:<port> to ``target``; ``blackhole()`` makes every connection open at
     that moment swallow all data both ways (no RST, no FIN), while new ones work.
-    ``drop_next_reply()``: the next bytes Redis sends back on any connection are thrown
-    away and that connection is closed both ways (the command ran; its reply is lost).
-    ``accepted`` counts the connections made through the proxy."""
+    ``drop_next_reply(after=b"XADD")``: the reply to the next request that contains
+    ``after`` (any request by default) is thrown away and its connection closed both ways:
+    Redis ran the command, the client lost its reply. ``accepted`` counts the connections
+    made through the proxy."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._generation = 0
-        self._drops = 0
+        self._drops: list[bytes] = []
         self._lock = threading.Lock()
         self.accepted = 0
         self._stop = threading.Event()
@@ -31,16 +32,18 @@ class BlackholeProxy:
     def blackhole(self) -> None:
         self._generation += 1
 
-    def drop_next_reply(self) -> None:
+    def drop_next_reply(self, after: bytes = b"") -> None:
         with self._lock:
-            self._drops += 1
+            self._drops.append(after)
 
-    def _drop(self) -> bool:
+    def _arm(self, request: bytes) -> bool:
+        """Whether the reply to ``request`` is to be dropped (claiming that drop)."""
         with self._lock:
-            if not self._drops:
-                return False
-            self._drops -= 1
-            return True
+            for i, marker in enumerate(self._drops):
+                if marker in request:
+                    del self._drops[i]
+                    return True
+            return False
 
     def _accept(self) -> None:
         self.listener.settimeout(0.2)
@@ -59,6 +62,7 @@ class BlackholeProxy:
 
     def _pipe(self, a: socket.socket, b: socket.socket, generation: int) -> None:
         peers = {a: b, b: a}
+        armed = False  # the reply on its way is to be dropped
         try:
             while not self._stop.is_set():
                 ready, _, _ = select.select([a, b], [], [], 0.1)
@@ -66,7 +70,9 @@ class BlackholeProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
-                    if sock is b and self._drop():
+                    if sock is a and not armed:
+                        armed = self._arm(data)
+                    elif sock is b and armed:
                         return  # closes both: the client sees its connection lost
                     if self._generation == generation:  # else: swallowed, silently
                         peers[sock].sendall(data)

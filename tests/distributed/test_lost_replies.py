@@ -1,0 +1,60 @@
+"""Replies Redis sent that never arrived (issue #23 point 8): what the client sends again."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import agdist_functions as F
+import pytest
+import redis
+from agdist_helpers import StartWorker, wait_until
+
+from asyncgraph import Parameter, backward
+from asyncgraph.distributed import open_redis_executor
+from asyncgraph.resp import parse_redis_url
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[Any]:
+    """A proxy to the suite's Redis that can lose a reply (tests/resp/blackhole.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "resp"))
+    from blackhole import BlackholeProxy
+
+    address = parse_redis_url(redis_url)
+    proxy = BlackholeProxy(address.host, address.port)
+    yield proxy
+    proxy.close()
+
+
+def runs(url: str, tag: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.llen(f"agdist:finished:{tag}"))
+    finally:
+        client.close()
+
+
+async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_joined_once(
+    redis_url: str, proxy: Any, start_worker: StartWorker
+) -> None:
+    """The channel sends tasks with ``retry=True``: the batch XADDed, its reply lost, it
+    goes again; the task runs twice (two entries) and its gradient counts once."""
+    start_worker(redis_url, "lost")
+    x = Parameter(2.0, role="x")
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    async with open_redis_executor(url, queue="lost", timeout_s=30) as ex:
+        await backward(F.Sleep.apply(x, 0.0, "warm"), executor=ex)  # pooled connections
+        before = proxy.accepted
+        proxy.drop_next_reply(after=b"XADD")
+        x.grad = None
+        await backward(F.Sleep.apply(F.Scale.apply(x, 3.0), 0.2, "lost"), executor=ex)
+        assert proxy.accepted > before  # the send went again, on a new connection
+        await wait_until(lambda: ex.stats.duplicate_replies >= 1)
+        assert ex.stats.completed == 3  # the warm-up, the Sleep and the Scale: each once
+    assert runs(redis_url, "lost") == 2
+    assert x.grad is not None and x.grad.data == 3.0
