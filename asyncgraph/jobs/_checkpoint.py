@@ -61,7 +61,9 @@ __all__ = [
     "write_checkpoint",
 ]
 
+CHECKPOINT_FILE = "checkpoint.json"
 FORMAT = "asyncgraph-checkpoint"
+USAGE_TOTALS = ("tokens", "cost_usd", "unpriced_calls")  # running totals of a history row
 VERSION = 1
 BEST_FORMAT = "asyncgraph-best"
 BEST_VERSION = 1
@@ -83,6 +85,9 @@ class Progress:
     best: dict[str, Any] | None = None
     since_best: int = 0
     stopped_early: bool = False
+    initial_usage: dict[str, Any] | None = None
+    """What the initial validation spent (``tokens``, ``cost_usd``, ``unpriced_calls``):
+    the history's running totals start from it, so they add up to the call log."""
 
 
 # -- files -------------------------------------------------------------------------------
@@ -286,6 +291,7 @@ def write_checkpoint(path: Path, job: Job, identity: Mapping[str, Any], progress
                 "best": progress.best,
                 "since_best": progress.since_best,
                 "stopped_early": progress.stopped_early,
+                "initial_usage": progress.initial_usage,
             },
         )
     except OSError as exc:
@@ -469,6 +475,13 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> Progress:
     problem = _check_best(state, step)
     if problem is not None:
         raise corrupt(problem)
+    initial_usage = state.get("initial_usage")  # absent in checkpoints of older versions
+    if initial_usage is not None and not (
+        isinstance(initial_usage, dict)
+        and set(initial_usage) == set(USAGE_TOTALS)
+        and all(is_number(initial_usage[k]) and initial_usage[k] >= 0 for k in USAGE_TOTALS)
+    ):
+        raise corrupt(f"initial_usage is {initial_usage!r:.100}, not a map of {USAGE_TOTALS}")
     if job.module is not None:
         want = [
             {"name": n, "role": p.role} for n, p in zip(job.param_names, job.params, strict=True)
@@ -496,6 +509,7 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> Progress:
         best=best,
         since_best=state.get("since_best") or 0,
         stopped_early=bool(state.get("stopped_early")),
+        initial_usage=initial_usage,
     )
 
 

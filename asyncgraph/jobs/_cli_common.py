@@ -12,7 +12,9 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 import anyio
@@ -21,7 +23,8 @@ from asyncgraph import AsyncGraphError
 from asyncgraph.distributed import check_queue_name, live_workers, no_live_workers_message
 from asyncgraph.resp import parse_redis_url
 
-from ._checkpoint import CheckpointError
+from ._checkpoint import CHECKPOINT_FILE, CheckpointError
+from ._job import JobResult
 
 __all__ = [
     "EXIT_ERROR",
@@ -108,6 +111,25 @@ def usage_error(message: str) -> int:
     return EXIT_USAGE
 
 
+def existing_run_problem(out: Path, *, resume: bool, overwrite: bool) -> str | None:
+    """What is wrong with starting a run in ``out`` that holds an earlier run's checkpoint
+    without ``--resume`` or ``--overwrite``, in the command line's words; or None."""
+    if resume or overwrite or not (out / CHECKPOINT_FILE).exists():
+        return None
+    return (
+        f"{str(out / CHECKPOINT_FILE)!r} holds the checkpoint of an earlier run: continue it "
+        f"with --resume, start it over with --overwrite, or choose another --out"
+    )
+
+
+def already_finished_line(result: JobResult) -> str:
+    """What ``run --resume`` and ``demo --resume`` say of a run that has nothing left to do."""
+    return (
+        f"already finished ({result.steps_done} step(s)); nothing to do. Its results are in "
+        f"{result.out_dir}; --overwrite starts it over"
+    )
+
+
 def redis_problem(url: str | None, queue: str) -> str | None:
     """What is wrong with ``--redis URL`` / ``--queue NAME`` before connecting, or None."""
     try:
@@ -150,6 +172,23 @@ def _report(errors: Sequence[BaseException]) -> int:
     return EXIT_ERROR
 
 
+def _report_first(errors: Sequence[BaseException]) -> int:
+    """One ``error:`` line for a group of errors: the first, where it was raised (the
+    innermost frame), and how many more; exit code 1."""
+    first = errors[0]
+    where = ""
+    frames = traceback.extract_tb(first.__traceback__)
+    ours = Path(__file__).resolve().parents[1]
+    theirs = [f for f in frames if ours not in Path(f.filename).resolve().parents]
+    if frames:  # the innermost frame of the user's code (the job file), else of ours
+        last = (theirs or frames)[-1]
+        where = f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
+    more = len(errors) - 1
+    others = f"; and {more} more error{'s' if more > 1 else ''} in the same step" if more else ""
+    print(f"error: {type(first).__name__}: {first}{where}{others}", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
 def _interrupted() -> int:
     print("interrupted", file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
@@ -162,11 +201,11 @@ def _keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 def run_command(main: Callable[[], Awaitable[int]]) -> int:
     """``anyio.run(main)``, with asyncgraph's errors and Ctrl-C as one line, not a traceback.
 
-    ``AsyncGraphError`` (and subclasses: CheckpointError exits 2,
-    the others 1),
-    exception groups holding one, and ``KeyboardInterrupt`` (130) are reported
-    this way; anything else (a bug, in asyncgraph or in a job file) keeps its
-    traceback.
+    ``AsyncGraphError`` (and subclasses: CheckpointError exits 2, the others 1),
+    ``KeyboardInterrupt`` (130) and any exception group (what a step's concurrent
+    forward or backward raises: one line naming its first error, where it was raised,
+    and how many more there were; exit 1) are reported this way; a lone exception of
+    another kind (a bug, in asyncgraph or in a job file) keeps its traceback.
 
     Ctrl-C outside ``run_job`` (which turns it into a clean stop) raises
     KeyboardInterrupt where the program is, even in blocking code such as a
@@ -186,7 +225,7 @@ def run_command(main: Callable[[], Awaitable[int]]) -> int:
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return _interrupted()
         if not any(isinstance(leaf, _REPORTED) for leaf in leaves):
-            raise
+            return _report_first(leaves)
         return _report(leaves)
     finally:
         if install:

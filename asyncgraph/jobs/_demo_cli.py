@@ -17,11 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncgraph.resp import redact_url
+
+from ._checkpoint import CheckpointError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     add_observe_arguments,
+    already_finished_line,
     check_live_workers,
+    existing_run_problem,
     non_negative_float,
     non_negative_int,
     positive_int,
@@ -114,6 +119,11 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
         "simulated": simulated,
         "latency_s": args.latency_ms / 1000 if simulated else None,
     }
+    problem = existing_run_problem(
+        out, resume=args.resume, overwrite=getattr(args, "overwrite", False)
+    )
+    if problem is not None:
+        raise CheckpointError(problem)
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
             from asyncgraph.distributed import local_fleet
@@ -229,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     where = (
         f"{args.workers} local worker processes via an embedded redis-server"
         if args.workers
-        else f"workers of {args.redis}"
+        else f"workers of {redact_url(args.redis)}"
         if args.redis
         else "in-process"
     )
@@ -256,6 +266,9 @@ def run(args: argparse.Namespace) -> int:
             out = Path(args.out) if args.out else Path(tmp)
             start = time.perf_counter()
             result, info = await run_demo(args, out)
+            if result.already_finished:  # as `asyncgraph run --resume` says it
+                print(already_finished_line(result))
+                return 0
             _table(result, info, time.perf_counter() - start, where)
             if result.best_val_score is not None and result.best_parameters is not None:
                 when = (

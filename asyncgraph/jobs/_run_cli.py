@@ -21,11 +21,14 @@ from asyncgraph import AsyncGraphError
 from asyncgraph._exceptions import JobFileError
 from asyncgraph.distributed import log_level
 
+from ._checkpoint import CHECKPOINT_FILE, CheckpointError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     add_observe_arguments,
+    already_finished_line,
     check_live_workers,
+    existing_run_problem,
     positive_int,
     redis_problem,
     run_command,
@@ -170,6 +173,9 @@ async def run_with_optional_redis(
     trace: bool = False,
     log_calls: str | None = None,
 ) -> JobResult:
+    problem = existing_run_problem(out, resume=resume, overwrite=overwrite)
+    if problem is not None:
+        raise CheckpointError(problem)
     if redis is None:
         return await run_job(
             job,
@@ -315,7 +321,7 @@ def announce_default_out(out: Path) -> None:
 
 def resume_hint(out: Path, *, overwrite: bool = False) -> None:
     """After a failed run: how to continue from its last checkpoint, if it left one."""
-    if (out / "checkpoint.json").is_file():
+    if (out / CHECKPOINT_FILE).is_file():
         print(
             f"the checkpoint of the last completed step is in {out}: continue with the same "
             f"command plus --resume" + (" (instead of --overwrite)" if overwrite else ""),
@@ -368,10 +374,7 @@ def outputs(result: JobResult) -> str:
 
 def summary(result: JobResult, *, overwrite: bool = False) -> None:
     if result.already_finished:
-        print(
-            f"already finished ({result.steps_done} step(s)); nothing to do. "
-            f"Its results are in {result.out_dir}; --overwrite starts it over"
-        )
+        print(already_finished_line(result))
         return
     state = (
         "interrupted"

@@ -16,7 +16,8 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ import anyio
 
 from asyncgraph import Executor, backward, graph_order, no_grad
 from asyncgraph.models import UsageMeter, track_usage
+from asyncgraph.optim import NoFeedbackWarning
 
 from ._checkpoint import (
+    CHECKPOINT_FILE,
     CheckpointError,
     Progress,
     is_number,
@@ -127,7 +130,7 @@ async def run_job(
     JSON-lines file, labelled with its step and phase (see ``asyncgraph.jobs._record``).
     """
     out = Path(out_dir)
-    ckpt_path = out / "checkpoint.json"
+    ckpt_path = out / CHECKPOINT_FILE
     started = time.perf_counter()
     identity = job.identity()
     if resume:
@@ -137,14 +140,16 @@ async def run_job(
         best = _Best(job, out, saved)
         run = _JobRun(job, out, identity, started, executor, best, resume=True)
         run.step, run.history, run.initial_val = saved.step, saved.history, saved.initial_val_score
+        run.initial_usage = saved.initial_usage
+        run.resumed_at = len(saved.history)
         if run.step >= job.total_steps or best.stopped_early:
             return run.result(None, already_finished=True)
     else:
         if ckpt_path.exists() and not overwrite:
             raise CheckpointError(
                 f"{str(ckpt_path)!r} already holds a checkpoint: continue that job with "
-                f"--resume (resume=True), start it over with --overwrite (overwrite=True), "
-                f"or choose another output directory"
+                f"resume=True, start it over with overwrite=True, or choose another "
+                f"output directory"
             )
         run = _JobRun(job, out, identity, started, executor, _Best(job, out, None), resume=False)
     run.reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
@@ -158,6 +163,19 @@ async def run_job(
         log_calls=log_calls,
     )
     return await run.execute(handle_sigint)
+
+
+@contextlib.contextmanager
+def _quiet_about_feedback(optimizer: Any) -> Iterator[None]:
+    """Silence the optimizer's per-step ``NoFeedbackWarning`` (``warn_unfed`` replaces it)."""
+    if not hasattr(optimizer, "warn_no_feedback"):
+        yield
+        return
+    before, optimizer.warn_no_feedback = optimizer.warn_no_feedback, False
+    try:
+        yield
+    finally:
+        optimizer.warn_no_feedback = before
 
 
 class _JobRun:
@@ -183,7 +201,7 @@ class _JobRun:
     ) -> None:
         self.job = job
         self.out = out
-        self.ckpt_path = out / "checkpoint.json"
+        self.ckpt_path = out / CHECKPOINT_FILE
         self.identity = identity
         self.started = started
         self.executor = executor
@@ -192,6 +210,9 @@ class _JobRun:
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.initial_val: float | None = None
+        self.initial_usage: dict[str, Any] | None = None
+        self.fed: set[int] = set()  # ids of the parameters that got feedback in a step
+        self.resumed_at: int | None = None
         self.checkpointed = resume  # out holds this job's checkpoint (then history and plot)
         self.interrupted = False
         self.running = True
@@ -199,7 +220,13 @@ class _JobRun:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> None:
-        progress = Progress(self.step, self.history, self.initial_val, **self.best.fields())
+        progress = Progress(
+            self.step,
+            self.history,
+            self.initial_val,
+            **self.best.fields(),
+            initial_usage=self.initial_usage,
+        )
         write_checkpoint(self.ckpt_path, self.job, self.identity, progress)
         self.checkpointed = True
 
@@ -212,20 +239,27 @@ class _JobRun:
             self.save()  # before the initial validation: an interrupt there leaves a checkpoint
         if job.val_set and self.initial_val is None and self.step == 0:
             recorder.phase("validation")
-            with recorder.recording():
+            with recorder.recording(), track_usage() as initial:
                 self.initial_val = await evaluate(job, job.val_set)
+            spent = initial.snapshot()
+            self.initial_usage = {
+                "tokens": spent.total_tokens,
+                "cost_usd": spent.cost_usd,
+                "unpriced_calls": spent.unpriced_requests,
+            }
             self.best.observe(0, self.initial_val)
             self.save()
-        # Usage is counted from here: the initial validation's calls are not in the
-        # history, whether it ran in this process or in an interrupted one.
         with track_usage() as usage, recorder.recording():
             await self.steps(usage)
 
     async def steps(self, usage: UsageMeter) -> None:
         job, recorder, history = self.job, self.recorder, self.history
-        base_tokens = int(history[-1]["tokens"]) if history else 0
-        base_cost = float(history[-1]["cost_usd"]) if history else 0.0
-        base_unpriced = int(history[-1].get("unpriced_calls", 0)) if history else 0
+        # Running totals, from the initial validation's spending on (so that they add up
+        # to every call the job made), or from the last step's row on a resume.
+        base = history[-1] if history else (self.initial_usage or {})
+        base_tokens = int(base.get("tokens", 0))
+        base_cost = float(base.get("cost_usd", 0.0))
+        base_unpriced = int(base.get("unpriced_calls", 0))
         while self.step < job.total_steps:
             t0 = time.perf_counter()
             recorder.start_step(self.step + 1)
@@ -235,6 +269,7 @@ class _JobRun:
             evals = await _map_bounded(job.forward, batch, job.max_concurrency)
             recorder.phase("backward")
             await backward([e.loss for e in evals], executor=self.executor)
+            self.fed.update(id(p) for p in job.params if p.grad is not None)
             recorder.feedback()
             recorder.phase("optimizer step")
             await job.optimizer.step()
@@ -315,7 +350,7 @@ class _JobRun:
                 if signals is not None:
                     tg.start_soon(self.watch_sigint, signals)
                 try:
-                    with self.stop:
+                    with self.stop, _quiet_about_feedback(self.job.optimizer):
                         await self.run()
                 except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
                     failure = exc
@@ -332,7 +367,33 @@ class _JobRun:
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
+        self.warn_unfed()
         return self.result(plot_path)
+
+    def warn_unfed(self) -> None:
+        """A ``NoFeedbackWarning`` per parameter that got feedback in none of the steps run.
+
+        A step in which every example was right leaves the parameters without feedback,
+        and that is no fault: the optimizer's own warning is silenced during the run, and
+        only a parameter that never got any (unused, or cut off by ``no_grad``) is named.
+        """
+        ran = len(self.history) - (self.resumed_at or 0)
+        if self.interrupted or ran <= 0:
+            return
+        names = self.job.param_names or [str(i) for i in range(len(self.job.params))]
+        for name, param in zip(names, self.job.params, strict=True):
+            if param.requires_grad and id(param) not in self.fed:
+                role = f" ({param.role!r})" if param.role else ""
+                warnings.warn(
+                    NoFeedbackWarning(
+                        f"{self.job.name}: parameter {name}{role} "
+                        f"received no feedback in any of the {ran} step(s) run, so the "
+                        f"optimizer never changed it. If it should have: check that the "
+                        f"job's forward uses it, with requires_grad=True and outside "
+                        f"no_grad(), in computing the loss it returns"
+                    ),
+                    stacklevel=4,
+                )
 
     def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
         history, best = self.history, self.best

@@ -52,6 +52,7 @@ class Optimizer:
 
     def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:
         self.defaults: dict[str, Any] = dict(defaults)
+        self.warn_no_feedback = True
         self.param_groups: list[ParamGroup] = []
         self.state: dict[Variable, dict[str, Any]] = {}
         if isinstance(params, Variable):
@@ -135,7 +136,10 @@ class Optimizer:
         return loss
 
     def _warn_no_feedback(self, skipped: Iterable[Variable]) -> None:
-        """One ``NoFeedbackWarning`` per parameter that got no gradient (``.grad is None``)."""
+        """One ``NoFeedbackWarning`` per parameter that got no gradient (``.grad is None``),
+        unless ``warn_no_feedback`` is False (a job does the checking over its whole run)."""
+        if not self.warn_no_feedback:
+            return
         index = {id(p): i for i, p in enumerate(self.params)}
         for p in skipped:
             if p.grad is not None or not p.requires_grad:

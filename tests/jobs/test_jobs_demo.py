@@ -355,8 +355,11 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path, redis_server_bi
         proc.kill()  # SIGKILL: no cleanup code of the demo runs
         proc.wait(10)
     commands = " | ".join(fleet.values())
-    assert "redis-server" in commands and "asyncgraph worker --queue" in commands, fleet
-    assert len(direct) == 2, fleet  # redis-server and the worker supervisor
+    from asyncgraph.distributed import find_redis_server
+
+    server = Path(find_redis_server()).name  # redis-server, or valkey-server
+    assert server in commands and "asyncgraph worker --queue" in commands, fleet
+    assert len(direct) == 2, fleet  # the server and the worker supervisor
     for pid, session in direct.items():  # own sessions: a terminal's Ctrl-C does not reach them
         assert session == pid != own_session, (pid, fleet[pid])
     deadline = time.monotonic() + 30
@@ -446,7 +449,7 @@ def test_demo_refuses_to_overwrite_a_checkpoint_unless_asked(
     out.mkdir()
     (out / "checkpoint.json").write_text("{}")
     assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)) == 2
-    assert "already holds a checkpoint" in capsys.readouterr().err
+    assert "holds the checkpoint of an earlier run" in capsys.readouterr().err
     assert (out / "checkpoint.json").read_text() == "{}"
     assert (
         _demo_main(

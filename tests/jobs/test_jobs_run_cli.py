@@ -239,8 +239,11 @@ def test_rerunning_into_a_checkpoint_needs_resume_or_overwrite(
     (out / "checkpoint.json").write_text('{"an": "old checkpoint"}')
     assert _main("run", fast_example, "--out", str(out), "--no-progress") == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {str(out / 'checkpoint.json')!r} already holds a checkpoint")
+    assert err.startswith(
+        f"error: {str(out / 'checkpoint.json')!r} holds the checkpoint of an earlier run"
+    )
     assert "--resume" in err and "--overwrite" in err and "Traceback" not in err
+    assert "resume=True" not in err  # the command line's words, not the API's
     assert listing(out) == ["checkpoint.json"]  # untouched
     assert (out / "checkpoint.json").read_text() == '{"an": "old checkpoint"}'
 
