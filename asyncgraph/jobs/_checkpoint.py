@@ -104,7 +104,8 @@ def fingerprint_data(value: Any) -> str:
 def atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` to ``path`` so that a crash leaves the old file or the new one.
 
-    The JSON goes to a temporary file in the same directory, is flushed and
+    The JSON goes to a temporary file in the same directory (mode 0600, as every file
+    of a run: prompts, replies and parameters are the user's data), is flushed and
     fsynced, then renamed over ``path``; the directory is fsynced too.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,10 +116,7 @@ def atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # mkstemp made it 0600: the run's files are the user's data
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -542,8 +540,19 @@ def load_parameters(job: Job, path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"no parameters file at {str(source)!r}") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read parameters from {str(source)!r}: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(
+            f"cannot read parameters from {str(source)!r}: JSON nested too deeply"
+        ) from None
     wrong = not_the_parameters_of(job, source)
     kind = data.get("format") if isinstance(data, dict) else None
+    if kind == BEST_FORMAT:  # what `asyncgraph eval` prints of it must be what it says
+        score, step = data.get("val_score"), data.get("step")
+        if not (score is None or is_number(score)) or not (step is None or _is_count(step)):
+            raise CheckpointError(
+                f"{str(source)!r} is corrupt: its step {step!r:.40} and val_score "
+                f"{score!r:.40} must be a step number and a number (or null)"
+            )
     if kind == MODULE_FORMAT and job.module is not None:
         put_values(job, {"module": data.get("state_dict")}, wrong)
     elif kind in (BEST_FORMAT, FORMAT):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgraph import Parameter, observe_nodes
+from asyncgraph._files import open_private
 
 from ..models import ModelCall, observe_calls
 from ..observe import CallLog, Span, Timeline, call_record
@@ -224,7 +225,7 @@ class JobRecorder:
     def _append(self, line: Mapping[str, Any]) -> None:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            with (self.out / STEPS_FILE).open("a", encoding="utf-8") as f:
+            with open_private(self.out / STEPS_FILE, append=True) as f:
                 f.write(json.dumps(line, ensure_ascii=False, allow_nan=False, default=repr))
                 f.write("\n")
         except (OSError, ValueError) as exc:

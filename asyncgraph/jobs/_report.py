@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asyncgraph._files import PRIVATE_MODE
+
 from ..models import format_cost
 from ._checkpoint import atomic_write_json
 
@@ -217,6 +219,7 @@ def write_plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(path)
+        path.chmod(PRIVATE_MODE)  # as every file of a run
     finally:
         plt.close(fig)
     return True

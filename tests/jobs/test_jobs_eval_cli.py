@@ -73,3 +73,20 @@ def test_eval_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "does not hold parameters of job 'best-job'" in capsys.readouterr().err
     assert cli("eval", str(tmp_path / "missing.py")) == 2
     assert cli("eval", JOB, "--split", "nope") == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("val_score", "high"), ("step", "3"), ("step", -1), ("val_score", [1])]
+)
+def test_a_best_json_with_a_field_of_the_wrong_type_is_one_clear_error(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], field: str, value: object
+) -> None:
+    import json
+
+    best = json.loads((run_dir / "best.json").read_text())
+    best[field] = value
+    bad = run_dir / "bad-best.json"
+    bad.write_text(json.dumps(best))
+    assert cli("eval", JOB, "--params", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {str(bad)!r} is corrupt") and "Traceback" not in err

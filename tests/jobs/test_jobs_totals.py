@@ -44,3 +44,16 @@ async def test_a_resumed_job_keeps_counting_from_the_initial_validation(tmp_path
     checkpoint = json.loads((out / "checkpoint.json").read_text())
     assert checkpoint["initial_usage"]["tokens"] > 0
     assert full.history[0]["tokens"] > checkpoint["initial_usage"]["tokens"]
+
+
+async def test_every_file_of_a_run_is_the_users_alone(tmp_path: Path) -> None:
+    job, _ = build_demo_job(epochs=1, latency_ms=0)
+    out = tmp_path / "run"
+    await run_job(job, out, progress=False, trace=True, log_calls=out / "calls.jsonl")
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    names = {p.name for p in files}
+    assert {"checkpoint.json", "best.json", "history.json", "steps.jsonl", "calls.jsonl"} <= names
+    assert any(p.parent.name == "traces" for p in files)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {
+        p.name: "0o600" for p in files
+    }
