@@ -36,12 +36,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 
 from asyncgraph._exceptions import RedisConnectionLost, ReplyError
+from asyncgraph._redact import redact_url
 from asyncgraph.resp._idempotence import unsafe_command
 
 if TYPE_CHECKING:
@@ -63,16 +64,6 @@ Arg = bytes | str | int | float
 _RECV = 262_144
 _NO_SCOPE = nullcontext()
 _SMALL_ARG = 4096  # arguments shorter than this are formatted into their header
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[-1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))
 
 
 @dataclass(frozen=True)
