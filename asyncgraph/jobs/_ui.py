@@ -8,11 +8,15 @@ No database, no account, nothing leaves the machine: a standard-library HTTP ser
 127.0.0.1 serves one self-contained page (HTML, JS and CSS shipped with asyncgraph, no
 CDN) and a small JSON API the page polls:
 
-``GET /api/runs``                       the runs given, with their progress
+``GET /api/runs``                       the runs given, with their labels and progress
 ``GET /api/run/<i>``                    metrics per step, parameters per step with a
                                         word-level diff against the step before, feedback
 ``GET /api/run/<i>/calls/<step>``       the model calls of a step (from the call log)
 ``GET /api/run/<i>/trace/<step>``       a step's Chrome / Perfetto trace
+
+Each run is labelled by its directory (``run_labels``: the last path component, or as
+many trailing ones as tell it from the other runs given), the job's name shown beside it:
+runs of the same job differ by their directories, not by their names.
 
 Requests naming another host than the loopback one are refused (a web page elsewhere
 cannot read the runs through DNS rebinding).
@@ -43,6 +47,7 @@ __all__ = [
     "load_run",
     "open_ui_server",
     "run",
+    "run_labels",
     "run_summary",
     "word_diff",
 ]
@@ -132,8 +137,38 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=1)
 
 
-def run_summary(run_dir: Path, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Name, steps done and total of a run directory (what the run list shows)."""
+def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
+    """A short label per run directory: its last path component, unique among ``run_dirs``.
+
+    Directories sharing their last component are labelled by as many trailing components
+    as tell them apart (``a/out`` and ``b/out``); the same directory given twice gets
+    ``#2``, ``#3`` after its path. Labels come back in the order of ``run_dirs``.
+    """
+    parts = [Path(d).parts or (str(d),) for d in run_dirs]
+    labels = []
+    for mine in parts:
+        for n in range(1, len(mine) + 1):
+            suffix = mine[-n:]
+            if sum(other[-n:] == suffix for other in parts) == 1:
+                break
+        labels.append(str(Path(*suffix)))
+    seen: dict[str, int] = {}
+    for k, label in enumerate(labels):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[k] = f"{label} #{seen[label]}"
+    return labels
+
+
+def run_summary(
+    run_dir: Path, steps: list[dict[str, Any]] | None = None, *, label: str | None = None
+) -> dict[str, Any]:
+    """Label, job name, steps done and total of a run directory (what the run list shows).
+
+    ``label`` is the run's label among the runs shown (``run_labels``); by default the
+    directory's last component. ``name`` is the job's name (the directory's when the run
+    has no checkpoint yet).
+    """
     ckpt = _read_json(run_dir / "checkpoint.json")
     history = _history(run_dir, ckpt)
     job = ckpt.get("job", {}) if isinstance(ckpt, dict) else {}
@@ -142,6 +177,7 @@ def run_summary(run_dir: Path, steps: list[dict[str, Any]] | None = None) -> dic
     total = next((s.get("total_steps") for s in steps if s.get("step") == 0), None)
     return {
         "dir": str(run_dir),
+        "label": label or run_dir.name or str(run_dir),
         "name": name or run_dir.name,
         "steps_done": len(history),
         "total_steps": total if isinstance(total, int) else None,
@@ -157,8 +193,10 @@ def _history(run_dir: Path, ckpt: Any) -> list[dict[str, Any]]:
     return []
 
 
-def load_run(run_dir: str | Path) -> dict[str, Any]:
+def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]:
     """Everything the dashboard shows of one run (JSON data); see the module docstring.
+
+    The ``run_summary`` fields (``label`` as given, by default the directory's name), then:
 
     ``parameters``: one entry per parameter (name in the job's Module, if any, and role;
     in order) with ``steps``: per
@@ -200,7 +238,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             previous[key] = text
     call_logs = {r["call_log"] for r in steps if isinstance(r.get("call_log"), str)}
     return {
-        **run_summary(path, steps),
+        **run_summary(path, steps, label=label),
         "job": ckpt.get("job") if isinstance(ckpt, dict) else None,
         "initial_val_score": ckpt.get("initial_val_score") if isinstance(ckpt, dict) else None,
         "history": history,
@@ -245,6 +283,7 @@ def _step_calls(run_dir: Path, step: int) -> list[dict[str, Any]]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     run_dirs: list[Path]
+    labels: list[str]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -265,7 +304,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, data, _TYPES[Path(name).suffix])
             return
         if path == "/api/runs":
-            self._json({"runs": [run_summary(d) for d in self.server.run_dirs]})
+            runs = zip(self.server.run_dirs, self.server.labels, strict=True)
+            self._json({"runs": [run_summary(d, label=label) for d, label in runs]})
             return
         match = _API.match(path)
         if match is not None and any(len(g) > _MAX_DIGITS for g in match.groups("")):
@@ -274,10 +314,11 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None or int(match.group(1)) >= len(self.server.run_dirs):
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
             return
-        run_dir = self.server.run_dirs[int(match.group(1))]
+        index = int(match.group(1))
+        run_dir = self.server.run_dirs[index]
         kind, step = match.group(2), match.group(3)
         if kind is None:
-            self._json(load_run(run_dir))
+            self._json(load_run(run_dir, label=self.server.labels[index]))
         elif kind == "calls":
             self._json({"step": int(step), "calls": _step_calls(run_dir, int(step))})
         else:
@@ -310,6 +351,7 @@ def open_ui_server(run_dirs: Sequence[str | Path], *, port: int = 0) -> Iterator
     """Serve the dashboard of ``run_dirs`` on 127.0.0.1 in a thread; yields its URL."""
     server = _Server((HOST, port), _Handler)
     server.run_dirs = [Path(d).resolve() for d in run_dirs]
+    server.labels = run_labels(server.run_dirs)
     thread = threading.Thread(target=server.serve_forever, name="asyncgraph-ui", daemon=True)
     thread.start()
     try:

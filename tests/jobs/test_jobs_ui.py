@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncgraph.jobs._ui import load_run, open_ui_server, word_diff
+from asyncgraph.jobs._ui import load_run, open_ui_server, run_labels, run_summary, word_diff
 
 from .jobs_helpers import PNG_MAGIC, cli_env, describe, run_cli
 
@@ -33,12 +33,21 @@ CHROMIUM_FLAGS = (
 )
 
 
+JOB = "demo-prompt-optimization"
+# The runs' directories under one root, and the labels the dashboard gives them: two share
+# their last component, so they are told apart by the one before.
+RUN_DIRS = ("one/demo", "two/demo", "three-epochs")
+LABELS = ("one/demo", "two/demo", "three-epochs")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Two real demo runs (1 and 2 epochs), traced and with a call log."""
+    """Three real demo runs of the same job (1, 2 and 3 epochs), traced, with a call log."""
+    root = tmp_path_factory.mktemp("runs")
     made = []
-    for epochs in (1, 2):
-        out = tmp_path_factory.mktemp(f"demo{epochs}")
+    for epochs, name in enumerate(RUN_DIRS, start=1):
+        out = root / name
+        out.mkdir(parents=True)
         proc = run_cli(
             "demo", "--no-progress", "--latency-ms", "1", "--epochs", str(epochs),
             "--out", str(out), "--trace", "--log-calls", str(out / "calls.jsonl"),
@@ -73,7 +82,9 @@ def test_word_diff_marks_inserted_and_deleted_words() -> None:
 @pytest.mark.slow
 def test_load_run_has_metrics_parameters_with_diffs_feedback_and_traces(runs: list[Path]) -> None:
     run = load_run(runs[1])
-    assert run["name"] == "demo-prompt-optimization"
+    assert run["name"] == JOB
+    assert run["label"] == "demo"  # alone, a run is labelled by its directory's name
+    assert load_run(runs[1], label="two/demo")["label"] == "two/demo"
     assert run["steps_done"] == 6 and run["total_steps"] == 6
     assert [h["step"] for h in run["history"]] == [1, 2, 3, 4, 5, 6]
     assert run["initial_val_score"] == 0.0
@@ -87,6 +98,22 @@ def test_load_run_has_metrics_parameters_with_diffs_feedback_and_traces(runs: li
     assert len(second["feedback"]) == 8
     assert run["traces"] == [f"step-{s:04d}.json" for s in range(7)]
     assert run["call_log"] == str((runs[1] / "calls.jsonl").resolve())
+
+
+def test_runs_are_labelled_by_the_shortest_trailing_path_that_tells_them_apart() -> None:
+    assert run_labels(["/r/baseline", "/r/tuned"]) == ["baseline", "tuned"]
+    assert run_labels(["/a/x/out", "/b/x/out", "/c/other"]) == ["a/x/out", "b/x/out", "other"]
+    assert run_labels(["/x/out", "/y/x/out"]) == ["/x/out", "y/x/out"]
+    assert run_labels(["out", "/abs/out"]) == ["out", "abs/out"]
+    assert run_labels(["/r/same", "/r/same", "/r/same"]) == ["/r/same", "/r/same #2", "/r/same #3"]
+    assert run_labels([]) == []
+
+
+def test_a_run_without_a_checkpoint_is_named_by_its_directory(tmp_path: Path) -> None:
+    summary = run_summary(tmp_path / "starting")
+    assert summary["label"] == summary["name"] == "starting"
+    assert summary["steps_done"] == 0 and summary["total_steps"] is None
+    assert run_summary(tmp_path / "starting", label="b/starting")["label"] == "b/starting"
 
 
 def test_a_step_redone_after_an_interrupt_shows_its_last_line(tmp_path: Path) -> None:
@@ -109,7 +136,10 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
     with open_ui_server(runs) as url:
         status, body = get(url + "api/runs")
         assert status == 200
-        assert [r["steps_done"] for r in json.loads(body)["runs"]] == [3, 6]
+        summaries = json.loads(body)["runs"]
+        assert [r["steps_done"] for r in summaries] == [3, 6, 9]
+        assert [(r["label"], r["name"]) for r in summaries] == [(label, JOB) for label in LABELS]
+        assert [json.loads(get(url + f"api/run/{i}")[1])["label"] for i in range(3)] == list(LABELS)
         status, body = get(url + "api/run/0/calls/2")
         calls = json.loads(body)["calls"]
         assert status == 200 and calls
@@ -123,7 +153,7 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
         status, body = get(url + "api/run/1/trace/4")
         assert status == 200 and json.loads(body)["traceEvents"]
         assert get(url + "api/run/1/trace/99")[0] == 404
-        assert get(url + "api/run/7")[0] == 404
+        assert get(url + "api/run/3")[0] == 404
         assert get(url + "api/run/0/../../etc/passwd")[0] == 404
         status, page = get(url)
         assert status == 200 and b'<script src="/app.js"' in page
@@ -234,20 +264,20 @@ def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chrom
         charts = re.findall(r'<svg class="chart" data-metric="([a-z_]+)"', dom)
         assert charts == ["train_loss", "train_score", "val_score", "tokens", "cost_usd"]
         lines = re.findall(r'<path class="series" data-run="(\d)" d="([^"]+)"', dom)
-        assert sorted({run for run, _ in lines}) == ["0", "1"] and len(lines) == 10
+        assert sorted({run for run, _ in lines}) == ["0", "1", "2"] and len(lines) == 15
         loss_of_run_1 = lines[1][1]
         assert loss_of_run_1.count("L") == 5  # 6 steps
-        # Two runs side by side, each with the prompt's word diff at step 2 and its feedback.
-        assert count(r'<div class="column" data-run="\d">', dom) == 2
-        assert count(r"<ins>[^<]+</ins>", dom) >= 2
+        # Three runs side by side, each with the prompt's word diff at step 2 and its feedback.
+        assert count(r'<div class="column" data-run="\d">', dom) == 3
+        assert count(r"<ins>[^<]+</ins>", dom) >= 3
         assert "<ins> Multiply digit by digit and double-check the product.</ins>" in dom
-        assert count(r"feedback received in step 2: 8 entries", dom) == 2
+        assert count(r"feedback received in step 2: 8 entries", dom) == 3
         assert count(r"<li>Add the instruction: ", dom) >= 8
         # The step's timeline (nodes and model calls) and its model calls.
-        assert count(r'<rect class="span node', dom) >= 16
-        assert count(r'<rect class="span model', dom) >= 60
-        assert count(r'<rect class="span phase', dom) == 8
-        assert count(r'<tr class="call">', dom) >= 2 * 60
+        assert count(r'<rect class="span node', dom) >= 3 * 16
+        assert count(r'<rect class="span model', dom) >= 3 * 60
+        assert count(r'<rect class="span phase', dom) == 3 * 4
+        assert count(r'<tr class="call">', dom) >= 3 * 60
         # A screenshot of the same page (the README's picture of the dashboard).
         shot = tmp_path / "ui.png"
         done = browse(
@@ -259,3 +289,97 @@ def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chrom
     keep = os.environ.get("ASYNCGRAPH_UI_SCREENSHOT")
     if keep:
         Path(keep).write_bytes(data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_three_runs_fit_the_window_labelled_by_directory_with_readable_timelines(
+    runs: list[Path], chromium: list[str], width: int
+) -> None:
+    with open_ui_server(runs) as url:
+        done = browse(chromium, f"--window-size={width},1600", "--dump-dom", f"{url}?step=2")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body and 'data-ready="1"' in body[1], dom[-3000:]
+    # The page's own check after rendering: nothing wider than its card, its chart or the
+    # window (tables, replies, labels), and no chart or timeline text under 10.5 px.
+    assert 'data-overflow=""' in body[1], body[1]
+    assert 'data-small-text=""' in body[1], body[1]
+    # Each run by its directory (two named "demo" told apart by their parent), the job's
+    # name beside it: in its chip, the five chart legends and its column's heading.
+    for label in LABELS:
+        named = f'<span class="label">{label}</span><span class="job">{JOB}</span>'
+        assert count(re.escape(named), dom) == 1 + 5 + 1, label
+    # The timeline: each model call is drawn under the node bar that made it, never over
+    # one; bars are labelled by their Function or model, whole or elided with "…" (its
+    # last words, or its start); a bar too short for three letters has no label.
+    nodes, calls = timeline_bars(dom, "node"), timeline_bars(dom, "model")
+    assert len(nodes) >= 3 * 16 and len(calls) >= 3 * 60
+    assert not [(c, n) for c in calls for n in nodes if overlap(c, n)]
+    labels = re.findall(r'<text class="label[^"]*"[^>]*>([^<]+)</text>', dom)
+    assert "validation" in labels, labels  # the longest phase is always wide enough
+    known = ("DemoJudge", "DemoAnswer", "forward", "backward", "optimizer step", "validation")
+    assert [t for t in labels if not labelled(t, (*known, "simulated"))] == []
+
+
+def timeline_bars(dom: str, kind: str) -> list[tuple[float, float, float, float]]:
+    """The x, y, width and height of the timeline's bars of ``kind`` (node, model)."""
+    pattern = (
+        rf'<rect class="span {kind}[^"]*" x="([\d.]+)" y="([\d.]+)"'
+        r' width="([\d.]+)" height="([\d.]+)"'
+    )
+    return [(float(x), float(y), float(w), float(h)) for x, y, w, h in re.findall(pattern, dom)]
+
+
+def overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    (ax, ay, aw, ah), (bx, by, bw, bh) = a, b
+    return ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah
+
+
+def labelled(text: str, names: tuple[str, ...]) -> bool:
+    """``text`` is one of ``names``, or one elided with "…" and three characters kept."""
+    return any(
+        text == name
+        or (len(text) >= 4 and text.endswith("…") and name.startswith(text[:-1]))
+        or (len(text) >= 4 and text.startswith("…") and name.endswith(text[1:]))
+        for name in names
+    )
+
+
+@pytest.mark.slow
+def test_the_timeline_names_node_bars_by_function_and_the_calls_under_them_by_model(
+    tmp_path: Path, chromium: list[str]
+) -> None:
+    # A hand-written trace of one step: a long node whose model call runs inside it, a
+    # short node after it, in one lane under the phases.
+    run = tmp_path / "traced"
+    (run / "traces").mkdir(parents=True)
+    trace_file = "traces/step-0001.json"
+    (run / "steps.jsonl").write_text(json.dumps({"step": 1, "trace": trace_file}) + "\n")
+    thread = {"ph": "M", "pid": 1, "name": "thread_name"}
+    span = {"ph": "X", "pid": 1, "tid": 1}
+    events = [
+        {**thread, "tid": 0, "args": {"name": "phases"}},
+        {**thread, "tid": 1, "args": {"name": "lane 1"}},
+        {"ph": "X", "pid": 1, "tid": 0, "cat": "phase", "name": "backward", "ts": 0, "dur": 1e6},
+        {**span, "cat": "node", "name": "FormattedLLMCall", "ts": 0, "dur": 6e5},
+        {**span, "cat": "model", "name": "model gpt-4o-mini", "ts": 1e4, "dur": 5e5,
+         "args": {"model": "gpt-4o-mini", "prompt_tokens": 10}},
+        {**span, "cat": "node", "name": "DemoJudgeOfAnswers", "ts": 6.2e5, "dur": 8e4},
+    ]  # fmt: skip
+    (run / trace_file).write_text(json.dumps({"traceEvents": events}))
+    with open_ui_server([run]) as url:
+        done = browse(chromium, "--window-size=1000,1000", "--dump-dom", f"{url}?step=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert 'data-overflow=""' in dom and 'data-small-text=""' in dom, dom[-3000:]
+    (long_node, _), (call,) = timeline_bars(dom, "node"), timeline_bars(dom, "model")
+    assert call[1] >= long_node[1] + long_node[3]  # below the node, not over it
+    assert long_node[0] <= call[0] and call[0] + call[2] <= long_node[0] + long_node[2]
+    labels = re.findall(r'<text class="(label[^"]*)"[^>]*>([^<]+)</text>', dom)
+    assert ("label", "backward") in labels and ("label", "FormattedLLMCall") in labels
+    assert ("label call", "gpt-4o-mini") in labels  # the model, not "model gpt-4o-mi"
+    # The short node (about 70 px): its last words, not a prefix every Demo node shares.
+    assert ("label", "…Answers") in labels or ("label", "…OfAnswers") in labels, labels
+    assert "DemoJudgeOfAnswers (80.0 ms)" in dom  # its full name in the bar's tooltip

@@ -2,10 +2,18 @@
 // the local JSON API of `asyncgraph ui` (see asyncgraph/jobs/_ui.py) and polls it, so a
 // running job's charts, parameters and calls update live. Text from the runs is only
 // ever put in the page as text nodes, never as HTML.
+//
+// Charts and timelines are drawn at the pixel width of their card (redrawn when the
+// window is resized), so their text is the size the stylesheet says, never scaled down.
+// After each render the page checks its own layout: <body data-overflow="..."> lists the
+// elements wider than their box or than the window, and data-small-text the chart texts
+// drawn under MIN_TEXT_PX (both empty when the page is right; the tests read them).
 "use strict";
 
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d"];
 const POLL_MS = 2000;
+const MIN_TEXT_PX = 10.5;
+const TEXT_PX = 11; // chart and timeline text, as in app.css
 const SVG = "http://www.w3.org/2000/svg";
 const METRICS = [
   { key: "train_loss", title: "training loss" },
@@ -112,8 +120,25 @@ async function render() {
   await renderColumns();
   const status = document.getElementById("status");
   status.textContent = `updated ${new Date().toLocaleTimeString()} · polling every ${POLL_MS / 1000}s`;
+  const layout = checkLayout();
+  document.body.dataset.overflow = layout.overflow.join(" ");
+  document.body.dataset.smallText = layout.smallText.join(" ");
   document.body.dataset.ready = "1";
   document.body.dataset.step = String(state.step);
+}
+
+// A run is named by its label (its directory, unique among the runs shown) with its job's
+// name beside it: runs of one job differ by directory, not by name.
+function runName(run, i) {
+  return [
+    el("span", { class: "swatch", style: `background:${color(i)}` }),
+    el("span", { class: "label" }, run.label),
+    run.name && run.name !== run.label ? el("span", { class: "job" }, run.name) : null,
+  ];
+}
+
+function runText(run) {
+  return run.name && run.name !== run.label ? `${run.label} (${run.name})` : run.label;
 }
 
 function renderRuns() {
@@ -124,9 +149,9 @@ function renderRuns() {
       const live = run.total_steps && run.steps_done < run.total_steps ? "running or stopped" : null;
       return el(
         "span",
-        { class: "run-chip", title: run.dir },
-        el("span", { class: "swatch", style: `background:${color(i)}` }),
-        `${run.name} · step ${run.steps_done}${total}`,
+        { class: "run-chip", title: run.dir, "data-run": i },
+        runName(run, i),
+        el("span", { class: "progress" }, `step ${run.steps_done}${total}`),
         live && el("span", { class: "live" }, live)
       );
     })
@@ -135,11 +160,28 @@ function renderRuns() {
 
 function renderCharts() {
   const box = document.getElementById("metrics");
-  box.replaceChildren(...METRICS.map((metric) => chartCard(metric)));
+  const cards = METRICS.map((metric) => {
+    const holder = el("div", { class: "chart-box" });
+    return { metric, holder, card: el("div", { class: "card" }, el("h3", {}, metric.title), holder) };
+  });
+  box.replaceChildren(...cards.map((c) => c.card));
+  for (const c of cards) c.holder.append(...chartParts(c.metric, widthOf(c.holder, 250)));
 }
 
-function chartCard(metric) {
-  const W = 420, H = 190, L = 48, R = 10, T = 10, B = 26;
+// The width in CSS pixels that a drawing placed in `node` gets (`fallback` when it is not
+// laid out, e.g. a column replaced by a newer render while its trace was loading).
+function widthOf(node, fallback) {
+  return Math.floor(node.clientWidth) || fallback;
+}
+
+// Roughly how wide `text` is at `px` (an average glyph of the sans-serif fonts), to size
+// margins before anything is laid out; labels are then fitted exactly (fitLabel).
+function textWidth(text, px) {
+  return String(text).length * px * 0.62;
+}
+
+function chartParts(metric, W) {
+  const H = 180, R = 12, T = 10, B = 34;
   const series = state.data.map((run, i) => {
     const points = [];
     if (metric.initial && typeof run.initial_val_score === "number") {
@@ -151,7 +193,7 @@ function chartCard(metric) {
     }
     const last = run.history[run.history.length - 1];
     const unknown = metric.unknown && last ? last[metric.unknown] || 0 : 0;
-    return { i, points, unknown, name: run.name };
+    return { i, points, unknown, run, name: runText(run) };
   });
   const all = series.flatMap((s) => s.points);
   const xMax = Math.max(1, ...all.map((p) => p[0]));
@@ -165,21 +207,25 @@ function chartCard(metric) {
     yMin = 0;
     if (yMax <= 0) yMax = 1;
   }
+  const yTicks = [yMin, (yMin + yMax) / 2, yMax];
+  const L = 10 + Math.max(...yTicks.map((v) => textWidth(fmt(v, metric.key), TEXT_PX)));
   const x = (s) => L + (s / xMax) * (W - L - R);
   const y = (v) => T + (1 - (v - yMin) / (yMax - yMin)) * (H - T - B);
-  const chart = svg("svg", { class: "chart", "data-metric": metric.key, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": metric.title });
+  const chart = svg("svg", { class: "chart", "data-metric": metric.key, width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": metric.title });
   chart.append(
     svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }),
     svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B })
   );
-  for (const v of [yMin, (yMin + yMax) / 2, yMax]) {
-    chart.append(svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" }, fmt(v, metric.key)));
+  for (const v of yTicks) {
+    chart.append(svg("text", { x: L - 5, y: y(v) + 4, "text-anchor": "end" }, fmt(v, metric.key)));
   }
-  const ticks = xMax <= 12 ? [...Array(xMax + 1).keys()] : [0, Math.round(xMax / 2), xMax];
-  for (const s of ticks) {
-    chart.append(svg("text", { x: x(s), y: H - B + 14, "text-anchor": "middle" }, s));
+  // As many step ticks as fit with their numbers apart.
+  const room = (W - L - R) / (textWidth(xMax, TEXT_PX) + 8);
+  const every = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000].find((n) => xMax / n <= room) || Math.ceil(xMax / room);
+  for (let s = 0; s <= xMax; s += every) {
+    chart.append(svg("text", { x: x(s), y: H - B + 15, "text-anchor": "middle" }, s));
   }
-  chart.append(svg("text", { x: W - R, y: H - 2, "text-anchor": "end" }, "step"));
+  chart.append(svg("text", { x: W - R, y: H - 3, "text-anchor": "end" }, "step"));
   if (state.step !== null) {
     chart.append(svg("line", { class: "selected", x1: x(state.step), y1: T, x2: x(state.step), y2: H - B }));
   }
@@ -197,8 +243,8 @@ function chartCard(metric) {
     }
   }
   const notes = series.filter((s) => s.unknown).map((s) => `${s.name}: cost unknown for ${s.unknown} call(s) of models without a price (dashed: the priced part)`);
-  const legend = el("div", { class: "legend" }, series.map((s) => el("span", { style: `--c:${color(s.i)}` }, s.name)));
-  return el("div", { class: "card" }, el("h3", {}, metric.title), chart, legend, notes.map((n) => el("div", { class: "note" }, n)));
+  const legend = el("div", { class: "legend runs" }, series.map((s) => el("span", { class: "entry", title: s.run.dir }, runName(s.run, s.i))));
+  return [chart, legend, ...notes.map((n) => el("div", { class: "note" }, n))];
 }
 
 function renderStepPicker() {
@@ -221,7 +267,7 @@ function column(run, i) {
   const node = el(
     "div",
     { class: "column", "data-run": i },
-    el("h2", { title: run.dir }, el("span", { class: "swatch", style: `background:${color(i)}` }), run.name),
+    el("h2", { title: run.dir }, runName(run, i)),
     run.parameters.length
       ? run.parameters.map((p) => parameterCard(p, step))
       : el("p", { class: "empty" }, "no parameter values recorded yet (steps.jsonl)")
@@ -289,45 +335,96 @@ async function fillTimeline(card, run, i, step) {
     card.append(el("p", { class: "empty" }, run.traces.length ? `no trace for step ${step}` : "no traces: run the job with --trace"));
     return;
   }
+  const holder = el("div", { class: "timeline-box" });
+  card.append(holder);
   try {
     const trace = await cached(`trace/${i}/${step}/${info.time}`, () => getJSON(`/api/run/${i}/trace/${step}`));
-    card.append(drawTimeline(trace));
+    drawTimeline(holder, trace);
   } catch (error) {
     card.append(el("p", { class: "empty" }, String(error)));
   }
 }
 
-function drawTimeline(trace) {
+// `text` fitted to `room` pixels as drawn in `node` (an SVG text in the page): whole when
+// it fits, else its last words ("…Judge" for "DemoJudge": class names share prefixes
+// more than endings), else its start elided with "…"; nothing when not even three
+// characters fit. The full text stays in the bar's tooltip.
+function fitLabel(node, text, room) {
+  const fits = (candidate) => {
+    node.textContent = candidate;
+    return node.getComputedTextLength() <= room;
+  };
+  if (fits(text)) return true;
+  const words = [...text.matchAll(/[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+/g)].map((m) => m.index).filter((k) => k > 0);
+  for (const k of words) {
+    if (text.length - k >= 3 && fits("…" + text.slice(k))) return true;
+  }
+  for (let n = Math.min(text.length - 1, Math.floor(room / (TEXT_PX * 0.5))); n >= 3; n--) {
+    if (fits(text.slice(0, n) + "…")) return true;
+  }
+  node.remove();
+  return false;
+}
+
+// A call's bar is labelled by its model ("model gpt-4o-mini" in the trace: the model).
+function spanLabel(e) {
+  if (e.cat === "model") return (e.args && e.args.model) || e.name.replace(/^model /, "");
+  return e.name;
+}
+
+// The step's trace as one row per trace thread (the phases, then each lane of work). A row
+// has an upper lane for node backwards and phases and, below it, a thinner lane for model
+// calls, so a call sits under the node that made it and neither hides the other's name.
+function drawTimeline(holder, trace) {
   const events = trace.traceEvents.filter((e) => e.ph === "X");
   const names = new Map();
   for (const e of trace.traceEvents) if (e.ph === "M" && e.name === "thread_name") names.set(`${e.pid}:${e.tid}`, e.args.name);
-  const rows = [...new Set(events.map((e) => `${e.pid}:${e.tid}`))].sort((a, b) => {
+  const keyOf = (e) => `${e.pid}:${e.tid}`;
+  const rows = [...new Set(events.map(keyOf))].sort((a, b) => {
     const [pa, ta] = a.split(":").map(Number), [pb, tb] = b.split(":").map(Number);
     return pa - pb || ta - tb;
   });
+  const W = widthOf(holder, 600), UPPER = 16, LOWER = 13, GAP = 5, AXIS = 20, R = 8;
+  const LABEL = 8 + Math.max(...rows.map((row) => textWidth(names.get(row) || row, TEXT_PX)));
+  // Each row's lanes and their top: a row without calls (the phases) has no lower lane.
+  const layout = new Map();
+  let top = 2;
+  for (const row of rows) {
+    const own = events.filter((e) => keyOf(e) === row);
+    const upper = own.some((e) => e.cat !== "model") ? UPPER : 0;
+    const lower = own.some((e) => e.cat === "model") ? LOWER : 0;
+    layout.set(row, { top, upper, lower });
+    top += upper + (upper && lower ? 2 : 0) + lower + GAP;
+  }
+  const H = top + AXIS;
   const t0 = Math.min(...events.map((e) => e.ts));
   const t1 = Math.max(...events.map((e) => e.ts + e.dur));
-  const W = 640, ROW = 14, LABEL = 52, AXIS = 18;
-  const H = rows.length * ROW + AXIS + 4;
-  const scale = (W - LABEL - 8) / Math.max(1, t1 - t0);
-  const root = svg("svg", { class: "timeline", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "timeline" });
-  rows.forEach((row, r) => {
-    root.append(svg("text", { class: "rowlabel", x: 2, y: r * ROW + 11 }, names.get(row) || row));
-  });
-  // Depth of each span in its row: a model call nested in its node is drawn inside it.
+  const scale = (W - LABEL - R) / Math.max(1, t1 - t0);
+  const root = svg("svg", { class: "timeline", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "timeline" });
+  holder.replaceChildren(root);
+  for (const row of rows) {
+    const { top, upper, lower } = layout.get(row);
+    root.append(svg("text", { class: "rowlabel", x: 2, y: top + (upper + lower) / 2 + 4 }, names.get(row) || row));
+  }
+  // Depth of each span among the spans of its lane: a span nested in another one (a phase
+  // in a phase) is drawn inset, inside it.
   const depth = new Map();
   const open = new Map();
   for (const e of [...events].sort((a, b) => a.ts - b.ts || b.dur - a.dur)) {
-    const key = `${e.pid}:${e.tid}`;
+    const key = `${keyOf(e)}:${e.cat === "model"}`;
     const stack = open.get(key) || [];
     while (stack.length && stack[stack.length - 1] <= e.ts) stack.pop();
     depth.set(e, stack.length);
     stack.push(e.ts + e.dur);
     open.set(key, stack);
   }
+  const labels = [];
   for (const e of events) {
-    const r = rows.indexOf(`${e.pid}:${e.tid}`);
-    const inset = Math.min(depth.get(e), 2) * 4;
+    const { top, upper, lower } = layout.get(keyOf(e));
+    const model = e.cat === "model";
+    const laneTop = model ? top + upper + (upper ? 2 : 0) : top;
+    const laneHeight = model ? lower : upper;
+    const inset = Math.min(depth.get(e), 2) * 3;
     const x = LABEL + (e.ts - t0) * scale;
     const w = Math.max(1, e.dur * scale);
     const status = e.args && e.args.status ? ` ${e.args.status}` : "";
@@ -335,21 +432,37 @@ function drawTimeline(trace) {
       .filter(([k]) => !["inputs", "outputs", "seq", "node_seq", "labels"].includes(k))
       .map(([k, v]) => `${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join("\n");
     root.append(
-      svg("rect", { class: `span ${e.cat}${status}`, x: x.toFixed(1), y: r * ROW + 2 + inset, width: w.toFixed(1), height: ROW - 3 - inset, rx: 2 },
+      svg("rect", { class: `span ${e.cat}${status}`, x: x.toFixed(1), y: laneTop + inset, width: w.toFixed(1), height: laneHeight - inset, rx: 2 },
         svg("title", {}, `${e.name} (${(e.dur / 1000).toFixed(1)} ms)\n${details}`))
     );
-    if (w > 46 && !inset) root.append(svg("text", { x: (x + 3).toFixed(1), y: r * ROW + 11 }, e.name.slice(0, Math.floor(w / 5.5))));
+    if (!inset && w > 24) labels.push({ text: spanLabel(e), x: x + 3, y: laneTop + laneHeight / 2 + 4, room: w - 6, model });
   }
+  for (const label of labels) {
+    const node = svg("text", { class: label.model ? "label call" : "label", x: label.x.toFixed(1), y: label.y.toFixed(1) });
+    root.append(node);
+    fitLabel(node, label.text, label.room);
+  }
+  // Time ticks at a round number of milliseconds, as many as fit.
   const span = (t1 - t0) / 1000;
-  for (const f of [0, 0.25, 0.5, 0.75, 1]) {
-    root.append(svg("text", { class: "rowlabel", x: (LABEL + f * (W - LABEL - 8)).toFixed(1), y: H - 4, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle" }, `${(f * span).toFixed(0)} ms`));
+  const room = (W - LABEL - R) / (textWidth(`${Math.round(span)} ms`, TEXT_PX) + 16);
+  const every = niceStep(span / Math.max(1, Math.floor(room)));
+  for (let k = 0; k * every <= span + 1e-9; k++) {
+    const t = k * every;
+    const x = LABEL + t * 1000 * scale;
+    const anchor = t === 0 ? "start" : x + textWidth(`${t} ms`, TEXT_PX) / 2 > W ? "end" : "middle";
+    root.append(svg("text", { class: "rowlabel", x: x.toFixed(1), y: H - 5, "text-anchor": anchor }, `${+t.toFixed(3)} ms`));
   }
-  const note = el("div", { class: "legend" },
-    el("span", { style: "--c:#93c5fd" }, "node backward"),
-    el("span", { style: "--c:#fdba74" }, "model call"),
-    el("span", { style: "--c:#e5e7eb" }, "phase"),
-    `${events.length} spans on ${rows.length} rows; open the file in ui.perfetto.dev for more`);
-  return el("div", {}, root, note);
+  holder.append(el("div", { class: "legend" },
+    el("span", { class: "key", style: "--c:#93c5fd" }, "node backward"),
+    el("span", { class: "key", style: "--c:#fdba74" }, "model call (under the node that made it)"),
+    el("span", { class: "key", style: "--c:#e5e7eb" }, "phase"),
+    `${events.length} spans on ${rows.length} rows; hover a bar for its details, or open the file in ui.perfetto.dev`));
+}
+
+// The smallest of 1, 2, 5 times a power of ten that is at least `x` (> 0).
+function niceStep(x) {
+  const power = 10 ** Math.floor(Math.log10(Math.max(x, 1e-9)));
+  return [1, 2, 5, 10].map((m) => m * power).find((v) => v >= x);
 }
 
 async function fillCalls(card, run, i, step) {
@@ -371,30 +484,65 @@ async function fillCalls(card, run, i, step) {
     return;
   }
   const tokens = calls.reduce((n, c) => n + (c.prompt_tokens || 0) + (c.completion_tokens || 0), 0);
-  card.append(el("div", { class: "note" }, `${calls.length} calls, ${tokens.toLocaleString("en-US")} tokens; click a row for the request and reply`));
+  // One model for every call (the usual case) is said once, above the table, and its
+  // column left out: the replies get the room.
+  const models = [...new Set(calls.map((c) => c.model))];
+  const oneModel = models.length === 1 ? models[0] : null;
+  card.append(el("div", { class: "note" }, `${calls.length} calls${oneModel ? ` to ${oneModel}` : ""}, ${tokens.toLocaleString("en-US")} tokens; click a row for the request and reply`));
+  // A fixed layout (app.css gives the narrow columns their widths): the reply column takes
+  // what is left and long words wrap, so the table stays inside its card at any width.
+  const headings = [["#", "num"], ["phase · node", "where"], oneModel ? null : ["model", "model"], ["tokens in/out", "tokens"], ["ms", "ms"], ["reply", "reply"]].filter(Boolean);
   const body = el("tbody");
   calls.forEach((c, k) => {
     const messages = c.request && (c.request.messages || (c.request.body && c.request.body.messages)) || [];
     const last = messages.length ? String(messages[messages.length - 1].content || "") : "";
+    const excerpt = (c.error || c.reply || "") || last;
     const detail = el("tr", { class: "detail", hidden: true },
-      el("td", { colspan: 9 },
+      el("td", { colspan: headings.length },
         el("div", { class: "role" }, "request"), el("pre", {}, JSON.stringify(c.request, null, 1)),
         el("div", { class: "role" }, c.error ? "error" : "reply"), el("pre", {}, c.error || c.reply || "")));
+    const notes = [c.cached ? "cached" : null, c.retries ? `${c.retries} retr${c.retries === 1 ? "y" : "ies"}` : null].filter(Boolean);
     const row = el("tr", { class: "call", onclick: () => { detail.hidden = !detail.hidden; } },
       el("td", { class: "num" }, k + 1),
-      el("td", {}, (c.labels && c.labels.phase) || ""),
-      el("td", {}, c.node ? c.node.function : "-"),
-      el("td", {}, c.model),
+      el("td", {}, (c.labels && c.labels.phase) || "", c.node ? el("div", { class: "sub" }, c.node.function) : null),
+      oneModel ? null : el("td", {}, c.model),
       el("td", { class: "num" }, `${c.prompt_tokens}/${c.completion_tokens}`),
-      el("td", { class: "num" }, Math.round((c.latency_s || 0) * 1000)),
-      el("td", {}, c.cached ? "yes" : ""),
-      el("td", { class: "num" }, c.retries || ""),
-      el("td", { class: "excerpt" }, (c.error || c.reply || "").slice(0, 80) || last.slice(0, 80)));
+      el("td", { class: "num" }, Math.round((c.latency_s || 0) * 1000), notes.map((n) => el("div", { class: "sub" }, n))),
+      el("td", { class: "excerpt", title: excerpt.slice(0, 1000) }, el("div", { class: "clamp" }, excerpt.slice(0, 300))));
     body.append(row, detail);
   });
   card.append(el("table", { class: "calls" },
-    el("thead", {}, el("tr", {}, ["#", "phase", "node", "model", "tokens in/out", "ms", "cached", "retries", "reply"].map((h) => el("th", {}, h)))),
+    el("colgroup", {}, headings.map(([, name]) => el("col", { class: name }))),
+    el("thead", {}, el("tr", {}, headings.map(([h, name]) => el("th", { class: ["num", "tokens", "ms"].includes(name) ? "num" : null }, h)))),
     body));
+}
+
+// -- the page's own layout check --------------------------------------------------------
+
+// What on the page is wider than its box or than the window, and which chart texts are
+// drawn smaller than MIN_TEXT_PX; each as a short description (tag.class@run).
+function checkLayout() {
+  const view = document.documentElement.clientWidth;
+  const overflow = new Set(), smallText = new Set();
+  const describe = (node) => {
+    const cls = typeof node.className === "string" ? node.className : node.getAttribute("class") || "";
+    const column = node.closest("[data-run]");
+    return node.tagName.toLowerCase() + (cls ? "." + cls.trim().split(/\s+/)[0] : "") + (column ? "@run" + column.dataset.run : "");
+  };
+  for (const node of document.body.querySelectorAll("*")) {
+    const box = node.getBoundingClientRect();
+    if (!box.width && !box.height) continue; // hidden (a closed call's details)
+    if (box.right > view + 1 || box.left < -1) overflow.add(describe(node) + ":beyond-window");
+    else if (node instanceof HTMLElement && node.clientWidth && node.scrollWidth > node.clientWidth + 1) overflow.add(describe(node) + ":scrolls");
+    if (node instanceof SVGTextElement) {
+      const owner = node.ownerSVGElement.getBoundingClientRect();
+      if (box.right > owner.right + 1 || box.left < owner.left - 1) overflow.add(describe(node) + ":beyond-chart");
+      const px = parseFloat(getComputedStyle(node).fontSize) * (owner.width / node.ownerSVGElement.viewBox.baseVal.width || 1);
+      if (px < MIN_TEXT_PX) smallText.add(`${describe(node.ownerSVGElement)}:${px.toFixed(1)}px`);
+    }
+  }
+  if (document.documentElement.scrollWidth > view) overflow.add("page:scrolls");
+  return { overflow: [...overflow], smallText: [...smallText] };
 }
 
 function selectStep(step) {
@@ -434,5 +582,13 @@ document.getElementById("follow").addEventListener("change", (e) => {
     const steps = allSteps();
     selectStep(steps[steps.length - 1]);
   }
+});
+// Charts and timelines are drawn at their card's width: draw them again at the new one.
+let resizing = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizing);
+  resizing = setTimeout(() => {
+    if (state.data.length) render().catch(showError);
+  }, 200);
 });
 poll();
