@@ -8,7 +8,7 @@ fleet, and joins the gradients into the leaves exactly as a sequential run would
 from ._core._accumulate import register_accumulator
 from ._core._autodiff import backward, grad
 from ._core._engine import NodeEvent, PassInfo, current_node, observe_nodes, observe_passes
-from ._core._executor import BatchingExecutor, Executor, current_executor, use_executor
+from ._core._executor import Executor, use_executor
 from ._core._function import Function, FunctionCtx
 from ._core._grad_manager import GradManager, GradManagerGroup
 from ._core._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -31,7 +31,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncGraphError",
     "BackwardError",
-    "BatchingExecutor",
     "Executor",
     "Function",
     "FunctionCtx",
@@ -50,7 +49,6 @@ __all__ = [
     "Variable",
     "WireError",
     "backward",
-    "current_executor",
     "current_node",
     "enable_grad",
     "grad",

@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 
 from asyncgraph import Parameter, Variable
-from asyncgraph.models import Completion, Message, SimulatedModel
+from asyncgraph.models import Completion, SimulatedModel
+from asyncgraph.models._types import Message
 from asyncgraph.optim import TGD
 from asyncgraph.text import TextLoss, concat, llm_call
 

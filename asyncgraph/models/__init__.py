@@ -45,11 +45,9 @@ from asyncgraph._exceptions import (
     RateLimitWaitError,
 )
 from asyncgraph.models._base import BaseChatModel
-from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache, request_key
-from asyncgraph.models._calls import CallObserver, ModelCall, observe_calls
-from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
-from asyncgraph.models._policy import ModelPolicy
-from asyncgraph.models._prices import PRICES, PRICES_DATE, PRICES_SOURCE, default_pricing
+from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
+from asyncgraph.models._calls import ModelCall, observe_calls
+from asyncgraph.models._openai import OpenAIChat
 from asyncgraph.models._ratelimit import (
     LocalRateLimiter,
     RateLimit,
@@ -58,47 +56,34 @@ from asyncgraph.models._ratelimit import (
 )
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._simulated import (
-    SIMULATED_MODEL_NAME,
-    SIMULATED_TAG,
     SimulatedModel,
-    simulated_reply,
 )
 from asyncgraph.models._spec import (
-    ENV_ALLOWED_BASE_URLS,
     check_base_url,
-    model_options_from_env,
-    normalize_base_url,
     parse_model_spec,
-    restrict_base_urls,
 )
-from asyncgraph.models._types import ChatModel, Completion, Message
+from asyncgraph.models._types import ChatModel, Completion
 from asyncgraph.models._usage import (
     Pricing,
     Usage,
     UsageMeter,
     format_cost,
-    meters_for,
     track_usage,
 )
 
 __all__ = [
     "BaseChatModel",
     "Cache",
-    "CallObserver",
     "ChatModel",
     "Completion",
-    "DEFAULT_BASE_URL",
     "DiskCache",
-    "ENV_ALLOWED_BASE_URLS",
     "LocalRateLimiter",
     "MemoryCache",
-    "Message",
     "ModelBackendError",
     "ModelCall",
     "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
-    "ModelPolicy",
     "ModelRateLimitedError",
     "ModelRequestError",
     "ModelRequestTimeoutError",
@@ -108,9 +93,6 @@ __all__ = [
     "ModelStatusError",
     "ModelTimeoutError",
     "OpenAIChat",
-    "PRICES",
-    "PRICES_DATE",
-    "PRICES_SOURCE",
     "Pricing",
     "RateLimit",
     "RateLimitWaitError",
@@ -118,21 +100,12 @@ __all__ = [
     "RedisCache",
     "RedisRateLimiter",
     "Retry",
-    "SIMULATED_MODEL_NAME",
-    "SIMULATED_TAG",
     "SimulatedModel",
     "Usage",
     "UsageMeter",
     "check_base_url",
-    "default_pricing",
     "format_cost",
-    "meters_for",
-    "model_options_from_env",
-    "normalize_base_url",
     "observe_calls",
     "parse_model_spec",
-    "request_key",
-    "restrict_base_urls",
-    "simulated_reply",
     "track_usage",
 ]

@@ -25,7 +25,7 @@ from asyncgraph._exceptions import NoFeedbackWarning, OptimizerError, UpdatePars
 from asyncgraph.optim._optimizer import Optimizer
 from asyncgraph.optim._pareto import Candidate, ParetoSearch, SearchResult
 from asyncgraph.optim._sgd import SGD
-from asyncgraph.optim._tgd import TGD, parse_tagged
+from asyncgraph.optim._tgd import TGD
 
 __all__ = [
     "Candidate",
@@ -37,5 +37,4 @@ __all__ = [
     "SearchResult",
     "TGD",
     "UpdateParseError",
-    "parse_tagged",
 ]

@@ -88,6 +88,7 @@ def install_task_hook(hook: TaskHook) -> None:
 
 
 def uninstall_task_hook(name: str) -> None:
+    """Remove the hook installed under ``name`` (nothing happens if there is none)."""
     global _hooks
     with _lock:
         if name in _hooks:

@@ -13,7 +13,6 @@ import pytest
 import asyncgraph
 from asyncgraph import (
     BackwardError,
-    BatchingExecutor,
     Executor,
     Function,
     GradManager,
@@ -23,10 +22,10 @@ from asyncgraph import (
     Parameter,
     Variable,
     backward,
-    current_executor,
     grad,
     use_executor,
 )
+from asyncgraph._core._executor import BatchingExecutor, current_executor
 
 from ._ops import Add, AsyncIdentity, Mul
 

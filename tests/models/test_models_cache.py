@@ -21,8 +21,8 @@ from asyncgraph.models import (
     OpenAIChat,
     RedisCache,
     SimulatedModel,
-    request_key,
 )
+from asyncgraph.models._cache import request_key
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 pytestmark = pytest.mark.anyio

@@ -8,18 +8,20 @@ import re
 import pytest
 
 from asyncgraph.models import (
-    PRICES,
-    PRICES_DATE,
-    PRICES_SOURCE,
     ModelConfigError,
     Pricing,
     SimulatedModel,
     Usage,
-    default_pricing,
     format_cost,
     parse_model_spec,
 )
-from asyncgraph.models._prices import ENV_PRICES
+from asyncgraph.models._prices import (
+    ENV_PRICES,
+    PRICES,
+    PRICES_DATE,
+    PRICES_SOURCE,
+    default_pricing,
+)
 from asyncgraph.models._testing import OpenAITestServer
 
 pytestmark = pytest.mark.anyio

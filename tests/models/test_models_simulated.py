@@ -8,14 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncgraph.models import (
-    SIMULATED_TAG,
-    MemoryCache,
-    ModelServerError,
-    Retry,
-    SimulatedModel,
-    simulated_reply,
-)
+from asyncgraph.models import MemoryCache, ModelServerError, Retry, SimulatedModel
+from asyncgraph.models._simulated import SIMULATED_TAG, simulated_reply
 
 pytestmark = pytest.mark.anyio
 

@@ -15,9 +15,9 @@ from asyncgraph.models import (
     RedisCache,
     RedisRateLimiter,
     _spec,
-    model_options_from_env,
     parse_model_spec,
 )
+from asyncgraph.models._spec import model_options_from_env
 
 VARIABLES = (_spec.ENV_RPM, _spec.ENV_TPM, _spec.ENV_RATE_REDIS, _spec.ENV_CACHE)
 HELLO = [{"role": "user", "content": "hello"}]

@@ -11,7 +11,8 @@ from optim_helpers import Script, improve
 from asyncgraph import Parameter, Variable
 from asyncgraph.models import MemoryCache, OpenAIChat, SimulatedModel
 from asyncgraph.models._testing import OpenAITestServer, Reply
-from asyncgraph.optim import TGD, NoFeedbackWarning, UpdateParseError, parse_tagged
+from asyncgraph.optim import TGD, NoFeedbackWarning, UpdateParseError
+from asyncgraph.optim._tgd import parse_tagged
 from asyncgraph.text import TextLoss, approx_tokens, llm_call, render_feedback
 
 pytestmark = pytest.mark.anyio
