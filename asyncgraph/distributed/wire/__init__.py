@@ -3,13 +3,14 @@
 Private modules, shared by ``asyncgraph.distributed.RedisExecutor`` (the client)
 and ``asyncgraph.distributed.worker`` (the server):
 
-- ``_keys``: every Redis key, stream, group and field name of the protocol;
+- ``_keys``: every Redis key, stream, group and stream-entry field name;
 - ``_codec``: msgpack with size, length and depth limits (numpy arrays as an
   extension type with a dtype whitelist; never pickle);
-- ``_schema``: the versioned task, reply and cancel messages, validated on receipt;
+- ``_schema``: the versioned task, reply and cancel messages, each field declared once
+  (key, type, bound, presence) on its class and validated on receipt;
+- ``_fields``: what reads, writes and documents a record from those declarations;
 - ``_signing``: HMAC-SHA256 signatures with a shared secret;
-- ``_payload``: a Function's remote identity and how its ctx and gradients travel;
-- ``_resp``: the small async Redis client both sides use (asyncio and trio).
+- ``_payload``: a Function's remote identity and how its ctx and gradients travel.
 """
 
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits

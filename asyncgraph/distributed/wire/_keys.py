@@ -1,4 +1,6 @@
-"""Every Redis key, stream, consumer group and message field of the worker protocol.
+"""Every Redis key, stream, consumer group and stream-entry field of the worker protocol.
+
+The fields of the messages themselves are declared in ``_schema``.
 
 Both the client (``asyncgraph.distributed.RedisExecutor``) and the worker import
 from here; nothing else spells a key. All keys of one queue share the hash tag

@@ -1,158 +1,201 @@
-"""Versioned message types of the worker protocol, validated on receipt.
+"""The worker protocol, declared once: three message kinds and the checks on receipt.
 
-Three kinds travel, each a msgpack map with the protocol version ``v``, its
-kind ``k`` and its queue ``q``:
+Every message is a msgpack map: the protocol version ``v`` and the kind ``k``, then
+the fields its class declares, in declaration order. Each field is declared once,
+on its class, as ``field(metadata=wire(key, type, bound, ...))`` (see ``_fields``),
+and everything else follows from that: ``encode`` writes the map, ``decode``
+checks every field's type and bound (``WireError`` names the first field that is
+missing or wrong), ``peek_ids`` reads a broken message's address, and
+``protocol_table`` renders the table in docs/guide/fleet.md (a test keeps the two
+equal). Adding a field is one line on its class, plus its test.
 
-``task``   client -> workers. ``c`` client id, ``id`` task id, ``fn`` registered
-           function name, ``fp`` its fingerprint, ``op`` "backward" or
-           "forward", ``ttl`` milliseconds the client waits from enqueueing,
-           ``p`` the op's payload (ctx state and gradients, or arguments);
-           optional ``x``: an opaque metadata map from the client's task hooks
-           (e.g. the trace context of the node that sent it).
-``reply``  worker -> one client. ``c``, ``id``, ``ok``; ``r`` the result when
-           ok, else ``err`` = {``kind``, ``type``, ``message``, ``traceback``};
-           ``w`` the worker's consumer name; optional ``x``: an opaque metadata
-           map, one entry per task hook (``asyncgraph._task_hooks``: e.g. the model
-           usage the task spent, for the caller's totals).
-``cancel`` client -> workers. ``c``, ``ids``: tasks to skip or stop.
+- ``task``: client -> workers: run one function's op;
+- ``reply``: worker -> one client: a task's result or error;
+- ``cancel``: client -> workers: tasks to skip or stop.
 
-``decode`` raises ``WireError`` naming the first field that is missing or of
-the wrong type; the payload's inner structure is checked by ``asyncgraph.distributed.wire._payload``.
-``peek_ids`` reads just the client and task ids of a message that failed to
-decode, so that its sender can be told at once (see the worker and the client).
+Every message names its queue and kind inside the signed bytes (``_signing``), so
+a signed message cannot be replayed into another queue or as another kind. The
+payload's inner structure is checked by ``asyncgraph.distributed.wire._payload``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, cast, get_args
 
 import msgpack
 
 from asyncgraph import WireError
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits, pack, unpack
-from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION, is_client_id
+from asyncgraph.distributed.wire._fields import (
+    Field,
+    check,
+    fields_of,
+    from_map,
+    row,
+    table_rows,
+    to_map,
+    wire,
+)
+from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION
 from asyncgraph.distributed.wire._signing import Signer
 
 __all__ = [
+    "ERROR_KINDS",
+    "MESSAGE_KINDS",
+    "OPS",
     "CancelMessage",
     "ErrorInfo",
+    "ErrorKind",
+    "Message",
+    "Op",
     "ReplyMessage",
     "TaskMessage",
     "decode",
     "encode",
     "peek_ids",
+    "protocol_table",
 ]
 
 Op = Literal["backward", "forward"]
+# Why a remote task failed: its function raised ("error"); the worker has no such
+# function, or other code under its name ("fingerprint"); the task was dead-lettered;
+# the worker could not decode or accept it ("invalid"); Redis refused its reply.
 ErrorKind = Literal[
     "error", "unknown_function", "fingerprint", "dead_letter", "invalid", "redis_refused"
 ]
-_OPS = ("backward", "forward")
-_ERROR_KINDS = (
-    "error",
-    "unknown_function",
-    "fingerprint",
-    "dead_letter",
-    "invalid",
-    "redis_refused",
+OPS: tuple[Op, ...] = get_args(Op)
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+MAX_NAME = 256  # queue, function and worker names, exception type names
+MAX_ID = 64  # task ids and fingerprints
+MAX_META_ENTRIES = 16  # task hooks' metadata entries in one message
+
+# In every message, before the fields of its class.
+VERSION = Field(
+    "v",
+    "positive int",
+    choices=(PROTOCOL_VERSION,),
+    doc="protocol version; another is refused (run one asyncgraph version everywhere)",
 )
-_MAX_NAME = 256
-_MAX_ID = 64
-
-
-@dataclass(frozen=True, slots=True)
-class TaskMessage:
-    queue: str
-    client: str
-    id: str
-    function: str
-    fingerprint: str
-    op: Op
-    ttl_ms: int
-    payload: dict[str, Any]
-    meta: dict[str, Any] | None = None  # opaque, one entry per task hook (e.g. trace context)
-
-    def to_map(self) -> dict[str, Any]:
-        m = {
-            "v": PROTOCOL_VERSION,
-            "k": "task",
-            "q": self.queue,
-            "c": self.client,
-            "id": self.id,
-            "fn": self.function,
-            "fp": self.fingerprint,
-            "op": self.op,
-            "ttl": self.ttl_ms,
-            "p": self.payload,
-        }
-        if self.meta:
-            m["x"] = self.meta
-        return m
+KIND = Field("k", "str", 16, doc="message kind")
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    kind: ErrorKind
-    type: str
-    message: str
-    traceback: str = ""
+    """Why a task failed, as its reply carries it (``err``)."""
+
+    kind: ErrorKind = field(metadata=wire("kind", "str", choices=ERROR_KINDS, doc="what failed"))
+    type: str = field(metadata=wire("type", "str", MAX_NAME, doc="the exception's type name"))
+    message: str = field(metadata=wire("message", "str", doc="the error's text"))
+    traceback: str = field(
+        default="", metadata=wire("traceback", "str", doc="the worker's traceback, or empty")
+    )
 
     def to_map(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "type": self.type,
-            "message": self.message,
-            "traceback": self.traceback,
-        }
+        return to_map(self)
 
 
 @dataclass(frozen=True, slots=True)
-class ReplyMessage:
-    queue: str
-    client: str
-    id: str
-    worker: str
-    result: Any = None
-    error: ErrorInfo | None = None
-    meta: dict[str, Any] | None = None  # opaque, one entry per task hook (asyncgraph._task_hooks)
+class _Message:
+    """What every message holds after ``v`` and ``k``: its queue and its client."""
+
+    kind: ClassVar[str]
+    queue: str = field(
+        metadata=wire("q", "str", MAX_NAME, doc="the queue; a message for another is refused")
+    )
+    client: str = field(
+        metadata=wire("c", "client id", 32, doc="the client that sent the task or gets the reply")
+    )
 
     def to_map(self) -> dict[str, Any]:
-        m: dict[str, Any] = {
-            "v": PROTOCOL_VERSION,
-            "k": "reply",
-            "q": self.queue,
-            "c": self.client,
-            "id": self.id,
-            "w": self.worker,
-            "ok": self.error is None,
-        }
-        if self.meta:
-            m["x"] = self.meta
-        if self.error is None:
-            m["r"] = self.result
-        else:
-            m["err"] = self.error.to_map()
-        return m
+        """The message as the msgpack map that travels."""
+        return to_map(self, {VERSION.key: PROTOCOL_VERSION, KIND.key: self.kind})
 
 
 @dataclass(frozen=True, slots=True)
-class CancelMessage:
-    queue: str
-    client: str
-    ids: tuple[str, ...]
+class TaskMessage(_Message):
+    """Client -> workers: run ``op`` of the registered function ``function``."""
 
-    def to_map(self) -> dict[str, Any]:
-        return {
-            "v": PROTOCOL_VERSION,
-            "k": "cancel",
-            "q": self.queue,
-            "c": self.client,
-            "ids": list(self.ids),
-        }
+    kind: ClassVar[str] = "task"
+    id: str = field(metadata=wire("id", "task id", MAX_ID, doc="task id, unique per client"))
+    function: str = field(
+        metadata=wire("fn", "str", MAX_NAME, doc="the function's name in the worker's registry")
+    )
+    fingerprint: str = field(
+        metadata=wire("fp", "str", MAX_ID, doc="fingerprint of the function's code")
+    )
+    op: Op = field(metadata=wire("op", "str", choices=OPS, doc="what to run"))
+    ttl_ms: int = field(
+        metadata=wire("ttl", "positive int", doc="milliseconds the client waits from enqueueing")
+    )
+    payload: dict[str, Any] = field(
+        metadata=wire("p", "map", doc="ctx state and gradients, or arguments (`_payload`)")
+    )
+    meta: dict[str, Any] | None = field(
+        default=None,
+        metadata=wire(
+            "x",
+            "names map",
+            MAX_META_ENTRIES,
+            required=False,
+            doc="opaque, one entry per task hook (e.g. the sender's trace context)",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyMessage(_Message):
+    """Worker -> one client: the result of task ``id``, or its ``error``."""
+
+    kind: ClassVar[str] = "reply"
+    id: str = field(metadata=wire("id", "task id", MAX_ID, doc="the task answered"))
+    worker: str = field(metadata=wire("w", "str", MAX_NAME, doc="the worker's consumer name"))
+    # Derived from ``error`` (see __post_init__); on the wire it says which of r and err follows.
+    ok: bool = field(
+        init=False,
+        repr=False,
+        compare=False,
+        metadata=wire("ok", "bool", doc="whether the task succeeded"),
+    )
+    meta: dict[str, Any] | None = field(
+        default=None,
+        kw_only=True,
+        metadata=wire(
+            "x",
+            "names map",
+            MAX_META_ENTRIES,
+            required=False,
+            doc="opaque, one entry per task hook (e.g. the model usage the task spent)",
+        ),
+    )
+    result: Any = field(
+        default=None, metadata=wire("r", "any", when=("ok", True), doc="the op's result")
+    )
+    error: ErrorInfo | None = field(
+        default=None, metadata=wire("err", ErrorInfo, when=("ok", False), doc="why it failed")
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ok", self.error is None)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMessage(_Message):
+    """Client -> workers: skip or stop these tasks of ``client``."""
+
+    kind: ClassVar[str] = "cancel"
+    ids: tuple[str, ...] = field(
+        metadata=wire("ids", "list of task ids", MAX_ID, doc="the tasks to skip or stop")
+    )
 
 
 Message = TaskMessage | ReplyMessage | CancelMessage
+# The class that decodes each kind (``k``).
+MESSAGE_KINDS: dict[str, type[_Message]] = {
+    cls.kind: cls for cls in (TaskMessage, ReplyMessage, CancelMessage)
+}
 
 
 def encode(
@@ -162,14 +205,14 @@ def encode(
     packed = pack(message.to_map())
     if len(packed) > limits.max_message_bytes:
         raise WireError(
-            f"{message.to_map()['k']} message is {len(packed)} bytes, above the limit of "
+            f"{message.kind} message is {len(packed)} bytes, above the limit of "
             f"{limits.max_message_bytes}; send less data or raise max_message_bytes on the "
             f"client and on the workers"
         )
     return packed, signer.sign(packed)
 
 
-def decode(  # noqa: C901 (one check per message field, in the schema's order)
+def decode(
     packed: Any, signature: Any, signer: Signer, queue: str, limits: Limits = DEFAULT_LIMITS
 ) -> Message:
     """Verify, unpack and validate one message of ``queue``; ``WireError`` says why not."""
@@ -183,97 +226,46 @@ def decode(  # noqa: C901 (one check per message field, in the schema's order)
     m = unpack(packed, limits)
     if not isinstance(m, dict):
         raise WireError(f"message is a {type(m).__name__}, not a map")
-    version = m.get("v")
-    if version != PROTOCOL_VERSION:
+    version = m.get(VERSION.key)
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise WireError(
             f"protocol version {version!r:.20} is not supported (this side speaks "
             f"{PROTOCOL_VERSION}); run the same asyncgraph version on clients and workers"
         )
-    if _str(m, "q", _MAX_NAME) != queue:
-        raise WireError(f"message is for queue {m['q']!r}, not {queue!r}")
-    client = _str(m, "c", 32)
-    if not is_client_id(client):
-        raise WireError(f"field 'c' is not a client id: {client!r}")
-    kind = m.get("k")
-    if kind == "task":
-        op = _str(m, "op", 16)
-        if op not in _OPS:
-            raise WireError(f"field 'op' must be one of {_OPS}, got {op!r}")
-        ttl = _int(m, "ttl")
-        if ttl <= 0:
-            raise WireError(f"field 'ttl' must be positive, got {ttl}")
-        payload = m.get("p")
-        if not isinstance(payload, dict):
-            raise WireError("field 'p' must be a map")
-        return TaskMessage(
-            queue,
-            client,
-            _str(m, "id", _MAX_ID),
-            _str(m, "fn", _MAX_NAME),
-            _str(m, "fp", _MAX_ID),
-            op,  # type: ignore[arg-type]
-            ttl,
-            payload,
-            _meta(m),
-        )
-    if kind == "reply":
-        ok = m.get("ok")
-        if not isinstance(ok, bool):
-            raise WireError("field 'ok' must be a bool")
-        error = None
-        if not ok:
-            err = m.get("err")
-            if not isinstance(err, dict):
-                raise WireError("field 'err' must be a map")
-            ekind = _str(err, "kind", 32)
-            if ekind not in _ERROR_KINDS:
-                raise WireError(f"error kind {ekind!r} is unknown")
-            error = ErrorInfo(
-                ekind,  # type: ignore[arg-type]
-                _str(err, "type", _MAX_NAME),
-                _str(err, "message", limits.max_str_len),
-                _str(err, "traceback", limits.max_str_len),
-            )
-        return ReplyMessage(
-            queue,
-            client,
-            _str(m, "id", _MAX_ID),
-            _str(m, "w", _MAX_NAME),
-            m.get("r"),
-            error,
-            _meta(m),
-        )
-    if kind == "cancel":
-        ids = m.get("ids")
-        if not isinstance(ids, list) or not all(
-            isinstance(i, str) and len(i) <= _MAX_ID for i in ids
-        ):
-            raise WireError("field 'ids' must be a list of task ids")
-        return CancelMessage(queue, client, tuple(ids))
-    raise WireError(f"message kind {kind!r:.20} is unknown")
+    kind = m.get(KIND.key)
+    cls = MESSAGE_KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise WireError(f"message kind {kind!r:.20} is unknown")
+    message = from_map(cls, m)
+    if message.queue != queue:
+        raise WireError(f"message is for queue {message.queue!r}, not {queue!r}")
+    return cast(Message, message)
 
 
-_HEADER = ("q", "k", "c", "id")
+_ADDRESS = ("queue", "client", "id")
 
 
 def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
     """``(client, task id)`` of a ``kind`` message of ``queue``, read without decoding it all.
 
-    For a message that ``decode`` refused: only the top-level fields ``q``, ``k``,
-    ``c`` and ``id`` are parsed, every other value is skipped unread, so a broken
-    payload or a limit exceeded elsewhere does not matter. None when those fields
-    are missing or invalid. What it returns only addresses an error report; the
-    caller decides whether the message deserves one (e.g. only if its signature
-    checked out).
+    For a message that ``decode`` refused: only the kind and the fields of
+    ``_ADDRESS`` are parsed (checked as ``decode`` checks them), every other value
+    is skipped unread, so a broken payload or a limit exceeded elsewhere does not
+    matter. None when those fields are missing or invalid, or ``kind`` has no task
+    id. What it returns only addresses an error report; the caller decides whether
+    the message deserves one (e.g. only if its signature checked out).
     """
-    if not isinstance(packed, bytes) or not packed:
+    cls: type | None = MESSAGE_KINDS.get(kind)
+    plan = _peek_plan(cls) if cls is not None else None
+    if plan is None or not isinstance(packed, bytes) or not packed:
         return None
+    address, wanted, longest = plan
     unpacker = msgpack.Unpacker(
         raw=False,
         strict_map_key=False,
         max_buffer_size=len(packed),
-        max_str_len=_MAX_NAME,
-        max_bin_len=_MAX_NAME,
+        max_str_len=longest,
+        max_bin_len=longest,
         max_array_len=len(packed),
         max_map_len=len(packed),
         max_ext_len=len(packed),
@@ -283,54 +275,42 @@ def peek_ids(packed: Any, queue: str, kind: str) -> tuple[str, str] | None:
     try:
         for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
-            if isinstance(key, str) and key in _HEADER:
+            if isinstance(key, str) and key in wanted:
                 found[key] = unpacker.unpack()
-                if len(found) == len(_HEADER):
+                if len(found) == len(wanted):
                     break
             else:
                 unpacker.skip()
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError):
         pass  # a truncated or broken message: use what was read before the break
-    client, task_id = found.get("c"), found.get("id")
-    if (
-        found.get("q") != queue
-        or found.get("k") != kind
-        or not isinstance(client, str)
-        or not is_client_id(client)
-        or not isinstance(task_id, str)
-        or not 0 < len(task_id) <= _MAX_ID
-    ):
+    if found.get(KIND.key) != kind or not wanted <= found.keys():
         return None
-    return client, task_id
-
-
-_MAX_META_ENTRIES = 16
-
-
-def _meta(m: dict[str, Any]) -> dict[str, Any] | None:
-    """The reply's metadata map: names to values, opaque here (task hooks read them)."""
-    meta = m.get("x")
-    if meta is None:
+    try:
+        values = {f.attr: check(f, found[key]) for key, f in address.items()}
+    except WireError:
         return None
-    if not isinstance(meta, dict) or len(meta) > _MAX_META_ENTRIES:
-        raise WireError(f"field 'x' must be a map of at most {_MAX_META_ENTRIES} entries")
-    for key in meta:
-        if not isinstance(key, str) or not 0 < len(key) <= 32:
-            raise WireError(f"metadata name {key!r:.40} is not a string of 1 to 32 characters")
-    return meta
+    if values["queue"] != queue:
+        return None
+    return values["client"], values["id"]
 
 
-def _str(m: dict[str, Any], key: str, max_len: int) -> str:
-    value = m.get(key)
-    if not isinstance(value, str):
-        raise WireError(f"field {key!r} must be a str, got {type(value).__name__}")
-    if len(value) > max_len:
-        raise WireError(f"field {key!r} is longer than {max_len} characters")
-    return value
+@functools.cache
+def _peek_plan(cls: type) -> tuple[dict[str, Field], frozenset[str], int] | None:
+    """The ``_ADDRESS`` fields of ``cls`` by key, all keys to read, the longest str to read."""
+    address = {f.key: f for f in fields_of(cls) if f.attr in _ADDRESS}
+    if len(address) != len(_ADDRESS):
+        return None
+    longest = max(f.bound or 0 for f in (KIND, *address.values()))
+    return address, frozenset((KIND.key, *address)), longest
 
 
-def _int(m: dict[str, Any], key: str) -> int:
-    value = m.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise WireError(f"field {key!r} must be an int, got {type(value).__name__}")
-    return value
+def protocol_table() -> str:
+    """The protocol as a Markdown table: what docs/guide/fleet.md shows (a test compares)."""
+    kinds = dataclasses.replace(KIND, choices=tuple(MESSAGE_KINDS))
+    rows = [row(VERSION, "every"), row(kinds, "every"), *table_rows(_Message, "every")]
+    common = {f.attr for f in fields_of(_Message)}
+    for kind, cls in MESSAGE_KINDS.items():
+        rows += table_rows(cls, kind, skip=common)
+    header = ("message", "key", "type", "bound", "presence", "meaning")
+    lines = [header, ("---",) * len(header), *rows]
+    return "".join("| " + " | ".join(line) + " |\n" for line in lines)

@@ -4,8 +4,8 @@ With a shared secret (``--secret`` / ``ASYNCGRAPH_SECRET`` on workers,
 ``secret=`` on the client) every task, reply and cancellation carries
 ``HMAC-SHA256(secret, packed message)``; a receiver with a secret rejects
 messages that are unsigned or whose signature does not match. The message
-itself names its queue and kind, so a signed message cannot be replayed as
-another kind or into another queue.
+itself names its queue and kind (every message's ``q`` and ``k`` in ``_schema``),
+so a signed message cannot be replayed as another kind or into another queue.
 """
 
 from __future__ import annotations

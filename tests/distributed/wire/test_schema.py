@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args
 
 import msgpack
 import pytest
 
 from asyncgraph import WireError
 from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire import _schema as schema
+from asyncgraph.distributed.wire._fields import fields_of, wire
 from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ErrorInfo,
@@ -137,3 +141,185 @@ def test_a_reply_carries_an_opaque_metadata_map_of_bounded_shape() -> None:
         m["x"] = bad
         with pytest.raises(WireError, match=r"'x'|metadata name"):
             decode(msgpack.packb(m), b"", signer, "q")
+
+
+# -- the protocol declared once ------------------------------------------------------------
+# Bytes written by the encoder before the fields were declared on the classes (the hand-written
+# to_map of each kind): the declaration must write the very same maps, key order included.
+WIRE_BYTES = [
+    (
+        TASK,
+        "8aa17601a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
+        "626162616261626162a26964a23166a2666ea36d3a46a26670a430313233a26f70a86261636b77617264"
+        "a374746ccd03e8a17081a16791c0",
+    ),
+    (
+        TaskMessage("q", CLIENT, "1f", "m:F", "0123", "forward", 1000, {}, {"trace": {"a": "b"}}),
+        "8ba17601a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
+        "626162616261626162a26964a23166a2666ea36d3a46a26670a430313233a26f70a7666f7277617264a3"
+        "74746ccd03e8a17080a17881a5747261636581a161a162",
+    ),
+    (
+        ReplyMessage("q", CLIENT, "1f", "w1", None, meta={"m": 1}),
+        "89a17601a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
+        "61626162616261626162a26964a23166a177a27731a26f6bc3a17881a16d01a172c0",
+    ),
+    (
+        ReplyMessage("q", CLIENT, "1f", "w1", error=ErrorInfo("error", "ValueError", "x", "tb")),
+        "88a17601a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
+        "61626162616261626162a26964a23166a177a27731a26f6bc2a365727284a46b696e64a56572726f72a4"
+        "74797065aa56616c75654572726f72a76d657373616765a178a974726163656261636ba27462",
+    ),
+    (
+        CancelMessage("q", CLIENT, ("1", "2")),
+        "85a17601a16ba663616e63656ca171a171a163d920616261626162616261626162616261626162616261"
+        "6261626162616261626162a369647392a131a132",
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "packed"), WIRE_BYTES)
+def test_the_declared_messages_travel_as_the_same_bytes(message: Any, packed: str) -> None:
+    assert encode(message, Signer(None))[0].hex() == packed
+    assert decode(bytes.fromhex(packed), None, Signer(None), "q") == message
+
+
+@dataclass(frozen=True, slots=True)
+class PrioritizedTask(TaskMessage):
+    """A task with one field more, declared in one place: the line below."""
+
+    priority: int = field(
+        kw_only=True, metadata=wire("pri", "positive int", 10, doc="1 (first) to 10")
+    )
+
+
+def test_a_field_added_in_one_place_round_trips_with_its_bound_enforced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(schema.MESSAGE_KINDS, "task", PrioritizedTask)
+    signer = Signer("s" * 16)
+    message = PrioritizedTask(
+        "q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [None]}, priority=3
+    )
+    packed, signature = encode(message, signer)
+    assert msgpack.unpackb(packed)["pri"] == 3
+    assert decode(packed, signature, signer, "q") == message
+    assert peek_ids(packed, "q", "task") == (CLIENT, "1f")
+    m = msgpack.unpackb(packed)
+    for value, reason in [(11, "'pri' must be at most 10, got 11"), ("3", "'pri' must be an int")]:
+        with pytest.raises(WireError, match=reason):
+            decode(msgpack.packb({**m, "pri": value}), None, Signer(None), "q")
+    del m["pri"]
+    with pytest.raises(WireError, match="field 'pri' is missing"):
+        decode(msgpack.packb(m), None, Signer(None), "q")
+    row = "| task | `pri` | positive int | 1 to 10 | required | 1 (first) to 10 |"
+    assert row in schema.protocol_table().splitlines()
+
+
+def test_the_protocol_table_in_the_fleet_guide_is_the_declared_one() -> None:
+    page = (Path(__file__).parents[3] / "docs" / "guide" / "fleet.md").read_text()
+    start = page.index("-->", page.index("<!-- protocol table:")) + len("-->")
+    documented = page[start : page.index("<!-- end of protocol table -->")].strip()
+    assert documented == schema.protocol_table().strip(), (
+        "docs/guide/fleet.md's protocol table differs from the declared messages: paste "
+        "the output of asyncgraph.distributed.wire._schema.protocol_table() between its markers"
+    )
+
+
+def test_error_kinds_are_declared_once_and_checked_on_receipt() -> None:
+    assert schema.ERROR_KINDS == get_args(schema.ErrorKind)
+    for kind in schema.ERROR_KINDS:
+        reply = ReplyMessage("q", CLIENT, "1", "w", error=ErrorInfo(kind, "T", "text"))
+        assert decode(encode(reply, Signer(None))[0], None, Signer(None), "q") == reply
+    m = msgpack.unpackb(encode(reply, Signer(None))[0])
+    m["err"]["kind"] = "oops"
+    with pytest.raises(WireError, match=r"field 'err.kind' must be one of .*'oops'"):
+        decode(msgpack.packb(m), None, Signer(None), "q")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"r": None}, "field 'r' is missing"),
+        ({"ok": False}, "field 'err' is missing"),
+        ({"ok": False, "err": ["x"]}, "field 'err' must be a map, got list"),
+        ({"ok": False, "err": {"kind": "error", "type": "T"}}, "field 'err.message' is missing"),
+        ({"ok": 1}, "field 'ok' must be a bool"),
+        ({"w": None}, "field 'w' must be a str, got NoneType"),
+    ],
+)
+def test_a_reply_carries_its_result_when_ok_and_its_error_when_not(
+    change: dict[str, Any], reason: str
+) -> None:
+    m = msgpack.unpackb(encode(ReplyMessage("q", CLIENT, "1", "w", 2.0), Signer(None))[0])
+    for key, value in change.items():
+        if value is None and key != "w":
+            del m[key]
+        else:
+            m[key] = value
+    with pytest.raises(WireError, match=reason):
+        decode(msgpack.packb(m), None, Signer(None), "q")
+
+
+@pytest.mark.parametrize(
+    ("ids", "reason"),
+    [
+        (["1", 2], "'ids' must be a list of task ids of 1 to 64 characters, got an item 2"),
+        (["1", "x" * 65], "1 to 64 characters, got an item 'xxx"),
+        (["", "1"], "1 to 64 characters, got an item ''"),
+        ({"1": 1}, "'ids' must be a list of task ids, got dict"),
+    ],
+)
+def test_cancelled_ids_are_task_ids(ids: list[Any], reason: str) -> None:
+    m = CancelMessage("q", CLIENT, ("1",)).to_map()
+    m["ids"] = ids
+    with pytest.raises(WireError, match=reason):
+        decode(msgpack.packb(m), None, Signer(None), "q")
+
+
+def test_peek_checks_the_ids_as_decode_does() -> None:
+    for task_id in ("", "x" * 65, None):
+        packed = msgpack.packb({**base(), "id": task_id})
+        assert peek_ids(packed, "q", "task") is None
+        with pytest.raises(WireError, match="'id'"):
+            decode(packed, None, Signer(None), "q")
+    assert peek_ids(msgpack.packb(base()), "q", "cancel") is None  # a cancel names no task id
+    assert peek_ids(msgpack.packb(base()), "q", "nonsense") is None
+
+
+def test_every_message_names_its_queue_and_kind_inside_the_signed_bytes() -> None:
+    # What _signing's promise rests on: a signed message cannot move to another queue or kind.
+    for cls in schema.MESSAGE_KINDS.values():
+        keys_of = {f.key: f for f in fields_of(cls)}
+        assert keys_of["q"].required and not keys_of["q"].when
+    for message, _ in WIRE_BYTES:
+        assert {"v", "k", "q"} <= msgpack.unpackb(encode(message, Signer(None))[0]).keys()
+
+
+def test_a_declaration_that_cannot_work_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Undeclared:
+        a: int
+
+    @dataclass(frozen=True)
+    class OptionalWithDefault:
+        a: int = field(default=0, metadata=wire("a", "positive int", required=False))
+
+    @dataclass(frozen=True)
+    class WhenLater:
+        a: int = field(metadata=wire("a", "positive int", when=("b", True)))
+        b: bool = field(metadata=wire("b", "bool"))
+
+    @dataclass(frozen=True)
+    class KeyTwice:
+        a: int = field(metadata=wire("a", "positive int"))
+        b: int = field(metadata=wire("a", "positive int"))
+
+    for cls, reason in [
+        (Undeclared, "no wire"),
+        (OptionalWithDefault, "default must be None"),
+        (WhenLater, "earlier field"),
+        (KeyTwice, "'a' is taken"),
+    ]:
+        with pytest.raises(TypeError, match=reason):
+            fields_of(cls)
