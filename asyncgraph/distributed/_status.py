@@ -3,8 +3,9 @@
 Reads only what the protocol already keeps in Redis (no worker is asked anything):
 the heartbeat and info hashes (workers: host, pid, concurrency, in flight, last
 heartbeat, version, draining), the task stream and its consumer group (depth, pending,
-the oldest pending entry's idle time, tasks per second between two reads), and the
-dead-letter stream (count and the latest reasons). Every value is parsed as data
+the oldest pending entry's idle time), the count of settled tasks (tasks per second
+between two reads, on Redis 6.2 as on 7), and the dead-letter stream (count and the
+latest reasons). Every value is parsed as data
 (integers, JSON); nothing read is ever imported or unpickled.
 """
 
@@ -61,7 +62,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     tasks, dead = keys.task_stream(queue), keys.dead_stream(queue)
     try:
         with anyio.fail_after(timeout_s):
-            now, beats, infos, exists, dead_len, latest = await pool.pipeline(
+            now, beats, infos, exists, dead_len, latest, settled = await pool.pipeline(
                 [
                     ["TIME"],
                     ["HGETALL", keys.workers_hash(queue)],
@@ -69,6 +70,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                     ["EXISTS", tasks],
                     ["XLEN", dead],
                     ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
+                    ["GET", keys.settled_counter(queue)],
                 ]
             )
             group: dict[str, Any] = {}
@@ -142,7 +144,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
         "workers": sorted(workers, key=lambda w: w["name"]),
         "alive": sum(w["alive"] for w in workers),
         "depth": int(length) if exists == 1 else 0,
-        "entries_read": int(group.get("entries-read") or 0) if group else 0,
+        "settled": int(settled or 0) if not isinstance(settled, ReplyError) else 0,
         "pending": int(group.get("pending") or 0) if group else 0,
         "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
         "dead_letters": int(dead_len),
@@ -217,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
             rate = None
             if previous is not None:
                 elapsed = time.monotonic() - previous[0]
-                rate = max(0.0, (status["entries_read"] - previous[1]) / elapsed)
-            previous = (time.monotonic(), status["entries_read"])
+                rate = max(0.0, (status["settled"] - previous[1]) / elapsed)
+            previous = (time.monotonic(), status["settled"])
             if args.json:
                 print(json.dumps({**status, "tasks_per_s": rate}), flush=True)
             else:
