@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=0,
         metavar="N",
-        help="run backwards on N local worker processes (embedded redis-server)",
+        help="run backwards on N local worker processes (embedded redis-server); 0, the "
+        "default, runs everything in this process",
     )
     where.add_argument(
         "--redis",

@@ -87,6 +87,11 @@ class RedisAddress:
     cluster: tuple[tuple[str, int], ...] = ()
 
 
+URL_SCHEMES = (
+    "redis://, rediss:// (TLS), unix://, redis+sentinel://, redis+cluster://, rediss+cluster://"
+)
+
+
 def parse_redis_url(url: str) -> RedisAddress:
     """``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS, ``?ssl_cert_reqs=none``,
     ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``, ``ssl_check_hostname=``),
@@ -100,6 +105,10 @@ def parse_redis_url(url: str) -> RedisAddress:
         return _parse_cluster_url(url)
     from redis.connection import parse_url
 
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(
+            f"invalid Redis URL {redact_url(url)!r}: it must start with one of {URL_SCHEMES}"
+        )
     try:
         kw: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:

@@ -149,6 +149,14 @@ def test_urls() -> None:
         parse_redis_url("http://nope")
 
 
+@pytest.mark.parametrize("url", ["notaurl", "http://nope", "localhost:6379"])
+def test_a_url_of_no_known_scheme_names_every_scheme_accepted(url: str) -> None:
+    with pytest.raises(ValueError, match="must start with one of") as caught:
+        parse_redis_url(url)
+    for scheme in ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://"):
+        assert scheme in str(caught.value)
+
+
 async def test_an_array_over_max_items_is_skipped_unbuilt_and_the_connection_stays_usable(
     redis_url: str,
 ) -> None:
