@@ -10,17 +10,30 @@ observability, the fleet and the command line all redact the same way:
   OpenTelemetry's ``server.address``;
 - :func:`redact`: free text (an error message, a model's reply quoting a key, a log line)
   with the URLs in it redacted, the values of the environment's secret-looking
-  variables replaced, and bearer tokens and ``sk-...`` keys masked.
+  variables replaced, and bearer tokens and ``sk-...`` keys masked;
+- :func:`url_secrets`: the secrets a URL carries (its password, its credential query
+  values), for a client that redacts text with its own secrets (``redact(text, ...)``);
+- :class:`RedactingFormatter`: a ``logging.Formatter`` whose every line, traceback
+  included, goes through :func:`redact` (the command line's log handlers use it).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-__all__ = ["REDACTED", "redact", "redact_url", "secret_values", "url_host"]
+__all__ = [
+    "REDACTED",
+    "RedactingFormatter",
+    "redact",
+    "redact_url",
+    "secret_values",
+    "url_host",
+    "url_secrets",
+]
 
 REDACTED = "[redacted]"
 MASK = "***"
@@ -87,6 +100,19 @@ def url_host(url: str) -> str:
     return f"{host}:{port}" if host and port is not None else host
 
 
+def url_secrets(url: str) -> list[str]:
+    """The secrets ``url`` carries: the password of its userinfo and the values of its
+    credential query parameters (what :func:`redact_url` masks), non-empty ones only."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password or ""]
+    except ValueError:
+        return []
+    found.append(unquote(found[0]))  # as written, and as the client sends it
+    found += [value for name, value in parse_qsl(parts.query) if _secret_name(name)]
+    return list(dict.fromkeys(value for value in found if value))
+
+
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of the environment's secret-looking variables (8 characters or more),
     longest first (so a key that contains another is replaced whole)."""
@@ -106,3 +132,22 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
         if secret and secret in text:
             text = text.replace(secret, REDACTED)
     return _SECRET_SHAPES.sub(lambda m: (m.group(1) or "") + REDACTED, text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A ``logging.Formatter`` whose output (message, traceback and all) goes through
+    :func:`redact` with ``secrets`` plus the environment's secret values read when it was
+    made.
+
+    What a handler prints can quote a URL or an exception text from anywhere (a library's
+    log line, a traceback): redacting the formatted line catches them all at the last step.
+    """
+
+    def __init__(
+        self, fmt: str | None = None, datefmt: str | None = None, secrets: Iterable[str] = ()
+    ) -> None:
+        super().__init__(fmt, datefmt)
+        self._secrets = sorted({*secret_values(), *secrets} - {""}, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record), self._secrets)

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 
-from asyncgraph._redact import REDACTED, redact, redact_url, secret_values, url_host
+from asyncgraph._redact import (
+    REDACTED,
+    RedactingFormatter,
+    redact,
+    redact_url,
+    secret_values,
+    url_host,
+    url_secrets,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +72,38 @@ def test_redact_free_text() -> None:
     for secret in ("hunter22", "hunter33", "abcdefghijkl", "my-secret-value-123", "sk-abc"):
         assert secret not in out
     assert "redis://:***@h:1/0?password=***" in out and out.count(REDACTED) == 3
+
+
+def test_url_secrets_are_the_password_and_credential_query_values() -> None:
+    assert url_secrets("http://u:p%40ss@h/v1?api-key=K9&x=1&token=T") == [
+        "p%40ss",
+        "p@ss",
+        "K9",
+        "T",
+    ]
+    assert url_secrets("redis://h:6379/0?db=1") == []
+    assert url_secrets("redis://h:bad-port/0") == []
+
+
+def test_redacting_formatter_redacts_the_message_and_the_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "env-token-123456")
+    formatter = RedactingFormatter("%(levelname)s %(message)s", secrets=["own-secret-987"])
+    try:
+        raise RuntimeError("own-secret-987 failed at redis://:pw-in-trace@h/0")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "x",
+            logging.WARNING,
+            __file__,
+            1,
+            "lost %s (%s)",
+            ("redis://h/0?password=pq1", "env-token-123456"),
+            sys.exc_info(),
+        )
+    line = formatter.format(record)
+    assert line.startswith("WARNING lost redis://h/0?password=*** ([redacted])")
+    assert "Traceback" in line and "RuntimeError: [redacted] failed at redis://:***@h/0" in line
+    for secret in ("pq1", "env-token-123456", "own-secret-987", "pw-in-trace"):
+        assert secret not in line
