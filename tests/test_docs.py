@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -130,3 +133,100 @@ def test_each_command_has_a_page_listing_all_its_flags(command: str) -> None:
         for flag in action.option_strings:
             if flag.startswith("--") and flag != "--help" and action.help != "==SUPPRESS==":
                 assert f"`{flag}" in page, f"docs/cli/{command}.md does not mention {flag}"
+
+
+def _griffe_rst():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("griffe_rst", DOCS / "griffe_rst.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_griffe_extension_turns_rst_roles_and_literal_blocks_into_markdown() -> None:
+    convert = _griffe_rst().rst_to_markdown
+    assert convert("See :class:`~asyncgraph.Variable` and :func:`backward`.") == (
+        "See `Variable` and `backward`."
+    )
+    assert convert(":meth:`a.B.c`, :exc:`E`, :attr:`x`, :mod:`m`, :data:`D`") == (
+        "`a.B.c`, `E`, `x`, `m`, `D`"
+    )
+    text = "Run it.\n\nExample::\n\n    await loss.backward()\n    print(1)\n\nAfter."
+    assert convert(text) == (
+        "Run it.\n\nExample:\n\n```python\nawait loss.backward()\nprint(1)\n```\n\nAfter."
+    )
+    # Indented (a docstring's section), a text block that is not Python, a bare "::".
+    assert convert("  Layout::\n\n      a -> b\n  next") == (
+        "  Layout:\n\n  ```text\n  a -> b\n  ```\n\n  next"
+    )
+    assert convert("::\n\n    x = 1\n") == "```python\nx = 1\n```"
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if key in ("id", "name") and value:
+                self.ids.add(value)
+            if value and (key, tag) in (("href", "a"), ("src", "img")):
+                self.links.append(value)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+RAW_MARKUP = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):`|Example::|__all__")
+
+
+@pytest.mark.slow
+def test_the_built_site_shows_no_raw_rst_markup_and_no_all(site: Path) -> None:
+    found = {
+        str(page.relative_to(site)): sorted(set(RAW_MARKUP.findall(page.read_text())))
+        for page in site.rglob("*.html")
+    }
+    assert {page: marks for page, marks in found.items() if marks} == {}
+
+
+@pytest.mark.slow
+def test_every_link_of_the_built_site_reaches_a_page_and_an_anchor(site: Path) -> None:
+    # Offline: links to other hosts are not followed; every link inside the site must
+    # name a file that was built and, with a #fragment, an id on that page.
+    pages: dict[Path, _Page] = {}
+    for path in site.rglob("*.html"):
+        parsed = _Page()
+        parsed.feed(path.read_text())
+        pages[path.resolve()] = parsed
+    broken = []
+    for path, parsed in pages.items():
+        for link in parsed.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc or link.startswith("mailto:"):
+                continue
+            base = site if parts.path.startswith("/") else path.parent  # 404.html: absolute
+            target = (base / unquote(parts.path).lstrip("/")).resolve() if parts.path else path
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{path.relative_to(site)}: {link} (no such file)")
+            elif parts.fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else set()
+                if unquote(parts.fragment) not in ids:
+                    broken.append(f"{path.relative_to(site)}: {link} (no such anchor)")
+    assert broken == []
