@@ -271,7 +271,8 @@ class OpenAITestServer:
     def _decide(self, path: str, body: Any) -> tuple[Reply, float]:
         """The answer to a request, and its arrival time (taken under the lock, so the
         sliding window sees arrivals in order)."""
-        if path.rstrip("/") != CHAT_PATH:
+        # The query is not the path: an Azure-style base URL carries ``?api-version=...``.
+        if path.split("?", 1)[0].rstrip("/") != CHAT_PATH:
             missing = Reply(status=404, error=f"unknown path {path!r}; use POST {CHAT_PATH}")
             return missing, time.monotonic()
         with self._cond:

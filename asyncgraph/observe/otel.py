@@ -29,6 +29,7 @@ import atexit
 import contextvars
 import json
 import os
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -46,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
 
 import asyncgraph
 from asyncgraph import NodeEvent, PassInfo, observe_nodes, observe_passes
+from asyncgraph._redact import redact, url_host
 from asyncgraph.models import ModelCall, observe_calls
 from asyncgraph.taskhooks import TaskInfo, install_task_hook, task_hooks
 
@@ -81,11 +83,17 @@ class OTelTracing:
                 "asyncgraph.create_graph": info.create_graph,
                 "asyncgraph.executor": info.executor,
             },
-        ):
+            # Recorded here, redacted: the SDK's own recording would copy the error's text.
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as pass_span:
             opened: dict[int, tuple[Any, Any, int]] = {}
             token = _OPEN.set(opened)  # the pass's tasks inherit it
             try:
                 yield
+            except Exception as exc:
+                _record_error(pass_span, exc)
+                raise
             finally:
                 _OPEN.reset(token)
                 for span, _, _ in opened.values():
@@ -124,10 +132,7 @@ class OTelTracing:
             return  # not traced (unsampled), or not this node's
         del opened[id(span)]
         if event.kind == "failed" and event.error is not None:
-            span.record_exception(event.error)
-            span.set_status(
-                Status(StatusCode.ERROR, f"{type(event.error).__name__}: {event.error}")
-            )
+            _record_error(span, event.error)
         otel_context.detach(entry[1])
         span.end()
 
@@ -146,12 +151,14 @@ class OTelTracing:
             attributes["gen_ai.response.finish_reasons"] = [call.finish_reason]
         if call.cost_usd is not None:
             attributes["asyncgraph.cost_usd"] = call.cost_usd
-        if call.endpoint:
-            attributes["server.address"] = call.endpoint
+        host = url_host(call.endpoint)
+        if host:  # the host alone: never a URL's userinfo, path or query
+            attributes["server.address"] = host
         if self.capture_content:
-            attributes["gen_ai.prompt"] = json.dumps(call.request.get("messages", []))[:65536]
+            prompt = json.dumps(call.request.get("messages", []))
+            attributes["gen_ai.prompt"] = redact(prompt)[:65536]
             if call.reply is not None:
-                attributes["gen_ai.completion"] = call.reply[:65536]
+                attributes["gen_ai.completion"] = redact(call.reply)[:65536]
         span = self.tracer.start_span(
             f"chat {call.model}",
             kind=SpanKind.CLIENT,
@@ -159,7 +166,7 @@ class OTelTracing:
             attributes=attributes,
         )
         if call.error:
-            span.set_status(Status(StatusCode.ERROR, str(call.error)[:1000]))
+            span.set_status(Status(StatusCode.ERROR, redact(str(call.error))[:1000]))
         span.end(end_time=int((call.started_at + call.latency_s) * 1e9))
 
     # -- across the fleet (a task hook) ---------------------------------------------------
@@ -216,6 +223,22 @@ class OTelTracing:
             stack.enter_context(observe_nodes(self.on_node))
             stack.enter_context(observe_calls(self.on_call))
             yield
+
+
+def _record_error(span: Any, error: BaseException) -> None:
+    """``span.record_exception`` and an error status, their texts redacted (an exception
+    message may quote a URL with its password or a key the server echoed)."""
+    message = redact(str(error))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": type(error).__qualname__,
+            "exception.message": message,
+            "exception.stacktrace": redact("".join(traceback.format_exception(error))),
+            "exception.escaped": False,
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"))
 
 
 def _system(endpoint: str) -> str:

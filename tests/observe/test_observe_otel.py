@@ -279,3 +279,62 @@ async def test_one_trace_shows_the_pass_across_two_real_workers(
     attributes = {a.key: a.value for a in remote[0].attributes}
     assert attributes["asyncgraph.op"].string_value == "backward"
     assert attributes["asyncgraph.queue"].string_value == fleet.queue
+
+
+class LeakyFailure(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> None:
+        key = os.environ["OPENAI_API_KEY"]
+        raise RuntimeError(f"redis://:otel-pass-123@h:1/0 refused key {key}")
+
+
+@pytest.mark.anyio
+async def test_spans_hold_the_host_alone_and_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncgraph.models import OpenAIChat
+    from asyncgraph.models._testing import OpenAITestServer, Reply
+
+    key = "sk-otel-key-0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    tracer_provider, exporter = provider()
+    with OpenAITestServer() as server:
+        host = server.url.split("//", 1)[1].split("/", 1)[0]
+        url = server.url.replace("//", "//u:otel-url-pass@")
+        server.script(Reply(text=f"echoing {key}"))
+        model = OpenAIChat("test-model", base_url=url)
+
+        class Call(Function):
+            @staticmethod
+            def forward(ctx: Any, x: Variable) -> Variable:
+                return Variable(x.data)
+
+            @staticmethod
+            async def backward(ctx: Any, grad: Variable) -> str:
+                return (await model.complete([{"role": "user", "content": key}])).text
+
+        with otel_tracing(tracer_provider, capture_content=True):
+            await Call.apply(Parameter("p", role="p")).backward()
+            with pytest.raises(BackwardError):
+                await LeakyFailure.apply(Parameter("q", role="q")).backward()
+        await model.aclose()
+    spans = exporter.get_finished_spans()
+    (call,) = [s for s in spans if s.name.startswith("chat ")]
+    assert call.attributes["server.address"] == host
+    texts = [
+        str(
+            (
+                s.name,
+                dict(s.attributes or {}),
+                s.status.description,
+                [(e.name, dict(e.attributes or {})) for e in s.events],
+            )
+        )
+        for s in spans
+    ]
+    assert any("otel-pass" not in t and "[redacted]" in t for t in texts)
+    for text in texts:
+        for secret in (key, "otel-pass-123", "otel-url-pass"):
+            assert secret not in text, (secret, text)
