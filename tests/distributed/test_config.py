@@ -127,3 +127,17 @@ def test_a_child_gets_no_variable_of_its_parent_but_what_to_env_carries() -> Non
     assert "ASYNCGRAPH_PROCESSES" not in env and "ASYNCGRAPH_HEALTH_PORT" not in env
     assert env["ASYNCGRAPH_SECRET"] == FULL.secret
     assert WorkerConfig.from_args(parse(child.to_args()), env) == child
+
+
+def test_repr_and_errors_of_a_config_show_no_password_nor_secret() -> None:
+    config = WorkerConfig(
+        redis_url="redis://u:cfg-pass-1@h:6379/0?password=cfg-pass-2",
+        secret="cfg-secret-0123456789",
+        allowed_base_urls=("http://a:cfg-pass-3@h/v1?api-key=cfg-key-4",),
+    )
+    shown = repr(config)
+    assert "redis_url='redis://u:***@h:6379/0?password=***'" in shown and "secret='***'" in shown
+    with pytest.raises(ConfigError) as wrong:
+        WorkerConfig(redis_url="redis://h/0", allowed_base_urls=("ftp://a:cfg-pass-3@h/",))
+    for secret in ("cfg-pass-1", "cfg-pass-2", "cfg-pass-3", "cfg-key-4", "cfg-secret"):
+        assert secret not in shown and secret not in str(wrong.value)

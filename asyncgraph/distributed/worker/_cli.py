@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from asyncgraph._redact import RedactingFormatter, url_secrets
 from asyncgraph.distributed.worker._config import WorkerConfig, add_arguments, log_level
 from asyncgraph.resp import RedisConnectionLost
 
@@ -35,9 +36,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"asyncgraph worker: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    # Every line redacted as it is written: a log line may quote a URL or an error text.
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        RedactingFormatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            secrets=[s for s in (config.secret, *url_secrets(config.redis_url)) if s],
+        )
     )
+    logging.basicConfig(level=config.log_level, handlers=[handler])
     if not config.imports:
         print(
             "asyncgraph worker: give at least one --import MODULE (the functions to serve)",

@@ -14,6 +14,7 @@ never go on a command line (``ps`` shows argv to every user of the machine): onl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from asyncgraph._exceptions import ConfigError
+from asyncgraph._redact import redact_url
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.resp import parse_redis_url
@@ -200,6 +202,15 @@ class WorkerConfig:
         self._check_numbers()
         self._check_texts()
 
+    def __repr__(self) -> str:
+        # A config is logged and shown in errors: its URLs redacted, its secret masked.
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr} | {
+            "redis_url": redact_url(self.redis_url),
+            "secret": None if self.secret is None else "***",
+            "allowed_base_urls": tuple(redact_url(url) for url in self.allowed_base_urls),
+        }
+        return f"WorkerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def _check_numbers(self) -> None:
         for name in ("concurrency", "processes", "lease_ms", "max_attempts", "batch_size"):
             value = getattr(self, name)
@@ -325,7 +336,7 @@ class WorkerConfig:
 def _check_base_url(url: str) -> None:
     parts = urlsplit(url.strip())
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"base URL {url!r} is not an http:// or https:// URL")
+        raise ValueError(f"base URL {redact_url(url)!r} is not an http:// or https:// URL")
 
 
 def _check(field: str, check: Callable[[str], object], value: str) -> None:
