@@ -13,6 +13,7 @@ from typing import Any, Self
 import anyio
 
 from asyncgraph._exceptions import ModelBackendError, ModelError, ModelRetryError
+from asyncgraph._redact import redact, redact_url
 from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._calls import ModelCall, notify_call, observing_calls
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
@@ -210,15 +211,11 @@ class BaseChatModel(ABC):
             request = {"model": self.name, "messages": messages, "params": params}
         cost: float | None = None
         if completion is not None and self.pricing is not None:
-            cost = (
-                0.0
-                if completion.cached
-                else self.pricing.cost_usd(completion.prompt_tokens, completion.completion_tokens)
-            )
+            cost = 0.0 if completion.cached else self.pricing.completion_cost_usd(completion)
         notify_call(
             ModelCall(
                 model=self.name,
-                endpoint=self.cache_endpoint,
+                endpoint=redact_url(self.cache_endpoint),
                 request=request,
                 reply=None if completion is None else completion.text,
                 prompt_tokens=0 if completion is None else completion.prompt_tokens,
@@ -230,7 +227,9 @@ class BaseChatModel(ABC):
                 cached=completion is not None and completion.cached,
                 attempts=attempts,
                 finish_reason=None if completion is None else completion.finish_reason,
-                error=None if error is None else f"{type(error).__name__}: {error}",
+                error=None if error is None else redact(f"{type(error).__name__}: {error}"),
+                cache_read_tokens=0 if completion is None else completion.cache_read_tokens,
+                cache_write_tokens=0 if completion is None else completion.cache_write_tokens,
             )
         )
 

@@ -32,6 +32,8 @@ class ModelCall:
     call: rate-limit waits, every attempt and the backoffs between them. ``attempts``:
     1 when the first attempt answered (0 for a cache hit); ``retries`` is
     ``attempts - 1``. ``cost_usd`` is None when the model has no ``Pricing``.
+    ``cache_read_tokens`` / ``cache_write_tokens``: the part of ``prompt_tokens`` the
+    provider read from / wrote to its prompt cache (see ``Completion``).
     """
 
     model: str
@@ -49,6 +51,8 @@ class ModelCall:
     finish_reason: str | None = None
     error: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def retries(self) -> int:

@@ -19,6 +19,11 @@ class Completion:
     ``text`` is the reply, ``model`` the name of the model that produced it (``"simulated"``
     for ``SimulatedModel``), ``prompt_tokens`` / ``completion_tokens`` the usage the server
     reported. ``cached`` is true when the answer came from a response cache, not the model.
+    ``cache_read_tokens`` / ``cache_write_tokens`` are the part of ``prompt_tokens`` the
+    provider read from / wrote to its *prompt* cache (OpenAI's
+    ``prompt_tokens_details.cached_tokens``; Anthropic's ``cache_read_input_tokens`` /
+    ``cache_creation_input_tokens``), which ``Pricing`` bills at their own rates; 0 when
+    the provider reported none. ``prompt_tokens`` counts every input token, these included.
     """
 
     text: str
@@ -27,6 +32,8 @@ class Completion:
     completion_tokens: int = 0
     finish_reason: str | None = None
     cached: bool = False
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -40,6 +47,8 @@ class Completion:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
         }
 
     @classmethod
@@ -48,13 +57,23 @@ class Completion:
         text, model = data.get("text"), data.get("model")
         prompt, completion = data.get("prompt_tokens", 0), data.get("completion_tokens", 0)
         finish = data.get("finish_reason")
+        # Absent in answers cached before prompt-cache accounting existed: none then.
+        read, write = data.get("cache_read_tokens", 0), data.get("cache_write_tokens", 0)
         if not isinstance(text, str) or not isinstance(model, str):
             raise ValueError(f"completion needs str 'text' and 'model', got {dict(data)!r}")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
+        if not all(isinstance(n, int) for n in (prompt, completion, read, write)):
             raise ValueError(f"completion token counts must be int, got {dict(data)!r}")
         if finish is not None and not isinstance(finish, str):
             raise ValueError(f"completion finish_reason must be str or None, got {finish!r}")
-        return cls(text, model, prompt, completion, finish)
+        return cls(
+            text,
+            model,
+            prompt,
+            completion,
+            finish,
+            cache_read_tokens=read,
+            cache_write_tokens=write,
+        )
 
 
 @runtime_checkable

@@ -18,23 +18,63 @@ class Pricing:
     """Prices in US dollars per one million tokens, for ``Usage.cost_usd``.
 
     ``Pricing(input_usd_per_1m=0.15, output_usd_per_1m=0.60)`` prices prompt tokens at
-    $0.15 and completion tokens at $0.60 per million. A model without one has an unknown
-    cost (``Usage.unpriced_requests``), except models built from a spec
+    $0.15 and completion tokens at $0.60 per million. Prompt tokens the provider served
+    from its prompt cache are priced at ``cached_input_usd_per_1m`` (OpenAI bills them
+    at half the input price or less, Anthropic at a tenth), tokens it wrote to that cache
+    at ``cache_write_usd_per_1m`` (Anthropic: 1.25 times the input price); either left
+    ``None`` costs what an input token costs. A model without a ``Pricing`` has an
+    unknown cost (``Usage.unpriced_requests``), except models built from a spec
     (``parse_model_spec``), which take the dated price table of ``asyncgraph.models``
     (``PRICES``, overridable through ``ASYNCGRAPH_MODEL_PRICES``) when it names them.
     """
 
     input_usd_per_1m: float
     output_usd_per_1m: float
+    cached_input_usd_per_1m: float | None = None
+    cache_write_usd_per_1m: float | None = None
 
     def __post_init__(self) -> None:
-        if self.input_usd_per_1m < 0 or self.output_usd_per_1m < 0:
+        prices = (
+            self.input_usd_per_1m,
+            self.output_usd_per_1m,
+            self.cached_input_usd_per_1m,
+            self.cache_write_usd_per_1m,
+        )
+        if not all(p is None or p >= 0 for p in prices):  # also rejects NaN
             raise ValueError(f"prices must be >= 0, got {self!r}")
 
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+    def cost_usd(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cache_read_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float:
+        """The cost of one answer; ``cache_read_tokens`` / ``cache_write_tokens`` are the
+        part of ``prompt_tokens`` read from / written to the provider's prompt cache."""
+        read = max(0, min(cache_read_tokens, prompt_tokens))
+        write = max(0, min(cache_write_tokens, prompt_tokens - read))
+        cached = self.input_usd_per_1m
+        if self.cached_input_usd_per_1m is not None:
+            cached = self.cached_input_usd_per_1m
+        written = self.input_usd_per_1m
+        if self.cache_write_usd_per_1m is not None:
+            written = self.cache_write_usd_per_1m
         return (
-            prompt_tokens * self.input_usd_per_1m + completion_tokens * self.output_usd_per_1m
+            (prompt_tokens - read - write) * self.input_usd_per_1m
+            + read * cached
+            + write * written
+            + completion_tokens * self.output_usd_per_1m
         ) / 1_000_000
+
+    def completion_cost_usd(self, completion: Completion) -> float:
+        """``cost_usd`` of ``completion``'s reported tokens (its prompt-cache share included)."""
+        return self.cost_usd(
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            completion.cache_read_tokens,
+            completion.cache_write_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -49,6 +89,10 @@ class Usage:
     ``errors``: calls that raised in the end. ``unpriced_requests``: requests answered by
     a model without a ``Pricing``: their cost is unknown and not in ``cost_usd``, so
     show the total with ``format_cost``, never as a bare number.
+    ``cache_read_tokens`` / ``cache_write_tokens``: the part of ``prompt_tokens`` the
+    provider read from / wrote to its prompt cache (priced at ``Pricing``'s cached-input
+    and cache-write rates; not to be confused with ``cache_hits``, the calls answered by
+    asyncgraph's own response cache).
     """
 
     requests: int = 0
@@ -59,6 +103,8 @@ class Usage:
     retries: int = 0
     errors: int = 0
     unpriced_requests: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -120,7 +166,7 @@ class UsageMeter:
 
     def record_completion(self, completion: Completion, pricing: Pricing | None) -> None:
         p, c = completion.prompt_tokens, completion.completion_tokens
-        cost = pricing.cost_usd(p, c) if pricing is not None else 0.0
+        cost = pricing.completion_cost_usd(completion) if pricing is not None else 0.0
         with self._lock:
             u = self._usage
             self._usage = replace(
@@ -128,6 +174,8 @@ class UsageMeter:
                 requests=u.requests + 1,
                 prompt_tokens=u.prompt_tokens + p,
                 completion_tokens=u.completion_tokens + c,
+                cache_read_tokens=u.cache_read_tokens + completion.cache_read_tokens,
+                cache_write_tokens=u.cache_write_tokens + completion.cache_write_tokens,
                 cost_usd=u.cost_usd + cost,
                 unpriced_requests=u.unpriced_requests + int(pricing is None),
             )

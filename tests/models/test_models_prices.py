@@ -30,7 +30,8 @@ pytestmark = pytest.mark.anyio
 def test_the_table_is_dated_and_names_its_source() -> None:
     assert datetime.date.fromisoformat(PRICES_DATE) <= datetime.date.today()
     assert PRICES_SOURCE.startswith("https://")
-    assert PRICES["gpt-4o-mini"] == Pricing(0.15, 0.60)
+    assert PRICES["gpt-4o-mini"] == Pricing(0.15, 0.60, cached_input_usd_per_1m=0.075)
+    assert PRICES["claude-sonnet-4"] == Pricing(3.00, 15.00, 0.30, 3.75)
     assert all(p.input_usd_per_1m > 0 and p.output_usd_per_1m > 0 for p in PRICES.values())
 
 

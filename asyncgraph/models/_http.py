@@ -1,0 +1,346 @@
+"""``HttpChatModel``: what every HTTP model client shares (pools, one POST, status errors).
+
+A provider's client (``OpenAIChat``, ``AzureOpenAIChat``, ``AnthropicChat``) says where
+it posts, with which headers, what body, and how to read the answer and the error body;
+this base sends it with one HTTP connection pool per running event loop, maps every
+transport failure to a ``ModelError`` (retryable or not, as ``BaseChatModel`` retries),
+and turns an HTTP status into the matching ``ModelStatusError`` with the server's
+message and its Retry-After. Headers (where the API keys are) never appear in a message,
+a log line or a repr.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import ssl
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.lowlevel
+import httpx
+
+from asyncgraph._exceptions import (
+    ModelConfigError,
+    ModelConnectionError,
+    ModelRateLimitedError,
+    ModelRequestError,
+    ModelRequestTimeoutError,
+    ModelResponseError,
+    ModelServerError,
+    ModelStatusError,
+    ModelTimeoutError,
+)
+from asyncgraph._redact import redact, redact_url, secret_values, url_secrets
+from asyncgraph.models._base import BaseChatModel
+from asyncgraph.models._cache import Cache
+from asyncgraph.models._ratelimit import RateLimit, RateLimiter
+from asyncgraph.models._retry import Retry, parse_retry_after
+from asyncgraph.models._usage import Pricing, UsageMeter
+
+__all__ = ["HttpChatModel", "checked_http_url", "error_body_message", "join_url"]
+
+logger = logging.getLogger("asyncgraph.models")
+
+
+def checked_http_url(url: object, *, variable: str, example: str) -> str:
+    """``url`` stripped of spaces and trailing ``/``; ``ModelConfigError`` naming
+    ``variable`` unless it is an absolute ``http(s)://`` URL."""
+    text = url.strip() if isinstance(url, str) else ""
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise ModelConfigError(
+            f"{variable} {redact_url(str(url))!r} is not an http:// or https:// URL: "
+            f"expected something like {example}",
+            variable=variable,
+            value=redact_url(str(url)),
+        )
+    return text.rstrip("/")
+
+
+def join_url(base: str, path: str) -> str:
+    """``path`` appended to ``base``'s path, ``base``'s query kept after it (an Azure-style
+    base URL carries ``?api-version=...``)."""
+    parts = urlsplit(base)
+    return urlunsplit(
+        (parts.scheme, parts.netloc, parts.path.rstrip("/") + path, parts.query, parts.fragment)
+    )
+
+
+class HttpChatModel(BaseChatModel):
+    """A model answered by ``POST``-ing JSON to an HTTP endpoint (see the module docstring).
+
+    Subclasses pass the ``url`` they post to, their ``headers`` and the ``secrets`` they
+    hold (API keys; what ``url`` carries is added), call ``_post(body)`` in their
+    ``_complete_once``, and may override ``_server_message`` (how their error bodies
+    read) and ``_status_hints``. Everything shown (messages, the server's words, the
+    answer's text through ``_redact``) has those secrets and the environment's masked.
+    """
+
+    _status_hints: Mapping[int, str] = {}
+    _answer_kind = "an answer of this API"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str,
+        headers: Mapping[str, str],
+        secrets: Iterable[str] = (),
+        timeout_s: float,
+        connect_timeout_s: float,
+        max_connections: int,
+        retry: Retry | None,
+        rate_limit: RateLimit | RateLimiter | None,
+        cache: Cache | None,
+        pricing: Pricing | None,
+        usage: UsageMeter | None,
+    ) -> None:
+        if timeout_s <= 0 or connect_timeout_s <= 0:
+            raise ValueError(
+                f"timeouts must be > 0, got timeout_s={timeout_s!r}, "
+                f"connect_timeout_s={connect_timeout_s!r}"
+            )
+        super().__init__(
+            name, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
+        )
+        self.url = url
+        own = {*secrets, *url_secrets(url)} - {""}
+        self._secrets = sorted({*own, *secret_values()}, key=len, reverse=True)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._headers = {"content-type": "application/json", **headers}
+        self._max_connections = max_connections
+        self._ssl_context = _default_ssl_context()
+        self._lock = threading.Lock()
+        # One pool per event loop (keyed by the loop object, so it goes with the loop): a
+        # pool's connections belong to the loop that opened them and fail in any other.
+        self._clients: weakref.WeakKeyDictionary[object, _LoopClient] = weakref.WeakKeyDictionary()
+
+    @property
+    def _shown_url(self) -> str:
+        """``url`` as messages show it (credentials in it masked)."""
+        return redact_url(self.url)
+
+    def _redact(self, text: str) -> str:
+        """``text`` without this client's secrets, the environment's, URL credentials."""
+        return redact(text, self._secrets)
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers=self._headers,
+            timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
+            limits=httpx.Limits(max_connections=self._max_connections),
+            verify=self._ssl_context,
+        )
+
+    async def _http(self) -> httpx.AsyncClient:
+        """The HTTP client of the running event loop, opened on first use."""
+        loop = anyio.lowlevel.current_token().native_token
+        with self._lock:
+            entry = self._clients.get(loop)
+            if entry is None:
+                client = self._new_client()
+                entry = _LoopClient(client, _close_at_loop_end(loop, client, self._forgetter()))
+                self._clients[loop] = entry
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
+            await _keep_until_loop_end(loop, entry)
+        return entry.client
+
+    def _forgetter(self) -> Callable[[object, httpx.AsyncClient], None]:
+        """Forgets a closed client; holds the model weakly, so a dropped model can go."""
+        model = weakref.ref(self)
+
+        def forget(loop: object, client: httpx.AsyncClient) -> None:
+            self_ = model()
+            if self_ is None:
+                return
+            with self_._lock:
+                entry = self_._clients.get(loop)
+                if entry is not None and entry.client is client:
+                    del self_._clients[loop]
+
+        return forget
+
+    async def _discard_client(self, client: httpx.AsyncClient) -> None:
+        """Drop a client whose transport failed unexpectedly; the next attempt opens anew."""
+        loop = anyio.lowlevel.current_token().native_token
+        with self._lock:
+            entry = self._clients.get(loop)
+            if entry is None or entry.client is not client:
+                return
+            del self._clients[loop]
+        try:
+            await entry.closer.aclose()
+        except Exception:  # it failed already; closing it is a courtesy
+            logger.debug("%s: closing a failed HTTP client failed", self.name, exc_info=True)
+
+    async def _prepare(self) -> None:
+        await self._http()
+
+    async def _post(self, body: Mapping[str, Any]) -> httpx.Response:
+        """One POST of ``body`` to ``url``; a 2xx response, else a ``ModelError``."""
+        client = await self._http()
+        try:
+            with anyio.fail_after(self.timeout_s):
+                response = await client.post(self.url, json=body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise ModelTimeoutError(
+                f"{self.name!r}: no answer from {self._shown_url} within "
+                f"timeout_s={self.timeout_s:g} (connect_timeout_s={self.connect_timeout_s:g}); "
+                "raise timeout_s for long answers",
+                model=self.name,
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ModelConnectionError(
+                f"{self.name!r}: connection to {self._shown_url} failed: "
+                f"{type(exc).__name__}: {self._redact(str(exc) or 'connection closed')}",
+                model=self.name,
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise ModelResponseError(
+                f"{self.name!r}: the answer from {self._shown_url} could not be read: "
+                f"{type(exc).__name__}: {self._redact(str(exc))}",
+                model=self.name,
+            ) from exc
+        except (RuntimeError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            # Not an error httpx maps (e.g. a connection tied to another event loop): the
+            # pool may be unusable, so the retry starts from a new one.
+            await self._discard_client(client)
+            raise ModelConnectionError(
+                f"{self.name!r}: the HTTP transport to {self._shown_url} failed unexpectedly: "
+                f"{type(exc).__name__}: {self._redact(str(exc))}; this event loop's "
+                "connections were reset",
+                model=self.name,
+            ) from exc
+        if response.status_code >= 300:
+            raise self._status_error(response)
+        return response
+
+    def _server_message(self, response: httpx.Response) -> str:
+        """What the server said in an error body (default: OpenAI's ``error.message``)."""
+        return error_body_message(response)
+
+    def _status_error(self, response: httpx.Response) -> ModelStatusError:
+        status = response.status_code
+        server_message = self._redact(self._server_message(response))
+        retry_after_s = parse_retry_after(response.headers)
+        cls: type[ModelStatusError]
+        if status == 429:
+            cls, what = ModelRateLimitedError, "rate limited by the server"
+        elif status == 408:
+            cls, what = ModelRequestTimeoutError, "the server timed out waiting for the request"
+        elif status >= 500:
+            cls, what = ModelServerError, "server error"
+        else:
+            cls, what = ModelRequestError, "request rejected (not retried)"
+        hint = self._status_hints.get(status)
+        message = f"{self.name!r}: HTTP {status} from {self._shown_url}, {what}: {server_message}"
+        if hint:
+            message += f" ({hint})"
+        return cls(
+            message,
+            model=self.name,
+            status_code=status,
+            server_message=server_message,
+            retry_after_s=retry_after_s,
+        )
+
+    def _not_an_answer(self, response: httpx.Response, exc: Exception) -> ModelResponseError:
+        return ModelResponseError(
+            f"{self.name!r}: HTTP {response.status_code} from {self._shown_url} is not "
+            f"{self._answer_kind} ({type(exc).__name__}: {self._redact(str(exc))}); body "
+            f"starts {self._redact(response.text[:300])!r}",
+            model=self.name,
+        )
+
+    async def aclose(self) -> None:
+        """Close this event loop's HTTP connections (a later call opens new ones) and the
+        middleware's. Other loops' connections close with their loop (or their aclose())."""
+        loop = anyio.lowlevel.current_token().native_token
+        with self._lock:
+            entry = self._clients.pop(loop, None)
+        with anyio.CancelScope(shield=True):
+            if entry is not None:
+                await entry.closer.aclose()
+            await super().aclose()
+
+
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    """httpx's default verifying context, built once per process and shared by every client:
+    loading the CA bundle takes tens of milliseconds, and a context is safe to share."""
+    return httpx.create_ssl_context()
+
+
+class _LoopClient(NamedTuple):
+    client: httpx.AsyncClient
+    closer: AsyncGenerator[None, None]
+
+
+# The closers of every open client, per event loop, held until they run. A model that is
+# dropped without aclose() leaves its clients here, and their loop closes them at its end
+# instead of the garbage collector dropping open sockets (ResourceWarning) mid-run.
+_closers_lock = threading.Lock()
+_closers: weakref.WeakKeyDictionary[object, dict[httpx.AsyncClient, AsyncGenerator[None, None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _keep_until_loop_end(loop: object, entry: _LoopClient) -> None:
+    with _closers_lock:
+        _closers.setdefault(loop, {})[entry.client] = entry.closer
+    # The first step registers the generator with the running loop, which finalizes it
+    # (closing the client) when the loop shuts down.
+    await entry.closer.asend(None)
+
+
+async def _close_at_loop_end(
+    loop: object,
+    client: httpx.AsyncClient,
+    forget: Callable[[object, httpx.AsyncClient], None],
+) -> AsyncGenerator[None, None]:
+    """Suspends until ``aclose()`` or the end of ``loop``, then closes ``client`` there.
+
+    Event loops finalize the async generators still suspended when they shut down
+    (``loop.shutdown_asyncgens()`` in ``asyncio.run``; ``trio.run`` does it too), in that
+    loop: the one place a pool's connections can be closed politely.
+    """
+    try:
+        yield
+    finally:
+        forget(loop, client)
+        with _closers_lock:
+            _closers.get(loop, {}).pop(client, None)
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+def error_body_message(response: httpx.Response) -> str:
+    """The ``error.message`` of an OpenAI- or Anthropic-style error body (with Anthropic's
+    ``error.type`` before it), else the start of the body."""
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message = str(error["message"])
+            if data.get("type") == "error" and isinstance(error.get("type"), str):
+                return f"{error['type']}: {message}"
+            return message
+        if isinstance(error, str):
+            return error
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+    text = response.text.strip()
+    return text[:500] if text else response.reason_phrase or "(empty body)"
