@@ -20,6 +20,7 @@ from types import FrameType
 import anyio
 
 from asyncgraph import AsyncGraphError
+from asyncgraph._redact import redact
 from asyncgraph.distributed import check_queue_name, live_workers, no_live_workers_message
 from asyncgraph.resp import parse_redis_url
 
@@ -106,8 +107,8 @@ def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def usage_error(message: str) -> int:
-    """Print ``error: message`` on stderr; the exit code of a usage error."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    """Print ``error: message`` (redacted) on stderr; the exit code of a usage error."""
+    print(f"error: {redact(message)}", file=sys.stderr, flush=True)
     return EXIT_USAGE
 
 
@@ -160,10 +161,13 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _report(errors: Sequence[BaseException]) -> int:
-    """Print one ``error:`` line per distinct error; the exit code for them."""
+    """Print one ``error:`` line per distinct error (redacted: an error may quote a URL or
+    a reply that quoted a key); the exit code for them."""
     seen: set[str] = set()
     for error in errors:
-        text = str(error) if isinstance(error, _REPORTED) else f"{type(error).__name__}: {error}"
+        text = redact(
+            str(error) if isinstance(error, _REPORTED) else f"{type(error).__name__}: {error}"
+        )
         if text not in seen:
             seen.add(text)
             print(f"error: {text}", file=sys.stderr, flush=True)
@@ -185,7 +189,8 @@ def _report_first(errors: Sequence[BaseException]) -> int:
         where = f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
     more = len(errors) - 1
     others = f"; and {more} more error{'s' if more > 1 else ''} in the same step" if more else ""
-    print(f"error: {type(first).__name__}: {first}{where}{others}", file=sys.stderr, flush=True)
+    text = redact(f"{type(first).__name__}: {first}")
+    print(f"error: {text}{where}{others}", file=sys.stderr, flush=True)
     return EXIT_ERROR
 
 

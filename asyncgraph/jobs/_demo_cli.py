@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(
                 f"asyncgraph demo: prompt optimization with {args.model} at "
-                f"{args.base_url or 'the default endpoint'}"
+                f"{redact_url(args.base_url) if args.base_url else 'the default endpoint'}"
             )
         print(f"executor: {where}\n", flush=True)
         with tempfile.TemporaryDirectory(prefix="asyncgraph-demo-") as tmp:

@@ -288,8 +288,11 @@ def apply_logging(args: argparse.Namespace) -> None:
     level = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose else None)
     if level is None:
         return
+    from asyncgraph._redact import RedactingFormatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    # Redacted as written: a log line may quote a URL or an error's text.
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("asyncgraph")
     logger.addHandler(handler)
     logger.setLevel(level)

@@ -48,3 +48,19 @@ def test_an_earlier_run_is_named_in_the_command_lines_words(tmp_path: Path) -> N
     assert done.returncode == 0, describe(done)
     assert "already finished (3 step(s)); nothing to do" in done.stdout
     assert "wall time" not in done.stdout and "model calls: 0" not in done.stdout
+
+
+def test_error_lines_are_redacted(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgraph.jobs._cli_common import _report, _report_first, usage_error
+
+    monkeypatch.setenv("OPENAI_API_KEY", "env-key-0123456789")
+    error = RuntimeError("redis://:cli-pass-1@h/0?password=cli-pass-2 echoed env-key-0123456789")
+    usage_error(str(error))
+    _report([error])
+    _report_first([error])
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 3 and "redis://:***@h/0?password=***" in err
+    for secret in ("cli-pass-1", "cli-pass-2", "env-key-0123456789"):
+        assert secret not in err
