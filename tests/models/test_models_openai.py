@@ -319,3 +319,64 @@ async def test_missing_usage_keeps_the_token_estimate_booked(server: OpenAITestS
         answer = await model.complete(HELLO)
     assert 0 < answer.total_tokens < estimate
     assert reported.reserve() == pytest.approx(answer.total_tokens * 0.1)  # corrected
+
+
+KEY = "sk-echoed-key-0123456789"
+
+
+def credential_url(server: OpenAITestServer) -> str:
+    """The server's base URL with a password in the userinfo and a key in the query."""
+    return server.url.replace("http://", "http://azure-user:url-pass-4567@") + (
+        "?api-version=2024-10-21&api-key=query-key-8910"
+    )
+
+
+async def test_a_base_url_with_a_query_keeps_it_after_the_path(server: OpenAITestServer) -> None:
+    async with OpenAIChat("test-model", base_url=credential_url(server), api_key=KEY) as model:
+        answer = await model.complete(HELLO)
+    assert answer.text == "echo: hello there"
+    [request] = server.requests
+    assert request.path == "/v1/chat/completions?api-version=2024-10-21&api-key=query-key-8910"
+
+
+async def test_errors_replies_and_repr_never_show_the_key_nor_the_url_credentials(
+    server: OpenAITestServer,
+) -> None:
+    secrets = (KEY, "url-pass-4567", "query-key-8910")
+    server.script(
+        Reply(status=401, error=f"invalid api key {KEY} for {credential_url(server)}"),
+        Reply(text=f"your key is {KEY} and the url password is url-pass-4567"),
+        Reply(body=f"not json, key {KEY}".encode()),
+    )
+    model = OpenAIChat("test-model", base_url=credential_url(server), api_key=KEY)
+    async with model:
+        with pytest.raises(ModelRequestError) as rejected:
+            await model.complete(HELLO)
+        answer = await model.complete(HELLO)
+        with pytest.raises(ModelResponseError) as unreadable:
+            await model.complete(HELLO)
+    shown = [
+        str(rejected.value),
+        rejected.value.server_message,
+        answer.text,
+        str(unreadable.value),
+        repr(model),
+        model.cache_endpoint,
+        json.dumps(model.cache_request(HELLO, {})),
+    ]
+    for text in shown:
+        for secret in secrets:
+            assert secret not in text, (secret, text)
+    assert "invalid api key [redacted]" in rejected.value.server_message
+    assert answer.text == "your key is [redacted] and the url password is [redacted]"
+    assert "azure-user:***@" in repr(model) and "api-key=***" in str(rejected.value)
+
+
+async def test_a_connection_error_does_not_show_the_url_credentials() -> None:
+    url = f"http://u:url-pass-4567@127.0.0.1:{free_port()}/v1?api-key=query-key-8910"
+    model = OpenAIChat("test-model", base_url=url, retry=Retry(max_attempts=1))
+    async with model:
+        with pytest.raises(ModelConnectionError) as failed:
+            await model.complete(HELLO)
+    assert "url-pass-4567" not in str(failed.value) and "query-key-8910" not in str(failed.value)
+    assert "u:***@127.0.0.1" in str(failed.value)
