@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncgraph._redact import redact_url
 from asyncgraph.text._registry import ModelLike, model_ref
 
 __all__ = [
@@ -117,7 +118,8 @@ def _defaults(
         model_ref(model, base_url)
     elif base_url is not None:
         raise ValueError(
-            f"{where}: base_url={base_url!r} goes with a model spec; pass model= too "
+            f"{where}: base_url={redact_url(base_url)!r} goes with a model spec; pass model= "
+            f"too "
             f"(e.g. model='openai:gpt-4o-mini', base_url=...)"
         )
     if feedback_model is not None:

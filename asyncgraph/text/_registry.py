@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from asyncgraph._exceptions import UnknownModelError
+from asyncgraph._redact import redact, redact_url
 from asyncgraph.models import ChatModel, ModelConfigError, check_base_url, parse_model_spec
 
 __all__ = [
@@ -96,6 +97,10 @@ class ModelRef:
     spec: str
     base_url: str | None = None
 
+    def __repr__(self) -> str:
+        shown = None if self.base_url is None else redact_url(self.base_url)
+        return f"ModelRef(spec={self.spec!r}, base_url={shown!r})"
+
     @classmethod
     def of(cls, model: ModelLike, base_url: str | None = None) -> ModelRef:
         """The reference for ``model`` (a spec, a registered name or a ChatModel object)."""
@@ -118,7 +123,7 @@ class ModelRef:
         base_url = data.get("base_url") if isinstance(data, dict) else None
         if not isinstance(spec, str) or not (base_url is None or isinstance(base_url, str)):
             raise TypeError(
-                f"malformed model reference {data!r}: expected {{'spec': str, 'base_url': "
+                f"malformed model reference {redact(repr(data))}: expected {{'spec': str, 'base_url': "
                 f"str | None}}"
             )
         return cls(spec, base_url)
@@ -236,7 +241,8 @@ def model_ref(model: ModelLike, base_url: str | None = None, *, what: str = "mod
     _check_model(model, what)
     if base_url is not None:
         raise ValueError(
-            f"{what}: base_url={base_url!r} goes with a spec string ('openai:MODEL'); "
+            f"{what}: base_url={redact_url(base_url)!r} goes with a spec string "
+            f"('openai:MODEL'); "
             f"a model instance carries its own base_url"
         )
     name = f"{INSTANCE_PREFIX}{type(model).__name__}:{id(model):x}"

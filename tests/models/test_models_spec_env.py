@@ -136,3 +136,19 @@ async def test_rate_limit_is_shared_through_redis(
     finally:
         await a.aclose()
         await b.aclose()
+
+
+def test_a_refused_base_url_is_named_without_its_credentials() -> None:
+    from asyncgraph.models._spec import check_base_url, restrict_base_urls
+
+    url = "http://u:ref-pass-1@llm:8000/v1?api-key=ref-key-2"
+    allowed = restrict_base_urls(["http://op:ref-pass-3@allowed:8000/v1"])
+    try:
+        with pytest.raises(ModelConfigError) as refused:
+            check_base_url(url)
+    finally:
+        allowed.remove()
+    shown = f"{refused.value} {refused.value.value}"
+    assert "--allow-base-url http://u:***@llm:8000/v1?api-key=***" in shown
+    for secret in ("ref-pass-1", "ref-key-2", "ref-pass-3"):
+        assert secret not in shown

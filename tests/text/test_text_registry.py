@@ -103,3 +103,8 @@ def test_register_rejects_non_models() -> None:
         register_model("x", object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-empty"):
         register_model(" ", SimulatedModel())
+
+
+def test_a_model_reference_shows_its_base_url_redacted() -> None:
+    ref = ModelRef("openai:m", "http://u:ref-pass-1@llm:8000/v1?api-key=ref-key-2")
+    assert repr(ref) == "ModelRef(spec='openai:m', base_url='http://u:***@llm:8000/v1?api-key=***')"
