@@ -1,4 +1,5 @@
-"""A small async Redis client (RESP2) for asyncio and trio, on anyio's socket streams.
+"""A small async Redis client (RESP2) for asyncio and trio, on anyio's socket streams
+(and, for plain sockets on asyncio, one of its own: ``_asyncio_stream``).
 
 A leaf: it imports nothing else of asyncgraph, so the model clients (rate limiter,
 cache) and the distributed executor and worker share it without depending on each

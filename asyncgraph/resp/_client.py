@@ -1,8 +1,10 @@
 """A small async Redis client (RESP2): same code on asyncio and trio.
 
 It reads and writes anyio's socket streams (``anyio.connect_tcp``, with TLS or
-without, and ``anyio.connect_unix``): one code path on every event loop anyio
-runs on, and a deadline per call is an ``anyio.fail_after``.
+without, and ``anyio.connect_unix``), and a deadline per call is an
+``anyio.fail_after``, on every event loop anyio runs on; but plain sockets on
+asyncio, which get the one stream of its own (``_asyncio_stream``: the one
+per-loop branch kept for speed, listed in docs/guide/architecture.md).
 
 Why not redis-py: its asyncio client does not run under trio, and its
 synchronous client in worker threads costs a thread hop (~130 us measured on
@@ -29,6 +31,7 @@ streams) set it from their message limit, so one huge entry cannot exhaust memor
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import ssl
@@ -40,9 +43,11 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from asyncgraph._exceptions import RedisConnectionLost, ReplyError
 from asyncgraph._redact import redact_url
+from asyncgraph.resp._asyncio_stream import open_asyncio_stream
 from asyncgraph.resp._idempotence import unsafe_command
 
 if TYPE_CHECKING:
@@ -530,6 +535,13 @@ def _keep_alive(stream: anyio.abc.ByteStream) -> None:
 
 
 async def _connect(address: RedisAddress) -> anyio.abc.ByteStream:
+    if address.ssl_context is None and isinstance(
+        anyio.lowlevel.current_token().native_token, asyncio.AbstractEventLoop
+    ):
+        # The one per-loop branch kept for speed: see _asyncio_stream.
+        plain = await open_asyncio_stream(address.host, address.port, address.path)
+        _keep_alive(plain)
+        return plain
     if address.path is not None:
         return await anyio.connect_unix(address.path)
     if address.ssl_context is not None:
