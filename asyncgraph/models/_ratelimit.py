@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 import anyio
 
 from asyncgraph._exceptions import RateLimitWaitError
+from asyncgraph._redact import redact_url
 from asyncgraph.models._keys import rate_limit_keys, rate_limit_once_key
 from asyncgraph.models._redis import RedisHandle, Script
 
@@ -74,6 +75,11 @@ class RateLimit:
     redis_url: str | None = None
     name: str | None = None
     redis_timeout_s: float = 5.0
+
+    def __repr__(self) -> str:
+        # Shown in errors: the Redis URL's password redacted.
+        fields = {**vars(self), "redis_url": self.redis_url and redact_url(self.redis_url)}
+        return f"RateLimit({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
 
     def __post_init__(self) -> None:
         if self.requests_per_minute is None and self.tokens_per_minute is None:

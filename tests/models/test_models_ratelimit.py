@@ -313,3 +313,11 @@ def test_two_processes_sharing_a_redis_limit_never_exceed_it(redis_url: str) -> 
     # Without the shared limit the 40 requests would land within milliseconds.
     span = records[-1].arrived_s - records[0].arrived_s
     assert span >= 1.0, json.dumps([r.arrived_s for r in records])
+
+
+def test_a_rate_limits_repr_and_errors_show_its_redis_url_redacted() -> None:
+    limit = RateLimit(requests_per_minute=5, redis_url="redis://:rl-pass-1@h/0?password=rl-pass-2")
+    assert "redis_url='redis://:***@h/0?password=***'" in repr(limit)
+    with pytest.raises(ValueError) as wrong:
+        RateLimit(requests_per_minute=5, window_s=0, redis_url="redis://:rl-pass-1@h/0")
+    assert "rl-pass" not in str(wrong.value) and "rl-pass" not in repr(limit)
