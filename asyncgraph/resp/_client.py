@@ -37,7 +37,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -81,13 +81,13 @@ class RedisAddress:
     path: str | None = None
     db: int = 0
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a repr or a log
     ssl_context: ssl.SSLContext | None = None
     # redis+sentinel://: the sentinels to ask for the master of ``service`` (host and port
     # above are unused then), and the sentinels' own password if they have one.
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str | None = None
-    sentinel_password: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
     # redis+cluster://: some nodes of a Redis Cluster (the seeds); host and port are unused.
     cluster: tuple[tuple[str, int], ...] = ()
 

@@ -404,3 +404,12 @@ async def test_a_write_not_safe_to_repeat_on_a_silently_dead_connection_is_not_s
         assert await pool.execute("LLEN", "l") == 0  # swallowed on its way: never ran
     finally:
         await pool.aclose()
+
+
+def test_an_addresss_repr_holds_no_password() -> None:
+    for url in (
+        "redis://u:resp-pass-1@h:1/0?password=resp-pass-2",
+        "redis+sentinel://:resp-pass-1@a:1,b:2/svc?sentinel_password=resp-pass-3",
+    ):
+        address = parse_redis_url(url)
+        assert address.password and "resp-pass" not in repr(address)
