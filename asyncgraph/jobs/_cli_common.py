@@ -89,6 +89,36 @@ def _call_log_path(text: str) -> str:
     return text
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be a number > 0, got 0")
+    return value
+
+
+def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
+    """``--max-cost USD``, shared by ``run`` and ``demo`` (``Job.max_cost_usd``)."""
+    parser.add_argument(
+        "--max-cost",
+        type=positive_float,
+        metavar="USD",
+        help="stop at the step boundary before the spend would pass USD dollars, or cut "
+        "a step that passes it (the last whole step's checkpoint stays); every model "
+        "needs a price. --resume --max-cost HIGHER goes on",
+    )
+
+
+def cost_line(result: JobResult) -> str | None:
+    """What a capped run spent, and how to go on; None when the cap did not stop it."""
+    if not result.stopped_at_cost_cap or result.max_cost_usd is None:
+        return None
+    return (
+        f"stopped at the cost cap: ${result.cost_usd:.4f} spent of ${result.max_cost_usd:g}; "
+        f"continue with the same command plus --resume and a higher --max-cost"
+    )
+
+
 def add_observe_arguments(parser: argparse.ArgumentParser) -> None:
     """``--trace`` and ``--log-calls PATH``, shared by ``run`` and ``demo``."""
     parser.add_argument(

@@ -23,9 +23,11 @@ from ._checkpoint import CheckpointError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    add_cost_cap_argument,
     add_observe_arguments,
     already_finished_line,
     check_live_workers,
+    cost_line,
     existing_run_problem,
     non_negative_float,
     non_negative_int,
@@ -95,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start over even if --out holds a checkpoint (it is replaced)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_cost_cap_argument(parser)
     add_observe_arguments(parser)
 
 
@@ -113,6 +116,8 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
         epochs=args.epochs,
         latency_ms=args.latency_ms if simulated else None,
     )
+    if args.max_cost is not None:
+        job.max_cost_usd = args.max_cost
     before = prompt.data
     progress = not args.no_progress
     info: dict[str, Any] = {
@@ -271,6 +276,9 @@ def run(args: argparse.Namespace) -> int:
                 print(already_finished_line(result))
                 return 0
             _table(result, info, time.perf_counter() - start, where)
+            capped = cost_line(result)
+            if capped is not None:
+                print(capped)
             if result.best_val_score is not None and result.best_parameters is not None:
                 when = (
                     "the initial prompt"

@@ -72,6 +72,13 @@ class Job:
     in a row without a better score. ``test_set``: held-out examples the job never
     trains or selects on; ``asyncgraph eval`` scores saved parameters on it.
 
+    A cost cap: ``max_cost_usd`` stops the job before a step that is expected to pass
+    it (estimated from the dearest step so far), and cuts a step that passes it anyway,
+    keeping the checkpoint of the last whole step; ``JobResult.stopped_at_cost_cap``
+    says so, and a resume with a higher cap continues. The cap is not part of the job's
+    identity, and it needs every model priced: an unpriced call stops a capped job
+    with ``ModelConfigError``.
+
     Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
     a positive int (a bool is not one), a ``config`` that is not JSON, or ``keep_best``
     / ``patience`` without a ``val_set``.
@@ -92,6 +99,7 @@ class Job:
     test_set: Sequence[Mapping[str, Any]] = ()
     keep_best: bool = False
     patience: int | None = None
+    max_cost_usd: float | None = None
     module: Module | None = field(init=False, default=None, repr=False)
     """The Module given as ``parameters``, else None."""
     params: list[Parameter] = field(init=False, default_factory=list, repr=False)
@@ -123,6 +131,14 @@ class Job:
         if self.patience is not None and not _is_positive_int(self.patience):
             raise ValueError(
                 f"job {self.name!r}: patience must be a positive int or None, got {self.patience!r}"
+            )
+        cap = self.max_cost_usd
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf
+        ):
+            raise ValueError(
+                f"job {self.name!r}: max_cost_usd must be a positive number of US dollars or "
+                f"None, got {cap!r}"
             )
         if (self.keep_best or self.patience is not None) and not self.val_set:
             raise ValueError(
@@ -213,6 +229,12 @@ class JobResult:
     best_path: Path | None = None
     """``best.json`` in the run directory, None when none was written."""
     best_parameters: list[Any] | None = None
+    stopped_at_cost_cap: bool = False
+    """True when ``Job.max_cost_usd`` stopped the job (resume with a higher cap to go on)."""
+    cost_usd: float = 0.0
+    """What every priced model call of the job cost, in US dollars (all runs of it)."""
+    max_cost_usd: float | None = None
+    """The cap this run had."""
     """The values of the best parameters, in the job's parameter order."""
     stopped_early: bool = False
     """True when ``patience`` ended the job before its last step."""

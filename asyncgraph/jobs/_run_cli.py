@@ -25,9 +25,11 @@ from ._checkpoint import CHECKPOINT_FILE, CheckpointError
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    add_cost_cap_argument,
     add_observe_arguments,
     already_finished_line,
     check_live_workers,
+    cost_line,
     existing_run_problem,
     positive_int,
     redis_problem,
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_max_attempts(parser)
     add_logging(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
+    add_cost_cap_argument(parser)
     add_observe_arguments(parser)
 
 
@@ -223,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_ERROR
         try:
             job = await build(load_job_file(args.job_file))
+            if args.max_cost is not None:
+                job.max_cost_usd = args.max_cost
         except JobFileError as exc:
             return usage_error(str(exc))
         out = Path(args.out) if args.out else Path(DEFAULT_RUNS_DIR) / job.name
@@ -384,12 +389,17 @@ def summary(result: JobResult, *, overwrite: bool = False) -> None:
         if result.interrupted
         else "stopped early (patience: no better validation score)"
         if result.stopped_early
+        else "stopped at the cost cap"
+        if result.stopped_at_cost_cap
         else "finished"
     )
     print(
         f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s; "
         f"{outputs(result)} in {result.out_dir}"
     )
+    capped = cost_line(result)
+    if capped is not None:
+        print(capped)
     if result.interrupted:
         print(
             "resume with the same command plus --resume"

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from asyncgraph import Executor, backward, graph_order, no_grad
-from asyncgraph.models import UsageMeter, track_usage
+from asyncgraph.models import track_usage
 from asyncgraph.optim import NoFeedbackWarning
 
 from ._checkpoint import (
@@ -43,6 +43,7 @@ from ._checkpoint import (
 from ._job import Evaluation, Job, JobResult
 from ._record import JobRecorder
 from ._report import Reporter, write_history, write_plot
+from ._spending import Spending
 
 __all__ = ["evaluate", "run_job", "train_loss"]
 
@@ -213,6 +214,7 @@ class _JobRun:
         self.initial_usage: dict[str, Any] | None = None
         self.fed: set[int] = set()  # ids of the parameters that got feedback in a step
         self.resumed_at: int | None = None
+        self.spending: Spending | None = None
         self.checkpointed = resume  # out holds this job's checkpoint (then history and plot)
         self.interrupted = False
         self.running = True
@@ -232,35 +234,37 @@ class _JobRun:
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
-        job, recorder = self.job, self.recorder
+        recorder = self.recorder
         self.reporter.start(self.step, self.history)
         recorder.start(self.step, resume=self.resume)
         if not self.resume:
             self.save()  # before the initial validation: an interrupt there leaves a checkpoint
+        await self.validate_first()
+        with recorder.recording():
+            await self.steps()
+
+    async def validate_first(self) -> None:
+        """The initial validation (step 0), unless done; its spend starts the totals."""
+        job, spending = self.job, self.spending
+        assert spending is not None
         if job.val_set and self.initial_val is None and self.step == 0:
-            recorder.phase("validation")
-            with recorder.recording(), track_usage() as initial:
+            self.recorder.phase("validation")
+            with self.recorder.recording():
                 self.initial_val = await evaluate(job, job.val_set)
-            spent = initial.snapshot()
-            self.initial_usage = {
-                "tokens": spent.total_tokens,
-                "cost_usd": spent.cost_usd,
-                "unpriced_calls": spent.unpriced_requests,
-            }
+            self.initial_usage = spending.totals()
             self.best.observe(0, self.initial_val)
             self.save()
-        with track_usage() as usage, recorder.recording():
-            await self.steps(usage)
 
-    async def steps(self, usage: UsageMeter) -> None:
-        job, recorder, history = self.job, self.recorder, self.history
-        # Running totals, from the initial validation's spending on (so that they add up
-        # to every call the job made), or from the last step's row on a resume.
-        base = history[-1] if history else (self.initial_usage or {})
-        base_tokens = int(base.get("tokens", 0))
-        base_cost = float(base.get("cost_usd", 0.0))
-        base_unpriced = int(base.get("unpriced_calls", 0))
+    async def steps(self) -> None:
+        job, recorder, history, spending = self.job, self.recorder, self.history, self.spending
+        assert spending is not None
+        start_cost = float((self.initial_usage or {}).get("cost_usd", 0.0))
         while self.step < job.total_steps:
+            validating = bool(job.val_set) and (
+                (self.step + 1) % job.validate_every == 0 or self.step + 1 == job.total_steps
+            )
+            if not spending.next_step_fits(history, start_cost, validating):
+                break
             t0 = time.perf_counter()
             recorder.start_step(self.step + 1)
             job.optimizer.zero_grad()
@@ -276,12 +280,9 @@ class _JobRun:
             job.optimizer.zero_grad()
             train_score = sum(e.score for e in evals) / len(evals)
             val_score = None
-            if job.val_set and (
-                (self.step + 1) % job.validate_every == 0 or self.step + 1 == job.total_steps
-            ):
+            if validating:
                 recorder.phase("validation")
                 val_score = await evaluate(job, job.val_set)
-            spent = usage.snapshot()
             self.step += 1
             reverted = self.best.observe(self.step, val_score)
             history.append(
@@ -291,9 +292,7 @@ class _JobRun:
                     "train_score": train_score,
                     "train_loss": train_loss(evals, train_score),
                     "val_score": val_score,
-                    "tokens": base_tokens + spent.total_tokens,
-                    "cost_usd": base_cost + spent.cost_usd,
-                    "unpriced_calls": base_unpriced + spent.unpriced_requests,
+                    **spending.totals(),
                     "step_s": time.perf_counter() - t0,
                     **({"reverted": reverted} if job.keep_best else {}),
                 }
@@ -324,7 +323,7 @@ class _JobRun:
         self.recorder.close()
         if not self.checkpointed:  # out could not even take the step-0 checkpoint
             return None
-        if self.interrupted:
+        if self.interrupted or self.capped:
             # Parameters may hold a half-finished step: put back the saved state.
             restore_checkpoint(self.job, self.ckpt_path, self.identity)
         try:
@@ -345,12 +344,23 @@ class _JobRun:
         failure: Exception | None = None
         plot_path: Path | None = None
         receiver = anyio.open_signal_receiver(signal.SIGINT) if handle_sigint else None
-        with receiver if receiver is not None else contextlib.nullcontext() as signals:
+        # Running totals over every call of the job (see _spending): from the last
+        # step's row on a resume, or the initial validation's usage before any step.
+        before = self.history[-1] if self.history else (self.initial_usage or {})
+        with (
+            receiver if receiver is not None else contextlib.nullcontext() as signals,
+        ):
+            self.spending = Spending(self.job.max_cost_usd, before, self.stop)
             async with anyio.create_task_group() as tg:
                 if signals is not None:
                     tg.start_soon(self.watch_sigint, signals)
+                tg.start_soon(self.spending.watch)
                 try:
-                    with self.stop, _quiet_about_feedback(self.job.optimizer):
+                    with (
+                        self.stop,
+                        _quiet_about_feedback(self.job.optimizer),
+                        track_usage(self.spending.meter),
+                    ):
                         await self.run()
                 except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
                     failure = exc
@@ -365,6 +375,8 @@ class _JobRun:
                 except Exception as exc:
                     failure = failure or exc
                 tg.cancel_scope.cancel()
+        if failure is None and self.spending is not None and self.spending.error is not None:
+            failure = self.spending.error
         if failure is not None:
             raise failure
         self.warn_unfed()
@@ -395,6 +407,11 @@ class _JobRun:
                     stacklevel=4,
                 )
 
+    @property
+    def capped(self) -> bool:
+        """True when the cost cap stopped the run (before a step, or cutting one)."""
+        return self.spending is not None and self.spending.capped
+
     def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
         history, best = self.history, self.best
         final_val = next(
@@ -416,6 +433,9 @@ class _JobRun:
             best_path=best.path if best.path.is_file() else None,
             best_parameters=None if best.record is None else saved_values(self.job, best.record),
             stopped_early=best.stopped_early,
+            stopped_at_cost_cap=self.capped,
+            cost_usd=float(history[-1]["cost_usd"]) if history else 0.0,
+            max_cost_usd=self.job.max_cost_usd,
         )
 
 

@@ -92,9 +92,10 @@ class BaseChatModel(ABC):
         return self.name
 
     def _record_usage(self, record: Callable[..., None], *args: Any) -> None:
-        """Record on this model's meter and on every enclosing ``track_usage`` meter."""
+        """Record on this model's meter and on every enclosing ``track_usage`` meter (by
+        name: a meter's subclass may extend the method, e.g. to check a cost cap)."""
         for meter in meters_for(self.usage):
-            record(meter, *args)
+            getattr(meter, record.__name__)(*args)
 
     def cache_request(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]

@@ -1,0 +1,147 @@
+"""What a job has spent, and the cost cap (``Job.max_cost_usd``).
+
+Totals are running sums over every model call the job made, the initial validation's
+included, across resumes: what the checkpoint's last history row says (or the initial
+validation's usage, before the first step), plus this process's calls.
+
+The cap is kept two ways:
+
+- at each step boundary, the next step is estimated at the dearest step so far (with
+  a validation when one is due: the dearest validation so far); when the spend plus
+  that estimate would pass the cap, the job stops before the step, with the checkpoint
+  of the last whole step;
+- a step that passes the cap anyway (an estimate is not a bound) is stopped as it
+  passes, cleanly, as Ctrl-C stops one: it is rolled back to the checkpoint of the last
+  whole step, and a resume with a higher cap redoes it.
+
+A cap needs prices: the first call of a model without a ``Pricing`` stops the job with
+an error, before it can spend an unknown amount.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from asyncgraph._exceptions import ModelConfigError
+from asyncgraph.models import Usage, UsageMeter
+
+__all__ = ["Spending"]
+
+POLL_S = 0.05  # how often a running step's spend is compared with the cap
+
+
+class Spending:
+    """The job's running totals and its cap; ``meter`` counts this process's calls.
+
+    ``meter`` is a ``UsageMeter`` that checks the cap on every call it records: on the
+    event loop's thread (async model clients, remote usage), a call that passes the cap
+    stops the job at once; one recorded from another thread is caught by ``watch``.
+    """
+
+    def __init__(
+        self, cap: float | None, before: Mapping[str, Any], stop: anyio.CancelScope
+    ) -> None:
+        self.cap = cap
+        self.meter = _CheckingMeter(self._check)
+        self._stop = stop
+        self._loop_thread = threading.get_ident()
+        self.before_tokens = int(before.get("tokens", 0))
+        self.before_cost = float(before.get("cost_usd", 0.0))
+        self.before_unpriced = int(before.get("unpriced_calls", 0))
+        self.capped = False
+        """True once the job stopped (or must stop) at the cap."""
+        self.error: ModelConfigError | None = None
+        """Set when an unpriced call stopped a capped job."""
+
+    def totals(self) -> dict[str, Any]:
+        """The running totals of a history row: ``tokens``, ``cost_usd``, ``unpriced_calls``."""
+        spent = self.meter.snapshot()
+        return {
+            "tokens": self.before_tokens + spent.total_tokens,
+            "cost_usd": self.before_cost + spent.cost_usd,
+            "unpriced_calls": self.before_unpriced + spent.unpriced_requests,
+        }
+
+    def next_step_fits(
+        self, history: Sequence[Mapping[str, Any]], start_cost: float, validating: bool
+    ) -> bool:
+        """Whether a step more (``validating``: with a validation) is expected to stay
+        within the cap; False also sets ``capped``. Always True without a cap, or before
+        any step (nothing to estimate from). ``start_cost``: the spend before the first
+        step (the initial validation's)."""
+        if self.cap is None:
+            return True
+        estimate = step_estimate(history, start_cost, validating)
+        if estimate is None:
+            return True
+        if self.totals()["cost_usd"] + estimate > self.cap:
+            self.capped = True
+        return not self.capped
+
+    async def watch(self) -> None:
+        """While a job runs, for the calls recorded off the event loop's thread (whose
+        check cannot cancel the run from there): stop the job when they pass the cap."""
+        if self.cap is None:
+            return
+        # A poll, not an event: another thread may not set an anyio.Event either.
+        while not self._check():  # noqa: ASYNC110
+            await anyio.sleep(POLL_S)
+
+    def _check(self) -> bool:
+        """Stop the job if its spend passed the cap or a call was unpriced; True if so."""
+        if self.cap is None:
+            return False
+        if self.error is None and not self.capped:
+            totals = self.totals()
+            if totals["unpriced_calls"] > self.before_unpriced:
+                self.error = ModelConfigError(
+                    f"a model without a price answered a call of this job, and a cost cap "
+                    f"(max_cost_usd={self.cap:g}) needs every call priced: give the model a "
+                    f"Pricing (e.g. OpenAIChat(..., pricing=Pricing(0.15, 0.60))), or run "
+                    f"without a cap",
+                    variable="pricing",
+                    value="None",
+                )
+            elif totals["cost_usd"] > self.cap:
+                self.capped = True
+        stopped = self.error is not None or self.capped
+        if stopped and threading.get_ident() == self._loop_thread:
+            self._stop.cancel()
+        return stopped
+
+
+class _CheckingMeter(UsageMeter):
+    """A ``UsageMeter`` that calls ``check`` after recording each call."""
+
+    def __init__(self, check: Any) -> None:
+        super().__init__()
+        self._check = check
+
+    def record_completion(self, *args: Any, **kwargs: Any) -> None:
+        super().record_completion(*args, **kwargs)
+        self._check()
+
+    def add(self, usage: Usage) -> None:
+        super().add(usage)
+        self._check()
+
+
+def step_estimate(
+    history: Sequence[Mapping[str, Any]], start_cost: float, validating: bool
+) -> float | None:
+    """The cost of the next step: the dearest step so far, with or without a validation
+    as the next one has it (any step when no step like it ran yet); None before any."""
+    costs: list[tuple[float, bool]] = []
+    previous = start_cost
+    for row in history:
+        cost = float(row["cost_usd"])
+        costs.append((cost - previous, row.get("val_score") is not None))
+        previous = cost
+    if not costs:
+        return None
+    alike = [cost for cost, validated in costs if validated == validating]
+    return max(alike or [cost for cost, _ in costs])
