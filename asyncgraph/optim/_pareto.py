@@ -37,7 +37,7 @@ from asyncgraph import (
     graph_order,
     no_grad,
 )
-from asyncgraph._exceptions import NoFeedbackWarning, UpdateParseError
+from asyncgraph._exceptions import ModelConfigError, NoFeedbackWarning, UpdateParseError
 from asyncgraph.models import BaseChatModel, ChatModel, track_usage
 from asyncgraph.optim._frontier import (
     Candidate,
@@ -73,8 +73,8 @@ candidate's values) on one example; returns an object with ``.loss`` (a Variable
 
 @dataclass
 class SearchResult:
-    """How a search ended: the best candidate (loaded into the Module), the model calls
-    and tokens it spent, and one row per round in ``history``."""
+    """How a search ended: the best candidate (loaded into the Module), the model calls,
+    tokens and US dollars it spent, and one row per round in ``history``."""
 
     best: Candidate
     rounds: int
@@ -84,6 +84,7 @@ class SearchResult:
     frontier: list[int]
     history: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    cost_usd: float = 0.0
 
     @property
     def best_score(self) -> float:
@@ -100,8 +101,8 @@ class _Outcome:
     scores: list[float] | None = None
     stages: list[str] = field(default_factory=list)
     note: str = ""
-    cost: tuple[int, int] = (0, 0)
-    """Model calls and tokens the item spent."""
+    cost: tuple[int, int, float] = (0, 0, 0.0)
+    """Model calls, tokens and dollars the item spent."""
 
 
 def _unpack(result: Any) -> tuple[Variable, float]:
@@ -188,9 +189,11 @@ class ParetoSearch:
       that changed since their common ancestor, or a model-written merge where both
       changed. A merge is kept if it does at least as well as both parents on the
       examples they win, then scored on the rest of the Pareto set.
-    - Budget: ``max_calls`` model calls and/or ``max_tokens`` tokens (counted with
-      ``asyncgraph.models.track_usage``: cache hits are free), and/or ``max_rounds``
-      (rounds after the seed's evaluation, which is round 0); at least one. It is
+    - Budget: ``max_calls`` model calls, ``max_tokens`` tokens and/or ``max_cost_usd``
+      US dollars (counted with ``asyncgraph.models.track_usage``: cache hits are free;
+      a cost cap needs every model priced: an unpriced call raises ``ModelConfigError``
+      after the seed's evaluation), and/or ``max_rounds`` (rounds after the seed's
+      evaluation, which is round 0); at least one. It is
       checked between rounds, and a round is shrunk to as many work items as the
       remaining budget affords at the cost of the dearest item so far (at least one).
       So while no item costs more than the dearest before it, the search ends within
@@ -230,6 +233,7 @@ class ParetoSearch:
         max_calls: int | None = None,
         max_tokens: int | None = None,
         max_rounds: int | None = None,
+        max_cost_usd: float | None = None,
         proposals: int = 4,
         merges: int = 1,
         minibatch_size: int = 4,
@@ -247,8 +251,19 @@ class ParetoSearch:
             raise ValueError(f"ParetoSearch: {type(module).__name__} has no parameters")
         if not train_set or not val_set:
             raise ValueError("ParetoSearch needs a non-empty train_set and val_set")
-        if max_calls is None and max_tokens is None and max_rounds is None:
-            raise ValueError("ParetoSearch needs a budget: max_calls, max_tokens and/or max_rounds")
+        if max_calls is None and max_tokens is None and max_rounds is None and max_cost_usd is None:
+            raise ValueError(
+                "ParetoSearch needs a budget: max_calls, max_tokens, max_cost_usd and/or max_rounds"
+            )
+        if max_cost_usd is not None and (
+            isinstance(max_cost_usd, bool)
+            or not isinstance(max_cost_usd, (int, float))
+            or not 0 < max_cost_usd < math.inf
+        ):
+            raise ValueError(
+                f"ParetoSearch: max_cost_usd must be a positive number of US dollars or None, "
+                f"got {max_cost_usd!r}"
+            )
         for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens)):
             _positive(name, value, allow_none=True)
         _positive("max_rounds", max_rounds, allow_none=True)
@@ -269,6 +284,7 @@ class ParetoSearch:
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.max_rounds = max_rounds
+        self.max_cost_usd = max_cost_usd
         self.proposals = proposals
         self.merges = merges
         self.minibatch_size = min(minibatch_size, len(self.train_set))
@@ -288,9 +304,10 @@ class ParetoSearch:
         self.round = 0
         self.calls = 0
         self.tokens = 0
+        self.cost_usd = 0.0
         self.work_done = 0
-        self.dearest_item = (0, 0)
-        """The most calls and the most tokens one work item has cost (sizes the last round)."""
+        self.dearest_item: tuple[int, int, float] = (0, 0, 0.0)
+        """The most calls, tokens and dollars one work item has cost (sizes the last round)."""
         self.merged_pairs: set[tuple[int, int]] = set()
         self.history: list[dict[str, Any]] = []
         self._limiter: anyio.CapacityLimiter | None = None
@@ -317,6 +334,7 @@ class ParetoSearch:
             "calls": self.calls,
             "tokens": self.tokens,
             "work_done": self.work_done,
+            "cost_usd": self.cost_usd,
             "dearest_item": list(self.dearest_item),
             "pool": [c.to_data() for c in self.pool],
             "merged_pairs": sorted([a, b] for a, b in self.merged_pairs),
@@ -341,7 +359,9 @@ class ParetoSearch:
             merged = {(int(a), int(b)) for a, b in state["merged_pairs"]}
             numbers = [int(state[k]) for k in ("round", "calls", "tokens", "work_done")]
             history = [dict(row) for row in state["history"]]
-            dearest_calls, dearest_tokens = (int(n) for n in state.get("dearest_item", (0, 0)))
+            dearest = [*state.get("dearest_item", ()), 0, 0, 0.0][:3]
+            dearest_item = (int(dearest[0]), int(dearest[1]), float(dearest[2]))
+            cost_usd = float(state.get("cost_usd", 0.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"ParetoSearch state is corrupt: {exc!r}") from None
         for c in pool:
@@ -349,7 +369,7 @@ class ParetoSearch:
                 raise ValueError(f"ParetoSearch state is corrupt: candidate {c.id}'s scores")
         self.pool, self.merged_pairs, self.history = pool, merged, history
         self.round, self.calls, self.tokens, self.work_done = numbers
-        self.dearest_item = (dearest_calls, dearest_tokens)
+        self.dearest_item, self.cost_usd = dearest_item, cost_usd
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> bool:
@@ -358,32 +378,36 @@ class ParetoSearch:
             (self.max_calls is not None and self.calls >= self.max_calls)
             or (self.max_tokens is not None and self.tokens >= self.max_tokens)
             or (self.max_rounds is not None and self.round > self.max_rounds)
+            or (self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd)
         )
 
     def _affordable(self, wanted: int) -> int:
         """How many work items the remaining budget affords at the dearest item's cost
         so far (at least one: the budget was not spent when the round began)."""
-        dearest_calls, dearest_tokens = self.dearest_item
+        dearest_calls, dearest_tokens, dearest_cost = self.dearest_item
         if self.work_done == 0:
-            dearest_calls, dearest_tokens = self._first_item_estimate()
+            dearest_calls, dearest_tokens, dearest_cost = self._first_item_estimate()
         limit = wanted
         if self.max_calls is not None:
             limit = min(limit, (self.max_calls - self.calls) // max(1, dearest_calls))
         if self.max_tokens is not None:
             limit = min(limit, (self.max_tokens - self.tokens) // max(1, dearest_tokens))
+        if self.max_cost_usd is not None and dearest_cost > 0:
+            limit = min(limit, math.floor((self.max_cost_usd - self.cost_usd) / dearest_cost))
         return max(1, limit)
 
-    def _first_item_estimate(self) -> tuple[int, int]:
+    def _first_item_estimate(self) -> tuple[int, int, float]:
         """What a proposal may cost before any has run, from the seed's evaluation (round
         0): its forward, backward and evaluation on a minibatch, a rewrite per parameter,
         and the evaluation of its child on the Pareto set, at the seed's cost an example."""
         seed = self.history[0] if self.history else {"calls": 0, "tokens": 0}
+        seed_cost = float(seed.get("cost_usd", 0.0))
         examples = 3 * self.minibatch_size + len(self.pareto_indices)
         per_example = max(1, len(self.pareto_indices))
         rewrites = len(self.module.state_dict())
         calls = math.ceil(seed["calls"] / per_example * examples) + rewrites
         tokens = math.ceil(seed["tokens"] / per_example * examples) * 2
-        return calls, tokens
+        return calls, tokens, seed_cost / per_example * examples * 2
 
     # -- models and evaluation -----------------------------------------------------
     def _model(self) -> ChatModel:
@@ -480,6 +504,15 @@ class ParetoSearch:
         spent = usage.snapshot()
         self.calls += spent.requests
         self.tokens += spent.total_tokens
+        self.cost_usd += spent.cost_usd
+        if self.max_cost_usd is not None and spent.unpriced_requests:
+            raise ModelConfigError(
+                f"ParetoSearch: a model without a price answered {spent.unpriced_requests} "
+                f"call(s), and a cost cap (max_cost_usd={self.max_cost_usd:g}) needs every "
+                f"call priced: give the model a Pricing, or search without a cost cap",
+                variable="pricing",
+                value="None",
+            )
         self.history.append(self._row(outcomes))
         self.round_walls.append(time.perf_counter() - started)
         self.round += 1
@@ -497,7 +530,7 @@ class ParetoSearch:
                 else:
                     outcome = await self._propose(*arg)
             spent = usage.snapshot()
-            outcome.cost = (spent.requests, spent.total_tokens)
+            outcome.cost = (spent.requests, spent.total_tokens, spent.cost_usd)
             outcomes[i] = outcome
 
         await run_all([functools.partial(run, i) for i in range(len(items))])
@@ -506,6 +539,7 @@ class ParetoSearch:
         self.dearest_item = (
             max([self.dearest_item[0], *(o.cost[0] for o in done)]),
             max([self.dearest_item[1], *(o.cost[1] for o in done)]),
+            max([self.dearest_item[2], *(o.cost[2] for o in done)]),
         )
         known = {json.dumps(c.values, sort_keys=True) for c in self.pool}
         for outcome in done:  # in plan order: the pool does not depend on timing
@@ -540,6 +574,7 @@ class ParetoSearch:
                     "note": o.note,
                     "calls": o.cost[0],
                     "tokens": o.cost[1],
+                    "cost_usd": o.cost[2],
                 }
                 for o in outcomes
             ],
@@ -549,6 +584,7 @@ class ParetoSearch:
             "best_score": best.mean,
             "calls": self.calls,
             "tokens": self.tokens,
+            "cost_usd": self.cost_usd,
         }
 
     async def _propose(self, parent_id: int, batch: list[int]) -> _Outcome:
@@ -708,6 +744,7 @@ class ParetoSearch:
             frontier=[c.id for c, _ in self.frontier()],
             history=copy.deepcopy(self.history),
             wall_s=wall_s,
+            cost_usd=self.cost_usd,
         )
 
 

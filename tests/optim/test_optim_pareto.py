@@ -22,7 +22,7 @@ from skills_task import (
 )
 
 from asyncgraph import Module, Parameter, Variable
-from asyncgraph.models import SimulatedModel
+from asyncgraph.models import ModelConfigError, Pricing, SimulatedModel
 from asyncgraph.optim import Candidate, ParetoSearch
 from asyncgraph.text import LLMCall
 
@@ -159,6 +159,31 @@ async def test_the_budget_is_overshot_by_at_most_one_work_item_with_skewed_costs
     assert sum(costs) + result.history[0]["calls"] == result.calls  # every call is an item's
     assert result.calls >= max_calls
     assert result.calls - max_calls <= max(costs), (result.calls, max_calls, costs)
+
+
+@pytest.mark.parametrize("cap", [0.2, 0.6, 1.2])
+async def test_a_cost_cap_stops_the_search_within_one_work_item(cap: float) -> None:
+    model = SimulatedModel(
+        latency_s=0.0, responder=respond, tag_replies=False, pricing=Pricing(15.0, 60.0)
+    )
+    search = search_for(SkillProgram(model), model, max_calls=None, max_cost_usd=cap)
+    result = await search.run()
+    assert result.cost_usd == pytest.approx(model.usage.snapshot().cost_usd)
+    assert result.cost_usd >= cap and not await search.step()
+    items = [item["cost_usd"] for row in result.history[1:] for item in row["work"]]
+    assert result.cost_usd - cap <= max(items)
+    restored = search_for(SkillProgram(model), model, max_calls=None, max_cost_usd=cap)
+    restored.load_state_dict(json.loads(json.dumps(search.state_dict())))
+    assert restored.cost_usd == pytest.approx(result.cost_usd) and restored.exhausted()
+
+
+async def test_a_cost_cap_with_an_unpriced_model_is_an_error_at_the_start() -> None:
+    model = make_model()
+    model.pricing = None
+    search = search_for(SkillProgram(model), model, max_calls=None, max_cost_usd=1.0)
+    with pytest.raises(ModelConfigError, match="needs every call priced"):
+        await search.step()  # the seed's evaluation
+    assert search.round == 0
 
 
 async def test_max_rounds() -> None:
