@@ -18,10 +18,13 @@ A model answers chat messages: ``await model.complete(messages, **params)`` retu
 - a record of each call for observers (``observe_calls`` -> ``ModelCall``: request,
   reply, tokens, latency, cached, attempts, cost), which logs and traces build on.
 
-Clients: ``OpenAIChat`` (any OpenAI-compatible chat completions server) and
-``SimulatedModel`` (offline and deterministic, labelled simulated in every answer).
-``parse_model_spec("openai:gpt-4o-mini")`` / ``parse_model_spec("simulated")`` builds one
-from a command-line string; such models take their rate limit and cache from the
+Clients: ``OpenAIChat`` (any OpenAI-compatible chat completions server),
+``AnthropicChat`` (Anthropic's native Messages API), ``AzureOpenAIChat`` (an Azure OpenAI
+deployment) and ``SimulatedModel`` (offline and deterministic, labelled simulated in
+every answer). Usage counts the prompt tokens a provider read from or wrote to its
+prompt cache, priced at its cached rates. ``parse_model_spec("openai:gpt-4o-mini")``
+(or ``"openai/gpt-4o-mini"``, ``"anthropic:claude-sonnet-4-20250514"``,
+``"azure/DEPLOYMENT"``, ``"simulated"``) builds one from a command-line string; such models take their rate limit and cache from the
 environment (``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``,
 ``ASYNCGRAPH_MODEL_RATE_REDIS``, ``ASYNCGRAPH_MODEL_CACHE``; see
 ``model_options_from_env``), which is how a worker fleet shares one rate limit. Errors are
@@ -44,6 +47,8 @@ from asyncgraph._exceptions import (
     ModelTimeoutError,
     RateLimitWaitError,
 )
+from asyncgraph.models._anthropic import AnthropicChat
+from asyncgraph.models._azure import AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._calls import ModelCall, observe_calls
@@ -72,6 +77,8 @@ from asyncgraph.models._usage import (
 )
 
 __all__ = [
+    "AnthropicChat",
+    "AzureOpenAIChat",
     "BaseChatModel",
     "Cache",
     "ChatModel",

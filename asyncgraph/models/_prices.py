@@ -117,8 +117,11 @@ def _from_env(raw: str) -> dict[str, Pricing]:
     return prices
 
 
-def default_pricing(model: str, environ: Mapping[str, str] | None = None) -> Pricing | None:
-    """The price of ``model``: from ``ASYNCGRAPH_MODEL_PRICES``, else the table, else None.
+def default_pricing(
+    model: str, environ: Mapping[str, str] | None = None, *, table: bool = True
+) -> Pricing | None:
+    """The price of ``model``: from ``ASYNCGRAPH_MODEL_PRICES``, else the table (unless
+    ``table=False``: an Azure deployment's name is its owner's), else None.
 
     A dated snapshot name (``gpt-4o-2024-08-06``, ``claude-sonnet-4-20250514``,
     ``claude-3-7-sonnet-latest``) falls back to its family (``gpt-4o``,
@@ -133,7 +136,7 @@ def default_pricing(model: str, environ: Mapping[str, str] | None = None) -> Pri
         for name in (model, family):
             if name in overrides:
                 return overrides[name]
-    for name in (model, family):
+    for name in (model, family) if table else ():
         if name in PRICES:
             return PRICES[name]
     return None

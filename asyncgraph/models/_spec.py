@@ -1,5 +1,12 @@
 """``parse_model_spec``: a model from a command-line string such as ``openai:gpt-4o-mini``.
 
+A spec is ``PROVIDER:MODEL`` or ``PROVIDER/MODEL`` (LiteLLM's and DSPy's form), split at
+the first ``:`` or ``/``, so the model keeps its own (``openai/meta-llama/Llama-3-8B``,
+``openai:llama3:8b``). Providers: ``simulated`` (offline), ``openai`` (any
+OpenAI-compatible server), ``anthropic`` (the native Messages API) and ``azure`` (an
+Azure OpenAI deployment: ``azure/DEPLOYMENT``). A bare well-known name
+(``gpt-4o-mini``, ``claude-...``) is refused with the spec to write.
+
 Models built from a spec (by a worker, or by ``asyncgraph.text.resolve_model``) take
 their rate limit and response cache from the process environment, so a fleet of workers
 is configured without code:
@@ -19,11 +26,13 @@ is configured without code:
     retries off; default 4). ``asyncgraph run`` / ``demo --max-attempts N`` set it.
 
 **Allowed base URLs.** A worker builds models from specs that arrive in tasks, with its
-own API key (``OPENAI_API_KEY``): a ``base_url`` taken from a task would send that key
-wherever the task says. So a worker calls ``restrict_base_urls(urls)`` when it starts:
-from then on ``parse_model_spec`` (and ``asyncgraph.text.resolve_model``) accept a
-``base_url`` only if it is the default OpenAI URL, this process's ``OPENAI_BASE_URL``,
-or one of ``urls`` (``asyncgraph worker --allow-base-url URL``, or
+own API keys (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``, ``AZURE_OPENAI_API_KEY``): a
+``base_url`` taken from a task would send a key wherever the task says. So a worker
+calls ``restrict_base_urls(urls)`` when it starts: from then on ``parse_model_spec``
+(and ``asyncgraph.text.resolve_model``) accept a ``base_url`` only if it is a
+provider's default (``https://api.openai.com/v1``, ``https://api.anthropic.com``), one
+this process's environment names (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
+``AZURE_OPENAI_ENDPOINT``), or one of ``urls`` (``asyncgraph worker --allow-base-url URL``, or
 ``ASYNCGRAPH_ALLOWED_BASE_URLS``), and raise ``ModelConfigError`` naming the URL and
 how to allow it otherwise. A process that never calls it (an application) is not
 restricted.
@@ -40,6 +49,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from asyncgraph._exceptions import ModelConfigError
 from asyncgraph._redact import redact_url
+from asyncgraph.models._anthropic import DEFAULT_ANTHROPIC_URL, AnthropicChat
+from asyncgraph.models._azure import ENV_AZURE_ENDPOINT, AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
@@ -61,9 +72,20 @@ __all__ = [
     "normalize_base_url",
     "parse_model_spec",
     "restrict_base_urls",
+    "split_model_spec",
 ]
 
-_FORMS = "'simulated', 'simulated:LATENCY_S' or 'openai:MODEL' (e.g. 'openai:gpt-4o-mini')"
+_FORMS = (
+    "'simulated', 'simulated:LATENCY_S', 'openai:MODEL' (any OpenAI-compatible server), "
+    "'anthropic:MODEL' or 'azure:DEPLOYMENT', with ':' or '/' after the provider "
+    "(e.g. 'openai/gpt-4o-mini', 'anthropic:claude-sonnet-4-20250514')"
+)
+_PROVIDERS = ("simulated", "openai", "anthropic", "azure")
+# Bare names a user may write for a provider's model, and the provider they belong to.
+_WELL_KNOWN = (
+    (("gpt-", "chatgpt-", "o1", "o3", "o4", "text-", "davinci", "babbage"), "openai"),
+    (("claude",), "anthropic"),
+)
 
 ENV_RPM = "ASYNCGRAPH_MODEL_RPM"
 ENV_TPM = "ASYNCGRAPH_MODEL_TPM"
@@ -243,17 +265,19 @@ class BaseUrlRestriction:
 
 
 def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
-    """Allow only these base URLs (plus the default OpenAI URL and ``OPENAI_BASE_URL``).
+    """Allow only these base URLs (plus the providers' defaults and the environment's
+    ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL`` and ``AZURE_OPENAI_ENDPOINT``).
 
     Called by a worker when it starts serving; returns a handle whose ``remove()``
     lifts the restriction (when the worker stops). While several are active (several
     workers in one process), a URL allowed by any of them is allowed. Raises
     ``ValueError`` for a URL that is not ``http(s)://host...``.
     """
-    allowed = {normalize_base_url(DEFAULT_BASE_URL)}
-    own = os.environ.get("OPENAI_BASE_URL", "").strip()
-    if own:
-        allowed.add(normalize_base_url(own))
+    allowed = {normalize_base_url(DEFAULT_BASE_URL), normalize_base_url(DEFAULT_ANTHROPIC_URL)}
+    for variable in ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", ENV_AZURE_ENDPOINT):
+        own = os.environ.get(variable, "").strip()
+        if own:
+            allowed.add(normalize_base_url(own))
     allowed.update(normalize_base_url(url) for url in urls)
     return BaseUrlRestriction(frozenset(allowed))
 
@@ -285,15 +309,51 @@ def check_base_url(base_url: str | None) -> None:
     )
 
 
+def split_model_spec(spec: str) -> tuple[str, str]:
+    """``(provider, model)`` of ``spec``, split at its first ``:`` or ``/`` (provider
+    lower-cased, both stripped); ``(spec, "")`` when it has neither."""
+    text = spec.strip()
+    cuts = [i for i in (text.find(":"), text.find("/")) if i >= 0]
+    if not cuts:
+        return text.lower(), ""
+    cut = min(cuts)
+    return text[:cut].strip().lower(), text[cut + 1 :].strip()
+
+
+def _unknown_spec(spec: str, provider: str, has_model: bool) -> ValueError:
+    bare = spec.strip()
+    if not has_model:
+        for prefixes, owner in _WELL_KNOWN:
+            if bare.lower().startswith(prefixes):
+                return ValueError(
+                    f"model spec {spec!r} names no provider: write '{owner}:{bare}' (or "
+                    f"'{owner}/{bare}'); expected {_FORMS}"
+                )
+    else:
+        return ValueError(
+            f"bad model spec {spec!r}: {provider!r} is not a provider here (providers: "
+            f"{', '.join(_PROVIDERS)}); for a model of an OpenAI-compatible server (vLLM, "
+            f"Ollama, a LiteLLM proxy...) write 'openai/{bare}' with its base_url; expected "
+            f"{_FORMS}"
+        )
+    return ValueError(f"bad model spec {spec!r}: expected {_FORMS}")
+
+
 def parse_model_spec(
     spec: str, *, base_url: str | None = None, api_key: str | None = None, **options: Any
 ) -> BaseChatModel:
-    """Build the model ``spec`` names.
+    """Build the model ``spec`` names (``PROVIDER:MODEL`` or ``PROVIDER/MODEL``).
 
     - ``"simulated"`` / ``"simulated:0.05"``: a ``SimulatedModel`` (optionally with that
       ``latency_s``); ``base_url`` / ``api_key`` must not be given;
     - ``"openai:MODEL"``: ``OpenAIChat(MODEL, base_url=base_url, api_key=api_key)`` for any
-      OpenAI-compatible server.
+      OpenAI-compatible server;
+    - ``"anthropic:MODEL"``: ``AnthropicChat(MODEL, base_url=base_url, api_key=api_key)``
+      (Anthropic's native Messages API);
+    - ``"azure:DEPLOYMENT"``: ``AzureOpenAIChat(DEPLOYMENT, endpoint=base_url,
+      api_key=api_key)``, the endpoint, key and api-version otherwise from
+      ``AZURE_OPENAI_ENDPOINT``, ``AZURE_OPENAI_API_KEY`` and ``AZURE_OPENAI_API_VERSION``
+      / ``OPENAI_API_VERSION``.
 
     ``options`` go to the model's constructor (``retry=``, ``rate_limit=``, ``cache=``,
     ``pricing=``, ``timeout_s=``, ...). A ``rate_limit`` or ``cache`` not given here comes
@@ -301,22 +361,24 @@ def parse_model_spec(
     a ``retry`` from ``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``:
     see ``model_options_from_env``); pass ``rate_limit=None`` / ``cache=None`` to opt out.
     A ``pricing`` not given comes from ``ASYNCGRAPH_MODEL_PRICES`` or the dated price
-    table (``asyncgraph.models.PRICES``; see ``default_pricing``); a model named in
-    neither has none, and its cost is reported as unknown.
-    Raises ``ValueError`` for any other spec and ``ModelConfigError`` (also a
-    ``ValueError``) for an invalid environment setting.
+    table (``asyncgraph.models.PRICES``; see ``default_pricing``; never for an Azure
+    deployment, whose name is its owner's); a model named in neither has none, and its
+    cost is reported as unknown. Raises ``ValueError`` for any other spec (a bare
+    ``gpt-4o-mini`` or ``claude-...`` names the spec to write) and ``ModelConfigError``
+    (also a ``ValueError``) for an invalid environment setting or a ``base_url`` this
+    process does not allow.
     """
-    provider, sep, rest = spec.strip().partition(":")
-    provider = provider.lower()
+    provider, name = split_model_spec(spec)
+    has_model = provider != spec.strip().lower() or bool(name)
     if provider == "simulated":
         if base_url is not None or api_key is not None:
             raise ValueError(
                 f"model spec {spec!r} is the offline simulated model: it takes no base_url or "
                 "api_key (use 'openai:MODEL' for a server)"
             )
-        if sep:
+        if has_model:
             try:
-                options.setdefault("latency_s", float(rest))
+                options.setdefault("latency_s", float(name))
             except ValueError:
                 raise ValueError(
                     f"bad model spec {spec!r}: the simulated latency must be a number of "
@@ -324,18 +386,28 @@ def parse_model_spec(
                 ) from None
         _env_defaults(options, SIMULATED_MODEL_NAME)
         return SimulatedModel(**options)
-    if provider == "openai" and not rest.strip():
+    if provider not in _PROVIDERS:
+        raise _unknown_spec(spec, provider, has_model)
+    if not name:
+        what = "DEPLOYMENT" if provider == "azure" else "MODEL"
+        example = {
+            "openai": "gpt-4o-mini",
+            "anthropic": "claude-sonnet-4-20250514",
+            "azure": "my-gpt-4o-mini",
+        }[provider]
         raise ValueError(
-            f"model spec {spec!r} names no model: write openai:MODEL, e.g. openai:gpt-4o-mini"
+            f"model spec {spec!r} names no model: write {provider}:{what} or "
+            f"{provider}/{what}, e.g. {provider}:{example}"
         )
-    if provider == "openai":
-        check_base_url(base_url)
-        name = rest.strip()
-        _env_defaults(options, name)
-        if "pricing" not in options:
-            options["pricing"] = default_pricing(name)
-        return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)
-    raise ValueError(f"bad model spec {spec!r}: expected {_FORMS}")
+    check_base_url(base_url)
+    _env_defaults(options, name)
+    if "pricing" not in options:
+        options["pricing"] = default_pricing(name, table=provider != "azure")
+    if provider == "anthropic":
+        return AnthropicChat(name, base_url=base_url, api_key=api_key, **options)
+    if provider == "azure":
+        return AzureOpenAIChat(name, endpoint=base_url, api_key=api_key, **options)
+    return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)
 
 
 def _env_defaults(options: dict[str, Any], name: str) -> None:

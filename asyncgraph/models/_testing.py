@@ -44,7 +44,9 @@ class Reply:
     ``error`` (default: a generic one). ``headers`` are added (e.g. ``{"Retry-After":
     "1"}``); ``body`` replaces the whole body (bytes, for malformed answers). The server
     waits ``delay_s`` first (cut short when it stops); ``drop=True`` closes the connection
-    without answering.
+    without answering. ``usage`` is merged into the answer's usage object (e.g.
+    ``{"prompt_tokens_details": {"cached_tokens": 3}}``); ``error_type`` replaces the
+    error body's type (Anthropic's ``error.type``, Azure's ``error.code``).
     """
 
     status: int = 200
@@ -54,6 +56,8 @@ class Reply:
     body: bytes | None = None
     delay_s: float = 0.0
     drop: bool = False
+    usage: Mapping[str, Any] | None = None
+    error_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,7 @@ class OpenAITestServer:
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in req.headers.items()}
-        reply, arrived = self._decide(req.path, body)
+        reply, arrived = self._decide(req.path, body, headers)
         # Recorded before answering: once the client has its answer, the record exists.
         status = 0 if reply.drop else reply.status
         self._record(RecordedRequest(arrived, req.path, headers, body, status))
@@ -241,40 +245,66 @@ class OpenAITestServer:
         if reply.body is not None:
             self._send(req, reply.status, reply.body, reply.headers)
         elif reply.status == 200:
-            text = reply.text if reply.text is not None else echo_text(body)
-            model = body.get("model", "test-model") if isinstance(body, dict) else "test-model"
-            prompt, completion = _words(body), len(text.split())
-            payload = {
-                "id": f"chatcmpl-test-{len(self._requests)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "total_tokens": prompt + completion,
-                },
-            }
-            self._send_json(req, 200, payload, reply.headers)
+            self._send_json(req, 200, self._answer(reply, req.path, body), reply.headers)
         else:
             message = reply.error or f"test server answered HTTP {reply.status}"
-            kind = "rate_limit_exceeded" if reply.status == 429 else "invalid_request_error"
-            self._send_json(req, reply.status, _error_body(message, kind), reply.headers)
+            self._send_json(req, reply.status, self._error(reply, message), reply.headers)
 
-    def _decide(self, path: str, body: Any) -> tuple[Reply, float]:
-        """The answer to a request, and its arrival time (taken under the lock, so the
-        sliding window sees arrivals in order)."""
+    # -- the protocol (what a subclass for another API replaces) -------------------------
+
+    def _refuse(self, path: str, body: Any, headers: Mapping[str, str]) -> Reply | None:
+        """The error answer to a request the protocol rejects (wrong path, missing key,
+        malformed body), else None. OpenAI's: only the path is checked."""
         # The query is not the path: an Azure-style base URL carries ``?api-version=...``.
         if path.split("?", 1)[0].rstrip("/") != CHAT_PATH:
-            missing = Reply(status=404, error=f"unknown path {path!r}; use POST {CHAT_PATH}")
-            return missing, time.monotonic()
+            return Reply(status=404, error=f"unknown path {path!r}; use POST {CHAT_PATH}")
+        return None
+
+    def _answer(self, reply: Reply, path: str, body: Any) -> Any:
+        """The JSON of a successful answer."""
+        text = reply.text if reply.text is not None else echo_text(body)
+        model = body.get("model", "test-model") if isinstance(body, dict) else "test-model"
+        prompt, completion = _words(body), len(text.split())
+        return {
+            "id": f"chatcmpl-test-{len(self._requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                **(reply.usage or {}),
+            },
+        }
+
+    def _error(self, reply: Reply, message: str) -> Any:
+        """The JSON of an error answer."""
+        kind = reply.error_type or (
+            "rate_limit_exceeded" if reply.status == 429 else "invalid_request_error"
+        )
+        return _error_body(message, kind)
+
+    def _limited(self, retry_after_s: int) -> Reply:
+        return Reply(
+            status=429,
+            headers={"Retry-After": str(retry_after_s)},
+            error=f"Rate limit reached: {self.requests_per_window} requests per {self.window_s:g}s",
+        )
+
+    def _decide(self, path: str, body: Any, headers: Mapping[str, str]) -> tuple[Reply, float]:
+        """The answer to a request, and its arrival time (taken under the lock, so the
+        sliding window sees arrivals in order)."""
+        refused = self._refuse(path, body, headers)
+        if refused is not None:
+            return refused, time.monotonic()
         with self._cond:
             arrived = time.monotonic()
             if self.requests_per_window is not None:
@@ -282,15 +312,7 @@ class OpenAITestServer:
                     self._accepted.popleft()
                 if len(self._accepted) >= self.requests_per_window:
                     wait = self._accepted[0] + self.window_s - arrived
-                    limited = Reply(
-                        status=429,
-                        headers={"Retry-After": str(max(1, math.ceil(wait)))},
-                        error=(
-                            f"Rate limit reached: {self.requests_per_window} requests per "
-                            f"{self.window_s:g}s"
-                        ),
-                    )
-                    return limited, arrived
+                    return self._limited(max(1, math.ceil(wait))), arrived
                 self._accepted.append(arrived)
             scripted = self._script.popleft() if self._script else None
         if scripted is None and self.handler is not None:

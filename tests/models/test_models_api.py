@@ -83,7 +83,7 @@ def test_parse_model_spec_forms() -> None:
     )
 
 
-@pytest.mark.parametrize("spec", ["gpt-4o", "openai:", "anthropic:claude", "simulated:fast"])
+@pytest.mark.parametrize("spec", ["gpt-4o", "openai:", "gemini:pro", "simulated:fast"])
 def test_bad_model_specs_list_the_accepted_forms(spec: str) -> None:
     with pytest.raises(ValueError, match="openai:MODEL"):
         parse_model_spec(spec)
