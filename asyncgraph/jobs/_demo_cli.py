@@ -210,10 +210,17 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
         )
 
 
+# The real providers' spec prefixes (asyncgraph.models.parse_model_spec builds them).
+_REAL_MODELS = ("openai:", "openai/", "anthropic:", "anthropic/", "azure:", "azure/")
+
+
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the combination of options, or None (argparse checked each one)."""
-    if args.model != "demo" and not args.model.startswith("openai:"):
-        return f"--model must be 'demo' or openai:MODEL, got {args.model!r}"
+    if args.model != "demo" and not args.model.lower().startswith(_REAL_MODELS):
+        return (
+            f"--model must be 'demo' or openai:MODEL (openai/MODEL, anthropic:MODEL and "
+            f"azure:DEPLOYMENT work too), got {args.model!r}"
+        )
     if args.model == "demo" and args.base_url is not None:
         return (
             "--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "

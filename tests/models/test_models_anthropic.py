@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from asyncgraph import Parameter, Variable
 from asyncgraph.models import (
     AnthropicChat,
     LocalRateLimiter,
@@ -27,7 +28,7 @@ from asyncgraph.models import (
 from asyncgraph.models._anthropic import messages_completion, messages_request
 from asyncgraph.models._testing import Reply
 from asyncgraph.models._testing_providers import AnthropicTestServer
-from asyncgraph.text import llm_call
+from asyncgraph.text import image, llm_call
 
 pytestmark = pytest.mark.anyio
 
@@ -99,6 +100,27 @@ async def test_images_and_a_conversation_become_anthropic_blocks(
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
         {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
     ]
+
+
+async def test_an_image_variable_of_the_text_layer_reaches_claude_as_an_image_block(
+    claude: AnthropicTestServer,
+) -> None:
+    prompt = Parameter("Read the meter.", role="instructions")
+    photo = Variable(image(b"\x89PNG meter", mime_type="image/png"), role="photo of the meter")
+    async with model_for(claude) as model:
+        answer = await llm_call(prompt, Variable("What does it show?"), photo, model=model)
+    assert answer.data.startswith("echo: ")
+    [request] = claude.requests
+    assert request.status == 200 and request.body["system"] == "Read the meter."
+    [user] = request.body["messages"]
+    assert user["content"][-1] == {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(b"\x89PNG meter").decode(),
+        },
+    }
 
 
 async def test_the_fake_is_strict_an_unknown_field_is_a_400_invalid_request_error(

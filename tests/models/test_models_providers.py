@@ -3,6 +3,9 @@ prompt-cache accounting (OpenAI's cached tokens, priced; old cached answers stil
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from asyncgraph.models import (
@@ -164,3 +167,19 @@ def test_cache_counts_travel_in_completions_and_usage_and_old_records_still_load
     usage = Usage(requests=1, prompt_tokens=10, cache_read_tokens=4, cache_write_tokens=3)
     assert Usage.from_dict(usage.to_dict()) == usage
     assert Usage.from_dict({"requests": 1}).cache_write_tokens == 0  # an older worker's report
+
+
+def test_the_providers_page_names_tests_that_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "reference" / "providers.md").read_text()
+    named = 0
+    for row in page.splitlines():
+        current: str | None = None
+        for ref in re.findall(r"`((?:tests/models/)?(?:test_\w+\.py)?::test_\w+)`", row):
+            path, _, test = ref.partition("::")
+            current = Path(path).name if path else current
+            assert current is not None, ref
+            source = (root / "tests" / "models" / current).read_text()
+            assert f"def {test}(" in source, ref
+            named += 1
+    assert named >= 20
