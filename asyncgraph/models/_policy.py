@@ -1,8 +1,9 @@
 """The model policy on the fleet, installed as a task hook when ``asyncgraph.models`` loads.
 
 - on a worker, serving: only the allowed base URLs (``--allow-base-url``, plus the
-  default OpenAI URL and ``OPENAI_BASE_URL``) may receive the worker's own API key
-  when a task names a model by spec;
+  providers' default URLs and ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
+  ``AZURE_OPENAI_ENDPOINT``) may receive the worker's own API keys when a task names a
+  model by spec;
 - around each task: the model usage its calls spent goes back with the reply;
 - on the client: that usage is counted by the caller's ``track_usage()`` blocks, as
   if the calls had been made here.

@@ -51,7 +51,9 @@ async def test_a_call_is_logged_with_request_reply_tokens_latency_and_no_api_key
                 [{"role": "user", "content": f"my key is {ENV_KEY}, and Bearer abcdefgh12345678"}],
                 temperature=0,
             )
-    assert ENV_KEY in reply.text  # the model did see it...
+    # The model did see it; the client redacts its own key from the reply (models/_http.py)...
+    assert ENV_KEY in server.requests[0].body["messages"][0]["content"]
+    assert ENV_KEY not in reply.text
     assert server.requests[0].headers["authorization"] == f"Bearer {ENV_KEY}"
     text = path.read_text()
     assert ENV_KEY not in text and HEADER_KEY not in text  # ... the log does not
