@@ -14,7 +14,10 @@ observability, the fleet and the command line all redact the same way:
 - :func:`url_secrets`: the secrets a URL carries (its password, its credential query
   values), for a client that redacts text with its own secrets (``redact(text, ...)``);
 - :class:`RedactingFormatter`: a ``logging.Formatter`` whose every line, traceback
-  included, goes through :func:`redact` (the command line's log handlers use it).
+  included, goes through :func:`redact` (the command line's log handlers use it);
+- :class:`RedactingFilter`: a ``logging.Filter`` that redacts each record's message,
+  for another library's logger whose records we do not format (httpx logs each
+  request's URL, ``?api-key=`` included).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 __all__ = [
     "REDACTED",
+    "RedactingFilter",
     "RedactingFormatter",
     "redact",
     "redact_url",
@@ -151,3 +155,16 @@ class RedactingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record), self._secrets)
+
+
+class RedactingFilter(logging.Filter):
+    """A ``logging.Filter`` that replaces each record's message with it passed through
+    :func:`redact` (URLs' credentials, the environment's secrets, bearer and ``sk-``
+    keys); it keeps every record. Added to a logger, it sees the records logged to it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, ()
+        return True

@@ -9,6 +9,7 @@ import pytest
 
 from asyncgraph._redact import (
     REDACTED,
+    RedactingFilter,
     RedactingFormatter,
     redact,
     redact_url,
@@ -107,3 +108,26 @@ def test_redacting_formatter_redacts_the_message_and_the_traceback(
     assert "Traceback" in line and "RuntimeError: [redacted] failed at redis://:***@h/0" in line
     for secret in ("pq1", "env-token-123456", "own-secret-987", "pw-in-trace"):
         assert secret not in line
+
+
+def test_redacting_filter_redacts_a_records_message_and_keeps_it() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("asyncgraph-test-redacting-filter")
+    handler = Collect()
+    logger.addHandler(handler)
+    logger.addFilter(RedactingFilter())
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info('HTTP Request: POST %s "%s"', "http://u:f-pass@h/v1?api-key=f-key", "200 OK")
+        logger.info("nothing secret in %s", "this")
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        'HTTP Request: POST http://u:***@h/v1?api-key=*** "200 OK"',
+        "nothing secret in this",
+    ]

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Any
 
 from asyncgraph import Module, Parameter, Variable
+from asyncgraph._redact import redact_url
 
 from ..models import SimulatedModel
 from ..optim import TGD
@@ -203,7 +204,7 @@ def build_demo_job(
     """The demo job and its parameter (the system prompt of its :class:`DemoProgram`).
 
     Its ``config`` (part of what a checkpoint must match to be resumed) holds
-    the model spec, ``base_url``, the simulated model's ``latency_ms`` (None for
+    the model spec, ``base_url`` (redacted), the simulated model's ``latency_ms`` (None for
     a real model), epochs, batch size and the optimizer's settings.
     """
     data = load_dataset()
@@ -213,7 +214,9 @@ def build_demo_job(
     (group,) = optimizer.state_dict()["param_groups"]
     config = {
         "model": model,
-        "base_url": base_url,
+        # Redacted: the config is written in every checkpoint and history, and a URL's
+        # credentials do not change the job (the model is built from ``base_url`` itself).
+        "base_url": redact_url(base_url) if base_url is not None else None,
         "latency_ms": latency_ms,
         "epochs": epochs,
         "batch_size": batch_size,

@@ -36,7 +36,13 @@ from asyncgraph._exceptions import (
     ModelStatusError,
     ModelTimeoutError,
 )
-from asyncgraph._redact import redact, redact_url, secret_values, url_secrets
+from asyncgraph._redact import (
+    RedactingFilter,
+    redact,
+    redact_url,
+    secret_values,
+    url_secrets,
+)
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
@@ -46,6 +52,9 @@ from asyncgraph.models._usage import Pricing, UsageMeter
 __all__ = ["HttpChatModel", "checked_http_url", "error_body_message", "join_url"]
 
 logger = logging.getLogger("asyncgraph.models")
+# httpx logs every request's URL at INFO, a base URL's ``?api-key=`` and password included:
+# its records are redacted before any handler (the application's too) formats them.
+logging.getLogger("httpx").addFilter(RedactingFilter())
 
 
 def checked_http_url(url: object, *, variable: str, example: str) -> str:

@@ -155,7 +155,12 @@ class OTelTracing:
         if host:  # the host alone: never a URL's userinfo, path or query
             attributes["server.address"] = host
         if self.capture_content:
-            prompt = json.dumps(call.request.get("messages", []))
+            # The messages: in the request itself, or in the body an HTTP client sends.
+            body = call.request.get("body")
+            messages = call.request.get("messages") or (
+                body.get("messages") if isinstance(body, dict) else None
+            )
+            prompt = json.dumps(messages or [])
             attributes["gen_ai.prompt"] = redact(prompt)[:65536]
             if call.reply is not None:
                 attributes["gen_ai.completion"] = redact(call.reply)[:65536]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -380,3 +381,13 @@ async def test_a_connection_error_does_not_show_the_url_credentials() -> None:
             await model.complete(HELLO)
     assert "url-pass-4567" not in str(failed.value) and "query-key-8910" not in str(failed.value)
     assert "u:***@127.0.0.1" in str(failed.value)
+
+
+async def test_httpx_request_log_lines_show_the_url_redacted(
+    server: OpenAITestServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="httpx")
+    async with OpenAIChat("test-model", base_url=credential_url(server), api_key=KEY) as model:
+        await model.complete(HELLO)
+    assert "azure-user:***@" in caplog.text and "api-key=***" in caplog.text
+    assert "url-pass-4567" not in caplog.text and "query-key-8910" not in caplog.text

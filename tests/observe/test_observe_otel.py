@@ -323,6 +323,7 @@ async def test_spans_hold_the_host_alone_and_no_secret(monkeypatch: pytest.Monke
     spans = exporter.get_finished_spans()
     (call,) = [s for s in spans if s.name.startswith("chat ")]
     assert call.attributes["server.address"] == host
+    assert call.attributes["gen_ai.prompt"] == '[{"role": "user", "content": "[redacted]"}]'
     texts = [
         str(
             (
