@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import WireError
+from asyncgraph._redact import redact
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._schema import (
@@ -133,10 +134,13 @@ class Replies:
     ) -> Settled:
         """The reply to a task that ran: its result, or its error with this worker's traceback."""
         if error is not None:
-            tb = "".join(traceback.format_exception(error))[-MAX_TRACEBACK:]
-            info = ErrorInfo("error", type(error).__qualname__, str(error)[:MAX_TRACEBACK], tb)
+            # Redacted here, where it leaves the worker: the client raises it, the dead
+            # letter keeps it, `asyncgraph status` prints it (a URL, this worker's keys).
+            text = redact(str(error))
+            tb = redact("".join(traceback.format_exception(error)))[-MAX_TRACEBACK:]
+            info = ErrorInfo("error", type(error).__qualname__, text[:MAX_TRACEBACK], tb)
             dead = self.dead_letter(
-                held, keys.REASON_ERROR, f"{type(error).__qualname__}: {error}\n{tb}", data
+                held, keys.REASON_ERROR, f"{type(error).__qualname__}: {text}\n{tb}", data
             )
             return self.error(held, message.client, message.id, info, "error", dead, meta=meta)
         reply = ReplyMessage(
