@@ -22,6 +22,8 @@ from asyncgraph.models import (
 from asyncgraph.models._prices import PRICES, default_pricing
 from asyncgraph.models._spec import check_base_url, restrict_base_urls, split_model_spec
 from asyncgraph.models._testing import OpenAITestServer, Reply
+from asyncgraph.models._testing_providers import AnthropicTestServer
+from asyncgraph.text import resolve_model, unregister_model
 
 pytestmark = pytest.mark.anyio
 
@@ -183,3 +185,25 @@ def test_the_providers_page_names_tests_that_exist() -> None:
             assert f"def {test}(" in source, ref
             named += 1
     assert named >= 20
+
+
+async def test_a_worker_resolves_an_anthropic_spec_to_its_environments_endpoint_only(
+    keys: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a worker does with a task naming "anthropic/...": resolve it under its
+    # base-URL restriction, with its own key and ANTHROPIC_BASE_URL.
+    with AnthropicTestServer(api_key="sk-ant-test-000000") as claude:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", claude.url)
+        restriction = restrict_base_urls([])
+        try:
+            model = resolve_model("anthropic/claude-worker-test")
+            assert isinstance(model, AnthropicChat)
+            answer = await model.complete(HELLO)
+            with pytest.raises(ModelConfigError, match="not allowed in this process"):
+                resolve_model("anthropic/claude-worker-test", base_url="http://127.0.0.1:9")
+        finally:
+            restriction.remove()
+            unregister_model("anthropic/claude-worker-test")
+            await model.aclose()
+    assert answer.text == "echo: hello there"
+    assert claude.requests[0].headers["x-api-key"] == "sk-ant-test-000000"
