@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from asyncgraph import RemoteConnectionError
+from asyncgraph._redact import redact
 from asyncgraph.distributed._liveness import live_consumers, redis_time_ms
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
@@ -132,7 +133,8 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
             {
                 "id": _text(entry_id),
                 "reason": _text(data.get("reason", b"")),
-                "error": _text(data.get("error", b""))[:200],
+                # Workers redact what they write; an older or foreign entry may not be.
+                "error": redact(_text(data.get("error", b"")))[:200],
                 "worker": _text(data.get("worker", b"")),
             }
         )

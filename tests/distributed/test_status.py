@@ -139,3 +139,16 @@ async def test_the_rate_counts_settled_tasks_on_every_redis_version(
         await backward([F.Noop.apply(p) for p in leaves], executor=ex)
     after = (await fleet_status(redis_server_url, shared_fleet))["settled"]
     assert after - before == 64
+
+
+def test_a_dead_letters_error_is_shown_redacted(redis_url: str) -> None:
+    # Workers redact what they write; status redacts again what an older one wrote.
+    client = redis.Redis.from_url(redis_url)
+    client.xadd(
+        keys.dead_stream(QUEUE),
+        {"reason": "error", "error": "redis://:dead-pass-1@h/0?password=dead-pass-2 said no"},
+    )
+    client.close()
+    shown = status(redis_url, "--json")
+    assert "redis://:***@h/0?password=***" in shown.stdout, shown.stdout + shown.stderr
+    assert "dead-pass" not in shown.stdout + shown.stderr
