@@ -13,7 +13,10 @@ request is recorded with its arrival time::
         ...
         assert [r.status for r in server.requests] == [500, 200]
 
-Run ``python -m asyncgraph.models._testing --port 8000`` to serve it by hand.
+Run ``python -m asyncgraph.models._testing --port 8000`` to serve it by hand. Other
+providers' fakes (``asyncgraph.models._testing_providers``: Anthropic, Azure OpenAI)
+are subclasses that replace the protocol methods (``_refuse``, ``_answer``, ``_error``,
+``_limited``).
 """
 
 from __future__ import annotations
