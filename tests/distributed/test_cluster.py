@@ -201,9 +201,9 @@ def cluster(tmp_path: Path, redis_server_binary: None) -> Iterator[Cluster]:
 
 
 def cluster_acl_rules(password: str) -> list[str]:
-    """The README's ACL rules plus the two its Redis Cluster note adds."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "`+cluster|slots +asking` added to the user" in readme
+    """The documented ACL rules plus the two its Redis Cluster note adds (docs/how-to/fleet.md)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "fleet.md").read_text()
+    assert "`+cluster|slots +asking` added to the user" in page
     return [*readme_acl_rules(password), "+cluster|slots", "+asking"]
 
 

@@ -241,13 +241,13 @@ async def test_the_client_takes_the_secret_from_the_environment_and_diagnoses_a_
 
 
 def readme_acl_rules(password: str) -> list[str]:
-    """The rules of the README's ``ACL SETUSER asyncgraph ...`` line, with ``password``."""
+    """The rules of the documented ``ACL SETUSER asyncgraph ...`` line (docs/how-to/fleet.md)."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    match = re.search(r"^ACL SETUSER asyncgraph (.*)$", readme, re.MULTILINE)
-    assert match is not None, "the README lost its ACL line"
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "fleet.md").read_text()
+    match = re.search(r"^ACL SETUSER asyncgraph (.*)$", page, re.MULTILINE)
+    assert match is not None, "docs/how-to/fleet.md lost its ACL line"
     return match.group(1).replace(">PASSWORD", f">{password}").split()
 
 

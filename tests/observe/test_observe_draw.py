@@ -138,16 +138,16 @@ def test_render_writes_an_svg_through_dot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TRACING = Path(__file__).resolve().parents[2] / "docs" / "how-to" / "tracing.md"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "draw_demo_graph.py"
 
 
 @pytest.mark.parametrize("fmt", ["mermaid", "dot"])
 @pytest.mark.slow
-def test_the_readme_shows_the_picture_of_the_demo_pass(fmt: str) -> None:
+def test_the_docs_show_the_picture_of_the_demo_pass(fmt: str) -> None:
     block = re.search(
         rf"<!-- demo-graph-{fmt} -->\n```{fmt}\n(.*?)```\n<!-- /demo-graph-{fmt} -->",
-        README.read_text(),
+        TRACING.read_text(),
         re.DOTALL,
     )
     assert block is not None
