@@ -6,7 +6,8 @@ The credentials: a Redis password in the URL's userinfo, another in its query
 and an API key that the model server echoes in its replies and in its error bodies.
 The runs: ``asyncgraph worker --log-level DEBUG`` (its connections dropped once, so it logs its
 reconnect warnings), ``asyncgraph demo --redis URL`` on that worker with ``--trace`` and
-``--log-calls``, ``asyncgraph status`` (text and ``--json``, and a wrong password),
+``--log-calls``, ``asyncgraph status`` (text and ``--json``, a wrong password, a ``unix://`` URL with
+its password in the query),
 demos whose model fails with an error body, or with a reply, quoting the key, and an
 in-process pass traced by OpenTelemetry into memory with the log records captured.
 Every line printed, every file under the run directories, every log record and every
@@ -42,10 +43,19 @@ REPO = Path(__file__).resolve().parents[1]
 USERINFO_PASSWORD = "userinfo-pw-3kq9Zt"
 QUERY_PASSWORD = "query-pw-8Hd2Lm"
 WRONG_PASSWORD = "wrong-pw-5Vb7Qx"
+UNIX_PASSWORD = "unix-pw-7Jc1Ns"
 URL_PASSWORD = "endpoint-pw-2Rt6Yc"
 URL_KEY = "endpoint-key-9Wn4Pe"
 API_KEY = "sk-leaktest-0123456789abcdef"
-SECRETS = (USERINFO_PASSWORD, QUERY_PASSWORD, WRONG_PASSWORD, URL_PASSWORD, URL_KEY, API_KEY)
+SECRETS = (
+    USERINFO_PASSWORD,
+    QUERY_PASSWORD,
+    WRONG_PASSWORD,
+    UNIX_PASSWORD,
+    URL_PASSWORD,
+    URL_KEY,
+    API_KEY,
+)
 ECHO = f"(server note: key {API_KEY}, endpoint password {URL_PASSWORD}, api-key {URL_KEY})"
 
 
@@ -230,6 +240,12 @@ def test_no_output_of_runs_with_credentials_holds_any_of_them(
             refused = run_cli("status", "--redis", wrong, "--queue", queue, env=cli_env())
             outputs.add_process("status (wrong password)", refused)
             assert refused.returncode != 0 and "error" in refused.stderr.lower()
+            socket = f"unix://{tmp_path}/no-such.sock?db=0&password={UNIX_PASSWORD}"
+            unreachable = run_cli("status", "--redis", socket, "--queue", queue, env=cli_env())
+            outputs.add_process("status (unix socket, query password)", unreachable)
+            assert unreachable.returncode != 0 and "password=***" in unreachable.stderr, describe(
+                unreachable
+            )
             traced = anyio.run(traced_pass, userinfo_url, queue, base_url, model)
             for name, text in traced.items():
                 outputs.add(name, text)
