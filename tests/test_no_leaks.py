@@ -5,8 +5,8 @@ The credentials: a Redis password in the URL's userinfo, another in its query
 (``?password=``), a model endpoint whose base URL holds a password and an ``?api-key=``,
 and an API key that the model server echoes in its replies and in its error bodies.
 The runs: ``asyncgraph worker --log-level DEBUG`` (its connections dropped once, so it logs its
-reconnect warnings), ``asyncgraph demo --redis URL`` on that worker with ``--trace`` and
-``--log-calls``, ``asyncgraph status`` (text and ``--json``, a wrong password, a ``unix://`` URL with
+reconnect warnings), ``asyncgraph demo --redis URL`` and ``asyncgraph run JOB --redis URL`` on that
+worker with ``--trace`` and ``--log-calls``, ``asyncgraph status`` (text and ``--json``, a wrong password, a ``unix://`` URL with
 its password in the query),
 demos whose model fails with an error body, or with a reply, quoting the key, and an
 in-process pass traced by OpenTelemetry into memory with the log records captured.
@@ -57,6 +57,18 @@ SECRETS = (
     API_KEY,
 )
 ECHO = f"(server note: key {API_KEY}, endpoint password {URL_PASSWORD}, api-key {URL_KEY})"
+
+
+JOB_FILE = """
+import os
+
+from asyncgraph.jobs.demo import build_demo_job
+
+
+def build_job():
+    model, base_url = "openai:test-model", os.environ["LEAK_TEST_BASE_URL"]
+    return build_demo_job(model, base_url=base_url, epochs=1)[0]
+"""
 
 
 class ModelServer:
@@ -225,6 +237,18 @@ def test_no_output_of_runs_with_credentials_holds_any_of_them(
             assert "executor: workers of redis://default:***@" in demo.stdout
             assert (out / "calls.jsonl").stat().st_size > 0 and list(out.glob("traces/*.json"))
             assert "[redacted]" in (out / "calls.jsonl").read_text()  # the echoes were there
+
+            job_file = tmp_path / "leak_job.py"
+            job_file.write_text(JOB_FILE)
+            ran_out = tmp_path / "run-remote"
+            ran = run_cli(
+                "run", str(job_file), "--redis", query_url, "--queue", queue, "--no-progress",
+                "-v", "--out", str(ran_out), "--trace", "--log-calls", str(ran_out / "calls.jsonl"),
+                env=cli_env(LEAK_TEST_BASE_URL=base_url),
+            )  # fmt: skip
+            outputs.add_process("run --redis (query password)", ran)
+            assert ran.returncode == 0, describe(ran)
+            assert (ran_out / "calls.jsonl").stat().st_size > 0
 
             drop_connections(port)  # the worker reconnects, saying so
             assert wait_for_line(worker_log, "WARNING"), worker_log.read_text()
