@@ -257,7 +257,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-RAW_MARKUP = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):`|Example::|__all__")
+RAW_MARKUP = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):`|Example::|__all__|``")
 
 
 @pytest.mark.slow

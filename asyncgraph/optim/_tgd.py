@@ -90,9 +90,9 @@ class TGD(Optimizer):
       model writes more). No summary request holds more than ``B`` tokens of
       feedback (plus a fixed instruction of about 120 tokens and the role). The
       update prompt shows at most ``B`` tokens of feedback, and each past value
-      and past feedback of the memory cut to ``B``: at most ``(2 * momentum + 1)
-      * B`` tokens besides the current value and the constraints. None = no
-      guard.
+      and past feedback of the memory cut to ``B``: at most
+      ``(2 * momentum + 1) * B`` tokens besides the current value and the
+      constraints. None = no guard.
 
     ``model``: a ChatModel, a spec or a registered name (see
     ``asyncgraph.text.resolve_model``; ``base_url`` with a spec); not given: the
