@@ -53,6 +53,10 @@ from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._calls import ModelCall, observe_calls
 from asyncgraph.models._openai import OpenAIChat
+
+# Imported for its effect: it installs the task hook that counts a remote task's model
+# calls on the worker and adds them to the caller's usage meters.
+from asyncgraph.models import _policy  # noqa: F401  # isort: skip
 from asyncgraph.models._ratelimit import (
     LocalRateLimiter,
     RateLimit,

@@ -100,3 +100,12 @@ def test_completion_round_trips_through_json_dict() -> None:
     assert completion.total_tokens == 3
     with pytest.raises(ValueError):
         Completion.from_dict({"text": 1, "model": "m"})
+
+
+def test_importing_models_installs_the_usage_hook_workers_count_calls_with() -> None:
+    # A worker imports asyncgraph.models (through the text layer) and nothing else of it:
+    # the hook that sends a remote task's model usage back must come with the import.
+    import asyncgraph.models  # noqa: F401
+    from asyncgraph.taskhooks import task_hooks
+
+    assert "models" in task_hooks()
