@@ -4,10 +4,10 @@ backward asks it for feedback.
 - :class:`LLMCall`, :class:`FormattedLLMCall`: call a model (system prompt plus
   inputs, or a template with named fields); backward asks the model how each
   input should change, all inputs' requests at once. ``dispatch = "remote"``.
-- :class:`Concat`: join texts; backward hands the feedback on unchanged, no
+- :func:`concat`: join texts; backward hands the feedback on unchanged, no
   model call. ``dispatch = "local"``.
 - :class:`TextLoss`: an LLM judge whose evaluation is the loss.
-- :class:`ExactMatch`, :class:`Metric`: non-differentiable metrics.
+- :func:`exact_match`, :class:`Metric`: non-differentiable metrics.
 - :class:`LLMOptions`, :class:`PythonCallOptions`: the options of one call,
   resolved, as a frozen record; a node keeps it as ``ctx.options``.
 - :class:`PythonCall`: a Python function on text (TextGrad's
@@ -58,9 +58,6 @@ from asyncgraph.text._defaults import (
 )
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._functions import (
-    ChatCall,
-    Concat,
-    ExactMatch,
     FormattedLLMCall,
     LLMCall,
     Metric,
@@ -89,10 +86,7 @@ from asyncgraph.text._registry import (
 from asyncgraph.text._structured import StructuredOutputError, json_schema_of
 
 __all__ = [
-    "ChatCall",
-    "Concat",
     "DeterministicEvaluator",
-    "ExactMatch",
     "FormattedLLMCall",
     "LLMCall",
     "LLMOptions",

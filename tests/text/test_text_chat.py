@@ -12,7 +12,8 @@ from text_helpers import Recorder
 
 from asyncgraph import Parameter, Variable
 from asyncgraph.distributed import Worker, WorkerConfig, build_registry, open_redis_executor
-from asyncgraph.text import ChatCall, TextLoss, chat_call, render_feedback
+from asyncgraph.text import TextLoss, chat_call, render_feedback
+from asyncgraph.text._functions import ChatCall
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,6 @@ from text_helpers import Recorder
 from asyncgraph import BackwardError, FunctionCtx, Parameter, Variable, backward
 from asyncgraph.models import ModelRequestError, SimulatedModel
 from asyncgraph.text import (
-    Concat,
-    ExactMatch,
     FormattedLLMCall,
     LLMCall,
     Metric,
@@ -25,6 +23,7 @@ from asyncgraph.text import (
     register_model,
     render_feedback,
 )
+from asyncgraph.text._functions import Concat, ExactMatch
 from asyncgraph.text._pyfunc import REMOTE_FUNCTIONS
 
 pytestmark = pytest.mark.anyio

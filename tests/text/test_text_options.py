@@ -12,7 +12,6 @@ from text_helpers import Recorder
 
 from asyncgraph import FunctionCtx, Parameter, Variable
 from asyncgraph.text import (
-    ChatCall,
     FormattedLLMCall,
     LLMCall,
     LLMOptions,
@@ -25,6 +24,7 @@ from asyncgraph.text import (
     use_feedback_budget,
     use_models,
 )
+from asyncgraph.text._functions import ChatCall
 from asyncgraph.text._options import PythonCallOptions
 from asyncgraph.text._registry import ModelRef
 
