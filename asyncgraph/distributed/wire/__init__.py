@@ -17,4 +17,4 @@ from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION
 from asyncgraph.distributed.wire._payload import fingerprint, remote_name
 
-__all__ = ["DEFAULT_LIMITS", "PROTOCOL_VERSION", "Limits", "fingerprint", "remote_name"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "PROTOCOL_VERSION", "fingerprint", "remote_name"]
