@@ -20,9 +20,12 @@ executor's task group:
   can be read;
 - a *deadline watcher*: a task gets its reply within ``timeout_s`` or is woken
   ``timed_out`` (its caller diagnoses, then cancels it on the workers);
-- a *heartbeat*: while the channel is open, its client id's expiry in the queue's
-  clients hash; workers skip the tasks of a client whose heartbeat is gone (it died:
-  nobody would read the reply).
+- a *heartbeat*: while the channel is open, its key (``client_key``) and its reply
+  stream expire ``CLIENT_TTL_MS`` ahead, renewed every ``CLIENT_BEAT_MS``; workers skip
+  the tasks of a client whose key is gone (it died: nobody would read the reply), and
+  its reply stream expires on the same clock (NOTE [Client liveness] in ``_liveness``).
+  A beat that finds the key gone (this loop stalled that long) sends the tasks in
+  flight again: they may have been skipped, their replies expired.
 
 Every wait has a deadline: a Redis that is unreachable or goes away fails the
 waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
@@ -67,8 +70,6 @@ _DIAGNOSIS_MAX_BULK = 40_000
 _SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
 _IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
 _MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
-CLIENT_BEAT_S = 2.0  # a client's heartbeat period; its expiry is CLIENT_TTL_S ahead
-CLIENT_TTL_S = 15.0
 
 
 @dataclass(eq=False, slots=True)
@@ -99,6 +100,7 @@ class RedisExecutorStats:
     cancelled: int = 0
     flushes: int = 0
     reconnects: int = 0
+    resent: int = 0  # tasks sent again after this client's heartbeat lapsed
 
 
 class TaskChannel:
@@ -131,6 +133,8 @@ class TaskChannel:
         self._run_id = run_id
         self._task_stream = keys.task_stream(queue)
         self._reply_stream = keys.reply_stream(queue, self.client_id)
+        self._client_key = keys.client_key(queue, self.client_id)
+        self._stale_entries: list[bytes] = []  # entries of tasks sent again, to delete
         self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
@@ -194,17 +198,56 @@ class TaskChannel:
             self.stats.completed += 1
         return pending
 
+    async def beat(self) -> bool:
+        """Renew this client's key and its reply stream's expiry; False if the key had expired.
+
+        Raises ``RedisConnectionLost`` or ``ReplyError`` when Redis does not take it.
+        """
+        was, _ = await self._pool.pipeline(
+            [
+                ["SET", self._client_key, b"1", "PX", keys.CLIENT_TTL_MS, "GET"],
+                ["EXPIRE", self._reply_stream, keys.REPLY_TTL_S],
+            ],
+            timeout_s=min(self._pool.timeout_s, keys.CLIENT_TTL_MS / 1000),
+        )
+        if isinstance(was, ReplyError):
+            raise was
+        return was is not None
+
     async def heartbeat(self) -> None:
-        """Tell the workers this client is alive, while the channel is open."""
-        clients = keys.clients_hash(self.queue)
+        """Tell the workers this client is alive, while the channel is open (after a first ``beat``).
+
+        A beat that finds the key gone means workers may have skipped this client's
+        tasks meanwhile, and its reply stream may have expired with replies in it: the
+        tasks in flight are sent again (joined once, whichever copy answers first).
+        """
         while True:
+            await anyio.sleep(keys.CLIENT_BEAT_MS / 1000)
             try:
-                now = await self._pool.execute("TIME")
-                expiry = int(now[0]) * 1000 + int(now[1]) // 1000 + int(CLIENT_TTL_S * 1000)
-                await self._pool.execute("HSET", clients, self.client_id, expiry)
+                alive = await self.beat()
             except (RedisConnectionLost, ReplyError) as exc:
                 log.debug("queue %r: client heartbeat: %s", self.queue, exc)
-            await anyio.sleep(CLIENT_BEAT_S)
+                continue
+            if not alive:
+                self._send_again()
+
+    def _send_again(self) -> None:
+        """Send the tasks in flight again, deleting their queued entries (see ``heartbeat``)."""
+        queued = {id(p) for p in self._outbox}
+        again = [p for p in self._pending.values() if p.sent and id(p) not in queued]
+        if not again:
+            return
+        log.warning(
+            "queue %r: this client's heartbeat lapsed for over %g s (its event loop was blocked?): "
+            "workers took it for dead; sending its %d task(s) in flight again",
+            self.queue,
+            keys.CLIENT_TTL_MS / 1000,
+            len(again),
+        )
+        self.stats.resent += len(again)
+        self._stale_entries += [p.entry_id for p in again if p.entry_id is not None]
+        self._outbox += again
+        self._flush_wanted.set()
 
     async def watch_deadlines(self) -> None:
         """Expire waits past ``timeout_s``: all share it, so the oldest expires first."""
@@ -281,8 +324,9 @@ class TaskChannel:
         the batch goes back to the flusher, which sends it again (a task sent twice
         is joined once). Otherwise shielded, bounded by the pool's deadline.
         """
-        outbox = [p for p in self._outbox if not p.cancelled]
-        # Tasks cancelled before they were sent are simply never sent.
+        pending = self._pending
+        outbox = [p for p in self._outbox if not p.cancelled and pending.get(p.task_id) is p]
+        # Tasks cancelled (or failed, or timed out) before they were sent are never sent.
         cancels = [p for p in self._cancels if p.sent]
         self._outbox, self._cancels = [], []
         commands: list[list[Any]] = [
@@ -298,11 +342,16 @@ class TaskChannel:
                 self.client_id,
                 keys.F_TASK_HINT,
                 p.task_id,
+                keys.F_BEATS_HINT,
+                b"1",
             ]
             for p in outbox
         ]
         for p in outbox:
             p.sent = True
+        stale, self._stale_entries = self._stale_entries, []
+        if stale:  # the first copies of tasks sent again: those still queued go
+            commands.append(["XDEL", self._task_stream, *stale])
         if cancels:
             # Queued entries are deleted (no worker will start them); running ones are
             # stopped by the workers watching the cancel stream.
@@ -357,6 +406,7 @@ class TaskChannel:
             if inline:  # cancelled mid-send: the flusher sends the batch again
                 self._outbox[:0] = outbox
                 self._cancels[:0] = cancels
+                self._stale_entries[:0] = stale
                 self._flush_wanted.set()
             raise
         finally:
@@ -580,8 +630,7 @@ class TaskChannel:
                     await self._flush(timeout_s=self._pool.timeout_s)
                     await self._pool.pipeline(
                         [
-                            ["DEL", self._reply_stream],
-                            ["HDEL", keys.clients_hash(self.queue), self.client_id],
+                            ["DEL", self._reply_stream, self._client_key],
                         ]
                     )
                 except (RedisConnectionLost, ReplyError) as exc:

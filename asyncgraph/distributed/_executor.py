@@ -410,6 +410,16 @@ async def open_redis_executor(
     except RedisConnectionLost as exc:
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
+    try:
+        await (
+            executor.channel.beat()
+        )  # before any task: workers run a client's tasks while it beats
+    except (RedisConnectionLost, ReplyError) as exc:
+        await listener.aclose()
+        await pool.aclose()
+        raise RemoteConnectionError(
+            f"Redis at {address.display} refused this client's heartbeat on queue {queue!r}: {exc}"
+        ) from exc
     body_error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:

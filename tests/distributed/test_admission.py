@@ -6,14 +6,23 @@ from typing import Any
 
 import agdist_functions as F
 
+from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer
-from asyncgraph.distributed.worker._admission import Admitted, Rules, admit
+from asyncgraph.distributed.worker._admission import Admitted, Rules, admit, batch_clients
 from asyncgraph.distributed.worker._metrics import Metrics
-from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
+from asyncgraph.distributed.worker._outcomes import (
+    MAX_ORIGINAL,
+    UNTRUSTED_ORIGINAL,
+    Held,
+    Replies,
+    Settled,
+    dead_maxlen,
+)
 from asyncgraph.distributed.worker._registry import RegisteredFunction
+from asyncgraph.resp import ReplyError
 
 QUEUE, SECRET = "q", "0123456789abcdef0123"
 CLIENT = "c" * 32  # a client id: 32 hex digits
@@ -78,3 +87,86 @@ def test_an_entry_that_does_not_verify_is_never_admitted() -> None:
     held, result = run(entry(), rules=other)
     assert isinstance(result, Settled)
     assert held.key is None  # nothing of an unverified message is trusted
+
+
+# -- a dead client's tasks (NOTE [Client liveness]) --------------------------------------
+
+
+def test_a_batch_names_each_client_that_beats_once_and_ignores_malformed_hints() -> None:
+    other = "d" * 32
+    beats = [keys.F_BEATS_HINT, b"1"]
+    entries = [
+        (b"1-0", [keys.F_MESSAGE, b"m", keys.F_CLIENT_HINT, CLIENT.encode(), *beats]),
+        (b"2-0", [*beats, keys.F_CLIENT_HINT, other.encode(), keys.F_MESSAGE, b"m"]),
+        (b"3-0", [keys.F_MESSAGE, b"m", keys.F_CLIENT_HINT, CLIENT.encode(), *beats]),
+        (b"4-0", [keys.F_CLIENT_HINT, b"not-a-client-id", *beats]),
+        (b"5-0", [keys.F_CLIENT_HINT, b"C" * 32, *beats]),  # not lowercase hex
+        (b"6-0", [keys.F_MESSAGE, b"no hint", *beats]),
+        (b"7-0", None),  # deleted while pending (Redis 6.2)
+        (b"8-0", [keys.F_CLIENT_HINT, other.encode(), *beats], 2),  # a reclaimed entry
+        (b"9-0", [keys.F_CLIENT_HINT, ("e" * 32).encode()]),  # an older client: no key to ask
+    ]
+    assert batch_clients(entries) == [CLIENT, other]
+
+
+def test_client_liveness_asks_each_client_once_per_recheck_period() -> None:
+    liveness = ClientLiveness(recheck_s=0.25)
+    alive, dead = CLIENT, "d" * 32
+    assert not liveness.gone(alive)  # never asked: alive
+    assert liveness.to_ask([alive, dead, alive], now=10.0) == [alive, dead]
+    liveness.learn([alive, dead], [1, 0], now=10.0)
+    assert not liveness.gone(alive) and liveness.gone(dead)
+    # Alive is believed for recheck_s (no round trip); gone is asked again each batch (its
+    # heartbeat may come back, and the tasks it sends again must run).
+    assert liveness.to_ask([alive, dead], now=10.2) == [dead]
+    assert liveness.to_ask([alive, dead], now=10.25) == [alive, dead]
+    # An error is no answer: what was known stays; a client that came back is alive again.
+    liveness.learn([alive, dead], [ReplyError("ERR whatever"), 1], now=10.3)
+    assert not liveness.gone(alive) and not liveness.gone(dead)
+
+
+def test_client_liveness_forgets_the_oldest_answers_first() -> None:
+    liveness = ClientLiveness()
+    clients = [f"{i:032x}" for i in range(ClientLiveness.MAX_KNOWN + 10)]
+    liveness.learn(clients, [0] * len(clients), now=1.0)
+    assert not liveness.gone(clients[0])  # forgotten: taken as alive until asked again
+    assert liveness.gone(clients[-1])
+
+
+def test_a_gone_clients_task_is_skipped_unanswered_whatever_its_hint_says() -> None:
+    _, result = run(entry(), client_gone=lambda client: client == CLIENT)
+    assert isinstance(result, Settled) and result.outcome == "client_gone"
+    assert result.commands == [] and result.client is None  # nobody would read a reply
+    # The decision reads the verified client of the message, never the hint.
+    fields = [*entry(), keys.F_CLIENT_HINT, b"d" * 32]
+    assert isinstance(run(fields, client_gone=lambda c: c == "d" * 32)[1], Admitted)
+
+
+# -- dead letters: small for garbage, bounded by bytes ----------------------------------
+
+
+def test_a_forged_entry_keeps_a_few_hundred_bytes_and_a_failed_task_its_message() -> None:
+    garbage = bytes(range(256)) * 256  # 64 KiB
+    _, forged = run([keys.F_MESSAGE, garbage, keys.F_SIGNATURE, b"00"])
+    assert isinstance(forged, Settled)
+    (xadd,) = forged.commands
+    fields = dict(zip(xadd[5::2], xadd[6::2], strict=True))
+    assert fields[keys.F_REASON] == keys.REASON_FORGED
+    assert fields[keys.F_ORIGINAL] == garbage[:UNTRUSTED_ORIGINAL]
+    assert xadd[2:4] == ["MAXLEN", keys.DEAD_MAXLEN]  # exact: small entries, 10,000 of them
+    # A verified task delivered too often keeps its message whole (it can be re-run).
+    _, poison = run(entry(), deliveries=4)
+    assert isinstance(poison, Settled)
+    (dead,) = [c for c in poison.commands if c[1] == keys.dead_stream(QUEUE)]
+    fields = dict(zip(dead[5::2], dead[6::2], strict=True))
+    assert fields[keys.F_ORIGINAL] == entry()[1]
+
+
+def test_the_dead_letter_stream_is_bounded_by_bytes_as_well_as_entries() -> None:
+    assert dead_maxlen(500) == keys.DEAD_MAXLEN
+    assert dead_maxlen(100_000) == keys.DEAD_MAX_BYTES // 100_000
+    assert dead_maxlen(10**12) == 1  # never 0: MAXLEN 0 would drop the letter itself
+    _, replies = rules()
+    big = [keys.F_MESSAGE, b"x" * MAX_ORIGINAL]
+    xadd = replies.dead_letter(Held(b"1-0"), keys.REASON_ERROR, "e" * 40_000, {b"m": big[1]})
+    assert xadd[2] == "MAXLEN" and xadd[3] * (MAX_ORIGINAL + 32_768) <= keys.DEAD_MAX_BYTES

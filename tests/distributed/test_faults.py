@@ -187,35 +187,6 @@ async def test_the_timeout_diagnosis_names_tasks_held_by_a_stopped_worker(
     assert "0 task(s) waiting, 1 held by silent worker(s)" in str(failure)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_tasks_of_a_client_whose_heartbeat_is_gone_are_skipped(
-    redis_url: str, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Point 6d: a dead client's queued tasks are not run (nobody would read the replies)."""
-    from asyncgraph.distributed import _channel
-
-    monkeypatch.setattr(_channel, "CLIENT_BEAT_S", 3600.0)  # one beat, then silence
-    start_worker(redis_url, "orphans", *FAST, "--concurrency", "1")
-    client = redis.Redis.from_url(redis_url)
-    leaves = [Parameter(1.0, role=f"o{i}") for i in range(4)]
-    outs = [F.Sleep.apply(p, 1.0, f"orphan{i}") for i, p in enumerate(leaves)]
-    async with open_redis_executor(redis_url, queue="orphans", timeout_s=5) as ex:
-        clients = keys.clients_hash("orphans")
-        await wait_until(lambda: client.hexists(clients, ex.client_id))
-        async with anyio.create_task_group() as tg:
-
-            async def run() -> None:
-                with pytest.raises(RemoteTimeoutError):
-                    await backward(outs, executor=ex)
-
-            tg.start_soon(run)
-            await wait_until(lambda: client.llen("agdist:started:orphan0"))
-            client.hset(clients, ex.client_id, 1)  # as if the client died long ago
-    started = [client.llen(f"agdist:started:orphan{i}") for i in range(4)]
-    assert started == [1, 0, 0, 0], started
-    client.close()
-
-
 def test_an_entry_settled_a_moment_ago_is_not_run_again_when_a_late_claim_returns_it() -> None:
     """Point 6a: the reclaimer's XAUTOCLAIM ran just before this worker's reply write."""
     from asyncgraph.distributed import Worker, WorkerConfig

@@ -14,6 +14,7 @@ Streams of queue ``q``::
     asyncgraph:{q}:cancel         cancellations, read by every worker (no group)
     asyncgraph:{q}:dead           dead letters: malformed, forged or failed tasks
     asyncgraph:{q}:workers        hash: consumer name -> heartbeat expiry (ms, Redis clock)
+    asyncgraph:{q}:client:<id>    a live client's heartbeat: a string that expires unless renewed
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import re
 __all__ = [
     "BULK_MARGIN",
     "CANCEL_MAXLEN",
+    "CLIENT_BEAT_MS",
+    "CLIENT_TTL_MS",
     "DEAD_MAXLEN",
+    "DEAD_MAX_BYTES",
     "F_MESSAGE",
     "F_SIGNATURE",
     "GROUP",
@@ -31,6 +35,7 @@ __all__ = [
     "REPLY_TTL_S",
     "cancel_stream",
     "check_queue_name",
+    "client_key",
     "dead_stream",
     "reply_stream",
     "task_stream",
@@ -51,6 +56,9 @@ F_SIGNATURE = b"s"
 # waiting for its timeout).
 F_CLIENT_HINT = b"c"
 F_TASK_HINT = b"i"
+# A task entry's hint that its client keeps a heartbeat key (``client_key``): workers ask
+# about the clients whose entries say so, and take those of older versions for alive.
+F_BEATS_HINT = b"b"
 
 # Dead-letter entry fields.
 F_REASON = b"reason"
@@ -71,11 +79,18 @@ REASON_ERROR = "error"  # the function raised (a copy; the client got the error)
 # names, signature): anything longer is skipped unread (see wire._resp.Oversize).
 BULK_MARGIN = 4096
 
-# Reply streams outlive a client that died by at most this long.
-REPLY_TTL_S = 3600
-# Approximate caps: these streams are diagnostic or short-lived, never the only copy of work.
+# A client renews its heartbeat key, and the expiry of its reply stream, every
+# CLIENT_BEAT_MS; both expire CLIENT_TTL_MS after its last beat. Workers skip the tasks of
+# a client whose key is gone, and every reply they write sets the stream's expiry to
+# REPLY_TTL_S, so a dead client's tasks stop running and its replies vanish on one clock.
+CLIENT_BEAT_MS = 500
+CLIENT_TTL_MS = 2000
+REPLY_TTL_S = CLIENT_TTL_MS // 1000
+# Caps: these streams are diagnostic or short-lived, never the only copy of work. The
+# dead-letter stream is bounded by bytes as well (see ``worker._outcomes.dead_maxlen``).
 CANCEL_MAXLEN = 10_000
 DEAD_MAXLEN = 10_000
+DEAD_MAX_BYTES = 8 * 1024 * 1024
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _CLIENT_RE = re.compile(r"[0-9a-f]{32}")
@@ -135,6 +150,16 @@ def workers_info_hash(queue: str) -> str:
     return f"{_base(queue)}:workers:info"
 
 
+def client_key(queue: str, client: str) -> str:
+    """The heartbeat key of one client (``client``: a validated 32-hex-digit id): it exists
+    while the client is alive, and expires ``CLIENT_TTL_MS`` after its last beat."""
+    if not is_client_id(client):
+        raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
+    return f"{_base(queue)}:client:{client}"
+
+
 def clients_hash(queue: str) -> str:
-    """Client id -> heartbeat expiry (Redis ms) of the clients of ``queue`` with a channel open."""
+    """Client id -> heartbeat expiry (Redis ms): what clients before ``client_key`` wrote.
+
+    No longer written; nothing decides on it (a worker's membership still reads it)."""
     return f"{_base(queue)}:clients"

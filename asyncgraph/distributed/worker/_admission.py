@@ -6,7 +6,7 @@ settings: no Redis, no clock of its own (``deadline_of`` and ``now`` are given).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
 from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
 from asyncgraph.resp import Oversize, Wide
 
-__all__ = ["Admitted", "Rules", "admit"]
+__all__ = ["Admitted", "Rules", "admit", "batch_clients"]
 
 MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
 
@@ -60,7 +60,9 @@ def admit(
     """Decode and check one entry read ``deliveries`` times; set ``held.key`` and ``held.deadline``.
 
     Settled at once: an entry too big or too wide (read no further), one that does not
-    decode or verify, a cancelled or expired task, one whose client is gone, one delivered more than
+    decode or verify, a cancelled or expired task, one whose client is gone (``client_gone``
+    of the verified client id: its heartbeat key expired, NOTE [Client liveness] in
+    ``distributed._liveness``; no reply, nobody would read it), one delivered more than
     ``max_attempts`` times, an unknown function or one whose code differs.
     """
     data: dict[Any, Any] = {}
@@ -185,3 +187,30 @@ def hinted_ids(data: dict[Any, Any]) -> tuple[str, str] | None:
         return None
     client_id = client.decode(errors="replace")
     return (client_id, task_id.decode(errors="replace")) if keys.is_client_id(client_id) else None
+
+
+def batch_clients(entries: Iterable[Any]) -> list[str]:
+    """The clients to ask about for a batch of entries (``(entry_id, fields, ...)`` each), once each.
+
+    An entry names its client in its unsigned hints, and says the client keeps a
+    heartbeat key (``F_BEATS_HINT``); an entry without both (a client of an older
+    version, a hand-written entry) is not asked about, and its client is taken as
+    alive. Only which keys to ask for: admission decides on the verified client id of
+    the message, so a false hint costs a lookup, never another client's task.
+    """
+    clients: dict[str, None] = {}
+    for entry in entries:
+        fields = entry[1] if entry is not None else None
+        if type(fields) is not list:
+            continue
+        hint, beats = None, False
+        for i in range(0, min(len(fields), 2 * MAX_FIELDS) - 1, 2):
+            if fields[i] == keys.F_CLIENT_HINT:
+                hint = fields[i + 1]
+            elif fields[i] == keys.F_BEATS_HINT:
+                beats = True
+        if beats and type(hint) is bytes and len(hint) == 32:
+            client = hint.decode(errors="replace")
+            if keys.is_client_id(client):
+                clients[client] = None
+    return list(clients)

@@ -14,9 +14,10 @@ from typing import Any
 
 import anyio
 
+from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.worker._admission import MAX_FIELDS
+from asyncgraph.distributed.worker._admission import MAX_FIELDS, batch_clients
 from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.distributed.worker._membership import ensure_group
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
@@ -83,6 +84,7 @@ class Intake:
         self._writer = writer
         self._take = tasks.take
         self._stream = keys.task_stream(ctx.config.queue)
+        self.clients = ClientLiveness()
         self.sizer = ReadSizer(
             ctx.config.batch_size, ctx.config.limits.max_message_bytes + keys.BULK_MARGIN
         )
@@ -144,12 +146,30 @@ class Intake:
             timeout_s=BLOCK_MS / 1000 + self.config.redis_timeout_s,
         )
 
+    async def _ask_clients(self, entries: list[Any]) -> None:
+        """Learn which clients of a batch died: one round trip at most (NOTE [Client liveness])."""
+        now = anyio.current_time()
+        asked = self.clients.to_ask(batch_clients(entries), now)
+        if not asked:
+            return
+        queue = self.config.queue
+        try:
+            exists = await self._pool.pipeline(
+                [["EXISTS", keys.client_key(queue, client)] for client in asked]
+            )
+        except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+            # Not known: the tasks run (a reply too many costs less than a task lost).
+            log.debug("worker %s: asking for clients' heartbeats: %s", self.consumer, exc)
+            return
+        self.clients.learn(asked, exists, now)
+
     async def _start(self, entries: list[Any]) -> None:
         self.sizer.note(entries)
+        await self._ask_clients(entries)
         self._writer.batching = True
         try:
             for entry_id, fields in entries:
-                self._take(entry_id, fields, 1)
+                self._take(entry_id, fields, 1, self.clients.gone)
             # Let the tasks just started take their first step. Those that finish at once
             # queue their replies for this reader, which sends them before its next
             # blocking read: writing to Redis first would wake the server, which can take
@@ -181,6 +201,7 @@ class Intake:
                     # hand such entries back at once rather than leave them unrenewed.
                     await self._health.step(self._hand_back_strays, "handing back claims")
                 continue
+            await self._ask_clients(entries)
             for entry_id, fields, deliveries in entries:
                 self._metrics.inc("asyncgraph_worker_reclaimed_total")
                 log.info(
@@ -189,7 +210,7 @@ class Intake:
                     entry_id.decode(),
                     deliveries,
                 )
-                self._take(entry_id, fields, deliveries)
+                self._take(entry_id, fields, deliveries, self.clients.gone)
 
     async def _reclaim(
         self, cursor: bytes | str, count: int

@@ -31,6 +31,24 @@ log = logging.getLogger("asyncgraph.distributed.worker")
 
 MAX_ORIGINAL = 65_536
 MAX_TRACEBACK = 32_768
+# Of an entry nobody vouches for (forged, malformed, oversize), a dead letter keeps this
+# much of the message and of the error text: enough to tell what it was, while a flood of
+# garbage costs Redis a few hundred bytes an entry, not a copy of each.
+UNTRUSTED_ORIGINAL = 256
+UNTRUSTED_TEXT = 512
+UNTRUSTED_REASONS = frozenset({keys.REASON_FORGED, keys.REASON_MALFORMED, keys.REASON_OVERSIZE})
+DEAD_ENTRY_OVERHEAD = 64  # bytes Redis spends on a stream entry besides its fields, about
+
+
+def dead_maxlen(entry_bytes: int) -> int:
+    """The MAXLEN of a dead letter of ``entry_bytes``: the stream keeps ``keys.DEAD_MAXLEN``
+    entries at most, and no more entries of this size than ``keys.DEAD_MAX_BYTES`` holds.
+
+    Each XADD trims exactly to its own length, so the stream holds at most
+    ``DEAD_MAX_BYTES`` of entries as big as the last big one plus ``DEAD_MAXLEN``
+    smaller ones after it.
+    """
+    return max(1, min(keys.DEAD_MAXLEN, keys.DEAD_MAX_BYTES // max(entry_bytes, 1)))
 
 
 @dataclass(eq=False)
@@ -158,7 +176,14 @@ class Replies:
         return self.reply(held, message.client, message.id, packed, signature, "ok")
 
     def dead_letter(self, held: Held, reason: str, text: str, data: dict[Any, Any]) -> list[Any]:
-        """The XADD that dead-letters ``held`` with its reason and (truncated) original message."""
+        """The XADD that dead-letters ``held`` with its reason and (truncated) original message.
+
+        The original and the error text are cut to ``UNTRUSTED_ORIGINAL`` and
+        ``UNTRUSTED_TEXT`` for a forged, malformed or oversize entry (up to 64 KiB and
+        32 KiB for a task that was verified), and the stream is bounded by bytes as well
+        as entries (``dead_maxlen``).
+        """
+        untrusted = reason in UNTRUSTED_REASONS
         self.metrics.inc("asyncgraph_worker_dead_letters_total", reason=reason)
         log.warning(
             "worker %s dead-lettered entry %s (%s): %.300s",
@@ -171,7 +196,7 @@ class Replies:
             keys.F_REASON,
             reason,
             keys.F_ERROR,
-            text[:MAX_TRACEBACK],
+            text[: UNTRUSTED_TEXT if untrusted else MAX_TRACEBACK],
             keys.F_WORKER,
             self.consumer,
             keys.F_TASK,
@@ -190,5 +215,11 @@ class Replies:
         if client is not None and keys.is_client_id(client):
             fields += [keys.F_CLIENT, client]
         if isinstance(original, bytes):
-            fields += [keys.F_ORIGINAL, original[:MAX_ORIGINAL]]
-        return ["XADD", self.dead_stream, "MAXLEN", "~", keys.DEAD_MAXLEN, "*", *fields]
+            fields += [
+                keys.F_ORIGINAL,
+                original[: UNTRUSTED_ORIGINAL if untrusted else MAX_ORIGINAL],
+            ]
+        size = DEAD_ENTRY_OVERHEAD + sum(
+            len(f) if isinstance(f, bytes) else len(str(f).encode()) for f in fields
+        )
+        return ["XADD", self.dead_stream, "MAXLEN", dead_maxlen(size), "*", *fields]

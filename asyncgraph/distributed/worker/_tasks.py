@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from asyncgraph.distributed.wire._schema import TaskMessage
@@ -51,8 +52,17 @@ class Tasks:
             config.queue, ctx.consumer, ctx.signer, config.limits, registry, config.max_attempts
         )
 
-    def take(self, entry_id: bytes, fields: Any, deliveries: int) -> None:
-        """Run the entry's task, or settle it at once; nothing if it is held or just settled."""
+    def take(
+        self,
+        entry_id: bytes,
+        fields: Any,
+        deliveries: int,
+        client_gone: Callable[[str], bool] = lambda client: False,
+    ) -> None:
+        """Run the entry's task, or settle it at once; nothing if it is held or just settled.
+
+        ``client_gone``: whether a client died, as the intake found for this batch.
+        """
         held = self._slots.hold(entry_id, deliveries)
         if held is None:
             return
@@ -67,7 +77,7 @@ class Tasks:
             cancelled=self._cancels,
             deadline_of=self._membership.deadline,
             now=runner.now(),
-            client_gone=self._membership.client_gone,
+            client_gone=client_gone,
         )
         if isinstance(decided, Settled):
             self._writer.queue(decided)
