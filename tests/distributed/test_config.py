@@ -29,11 +29,12 @@ FULL = WorkerConfig(
     batch_size=9,
     redis_timeout_s=2.5,
     drain_timeout_s=4.0,
-    health_host="127.0.0.1",
+    health_host="0.0.0.0",
     health_port=9200,
     consumer="me",
     allowed_base_urls=("http://vllm:8000/v1",),
     connect_timeout_s=1.5,
+    max_abandoned=5,
     backend="trio",
     log_level="DEBUG",
 )
@@ -141,3 +142,15 @@ def test_repr_and_errors_of_a_config_show_no_password_nor_secret() -> None:
         WorkerConfig(redis_url="redis://h/0", allowed_base_urls=("ftp://a:cfg-pass-3@h/",))
     for secret in ("cfg-pass-1", "cfg-pass-2", "cfg-pass-3", "cfg-key-4", "cfg-secret"):
         assert secret not in shown and secret not in str(wrong.value)
+
+
+def test_the_health_endpoint_binds_loopback_unless_told_otherwise() -> None:
+    assert WorkerConfig("redis://127.0.0.1:6379/0").health_host == "127.0.0.1"
+    assert WorkerConfig.from_env({"ASYNCGRAPH_HEALTH_HOST": "0.0.0.0"}).health_host == "0.0.0.0"
+    assert WorkerConfig.from_args(parse(["--health-host", "::"]), {}).health_host == "::"
+
+
+def test_max_abandoned_is_checked() -> None:
+    assert WorkerConfig("redis://127.0.0.1:6379/0").max_abandoned == 0  # as many as concurrency
+    with pytest.raises(ConfigError, match="ASYNCGRAPH_MAX_ABANDONED"):
+        WorkerConfig.from_env({"ASYNCGRAPH_MAX_ABANDONED": "-1"})

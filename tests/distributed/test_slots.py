@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 
 import anyio
+import anyio.from_thread
 import pytest
+from agdist_helpers import wait_until
 
 from asyncgraph.distributed import WorkerConfig
-from asyncgraph.distributed.worker._cancels import Cancels
+from asyncgraph.distributed.worker._cancels import MAX_CANCELLED, Cancels
 from asyncgraph.distributed.worker._context import Stopping, WorkerContext
 from asyncgraph.distributed.worker._membership import Membership
 from asyncgraph.distributed.worker._metrics import Metrics
@@ -46,14 +48,57 @@ def test_the_memory_of_settled_entries_is_bounded() -> None:
     assert slots.hold(f"{FINISHED_MEMORY}-0".encode(), 2) is None
 
 
-def test_an_abandoned_thread_call_keeps_its_slot() -> None:
+def test_an_abandoned_thread_call_takes_no_slot() -> None:
     metrics = Metrics()
     slots = Slots(2, metrics)
-    slots.threads.abandoned = 1  # as Threads counts a call cancelled while it runs
-    assert slots.free == 1
+    slots.threads.abandoned = 2  # as Threads counts calls cancelled while they run
+    assert slots.free == 2
     slots.threads.abandoned = 0
     slots.threads.on_ended()  # what Threads calls when such a call returns
     assert metrics.get("asyncgraph_worker_abandoned_calls") == 0
+
+
+@pytest.mark.anyio
+async def test_abandoned_calls_leave_room_for_new_ones_and_past_the_bound_ask_for_a_drain() -> None:
+    # On trio an abandoned call keeps its thread's limiter token until it returns: the
+    # threads must have room for the calls abandoned besides those of the tasks held.
+    import threading
+
+    slots = Slots(2, Metrics(), max_abandoned=2)
+    too_many: list[int] = []
+    slots.too_many_abandoned = lambda: too_many.append(slots.abandoned)
+    release = threading.Event()
+
+    async def abandon_one() -> None:
+        started = anyio.Event()
+
+        def hang() -> None:
+            anyio.from_thread.run_sync(started.set)
+            release.wait(30)
+
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slots.threads.run, hang)
+                await started.wait()
+                scope.cancel()
+
+    try:
+        with anyio.fail_after(10):
+            await abandon_one()
+            await abandon_one()
+            assert slots.abandoned == 2 and too_many == []
+            assert await slots.threads.run(lambda: "served") == "served"
+            assert await slots.threads.run(lambda: "and again") == "and again"
+            await abandon_one()
+        assert too_many == [3]  # one beyond max_abandoned
+    finally:
+        release.set()
+    await wait_until(lambda: not slots.abandoned, 5)
+
+
+def test_max_abandoned_defaults_to_the_concurrency() -> None:
+    assert Slots(3, Metrics()).max_abandoned == 3
+    assert Slots(3, Metrics(), max_abandoned=1).max_abandoned == 1
 
 
 @pytest.mark.anyio
@@ -127,6 +172,21 @@ def test_a_cancel_before_the_worker_serves_is_remembered() -> None:
     cancels = Cancels(ctx)
     cancels.cancel("client", ["t1"])  # no runner yet: nothing to stop, nothing fails
     assert ("client", "t1") in cancels
+
+
+def test_the_remembered_cancels_are_bounded_the_oldest_forgotten_first() -> None:
+    ctx = WorkerContext.new(WorkerConfig(NOWHERE, queue="q"))
+    cancels = Cancels(ctx)
+    cancels.cancel("old", ["t0"])
+    cancels.cancel("flood", [str(i) for i in range(MAX_CANCELLED)])
+    assert len(cancels) == MAX_CANCELLED
+    assert ("old", "t0") not in cancels
+    assert ("flood", "0") in cancels and ("flood", str(MAX_CANCELLED - 1)) in cancels
+    cancels.cancel("flood", ["0"])  # cancelled again: now the newest
+    cancels.cancel("new", ["t1"])
+    assert ("flood", "0") in cancels and ("flood", "1") not in cancels
+    cancels.forget_old()  # none is an hour old
+    assert len(cancels) == MAX_CANCELLED
 
 
 def test_the_status_a_worker_publishes_reads_the_shared_state() -> None:

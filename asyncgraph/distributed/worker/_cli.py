@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     from asyncgraph.distributed.worker._registry import build_registry
-    from asyncgraph.distributed.worker._worker import Worker
+    from asyncgraph.distributed.worker._worker import EXIT_REPLACE, Worker
 
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules of the current directory
     try:
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     except RedisConnectionLost as exc:
         print(f"asyncgraph worker: {exc}", file=sys.stderr)
         code = 1
+    if worker.needs_replacing:  # drained for too many abandoned calls: ask to be replaced
+        code = EXIT_REPLACE
     if worker.abandoned:
         # Python cannot stop a thread, and would wait for these at exit: past the drain
         # deadline their tasks were handed back to other workers, so exit now.

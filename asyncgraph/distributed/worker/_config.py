@@ -134,7 +134,12 @@ SETTINGS: tuple[Setting, ...] = (
         "serve /livez, /readyz and /metrics on this port (0: any free port; empty: off)",
         _optional_port,
     ),
-    Setting("health_host", "--health-host", "address of the health endpoint"),
+    Setting(
+        "health_host",
+        "--health-host",
+        "address the health endpoint binds: 127.0.0.1 answers this machine only; 0.0.0.0 "
+        "every interface (a container whose probes and scrapers reach the pod's address)",
+    ),
     Setting(
         "allowed_base_urls",
         "--allow-base-url",
@@ -150,6 +155,14 @@ SETTINGS: tuple[Setting, ...] = (
         "at start, how long to retry connecting to Redis (0: forever; health answers 503 "
         "meanwhile)",
         _seconds,
+    ),
+    Setting(
+        "max_abandoned",
+        "--max-abandoned",
+        "synchronous calls that may run on in their threads after their task was cancelled "
+        "(they take no slot); one more and the worker drains and exits with code 75, to be "
+        "replaced by its supervisor or orchestrator (0: as many as --concurrency)",
+        _integer,
     ),
     Setting("max_message_bytes", "--max-message-bytes", "largest message accepted", _integer),
     Setting("backend", "--backend", "event loop that runs async backwards: asyncio or trio"),
@@ -187,7 +200,7 @@ class WorkerConfig:
     batch_size: int = 256
     redis_timeout_s: float = 5.0
     drain_timeout_s: float = 30.0
-    health_host: str = "0.0.0.0"
+    health_host: str = "127.0.0.1"
     health_port: int | None = None
     consumer: str | None = None
     metrics_dir: str | None = None
@@ -195,6 +208,7 @@ class WorkerConfig:
     limits: Limits = DEFAULT_LIMITS
     allowed_base_urls: tuple[str, ...] = ()
     connect_timeout_s: float = 0.0
+    max_abandoned: int = 0
     backend: str = "asyncio"
     log_level: str = "INFO"
 
@@ -226,6 +240,14 @@ class WorkerConfig:
             raise ConfigError(
                 "connect_timeout_s",
                 f"must be >= 0 and finite (0: retry forever), got {self.connect_timeout_s!r}",
+            )
+        if (
+            not isinstance(self.max_abandoned, int)
+            or isinstance(self.max_abandoned, bool)
+            or self.max_abandoned < 0
+        ):
+            raise ConfigError(
+                "max_abandoned", f"must be >= 0 (0: the concurrency), got {self.max_abandoned!r}"
             )
         if self.health_port is not None and not 0 <= self.health_port <= 65535:
             raise ConfigError("health_port", f"must be 0 to 65535, got {self.health_port!r}")

@@ -83,6 +83,6 @@ class WorkerContext:
             Signer(config.secret),
             RedisHealth(consumer, metrics),
             metrics,
-            Slots(config.concurrency, metrics),
+            Slots(config.concurrency, metrics, config.max_abandoned),
             Stopping(),
         )

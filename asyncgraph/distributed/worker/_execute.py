@@ -31,15 +31,17 @@ class Threads:
 
     A thread cannot be stopped: when its task is cancelled (deadline, client cancel,
     drain), the task ends at once and the call is *abandoned*: it runs on in its
-    thread, counted in ``abandoned`` (and against the worker's admission) until it
-    really returns. The thread then tells the event loop without waiting for it: the
-    loop may have stopped meanwhile (the worker exited, a test ended), and a thread
-    waiting for a stopped loop would hold the process at exit forever.
+    thread, counted in ``abandoned`` until it really returns (``on_abandoned`` is
+    called when a call is abandoned, ``on_ended`` when it returns). The thread tells
+    the event loop without waiting for it: the loop may have stopped meanwhile (the
+    worker exited, a test ended), and a thread waiting for a stopped loop would hold
+    the process at exit forever.
     """
 
     def __init__(self, limit: int) -> None:
         self.limiter = anyio.CapacityLimiter(limit)
         self.abandoned = 0
+        self.on_abandoned: Callable[[], None] = lambda: None  # a call was abandoned
         self.on_ended: Callable[[], None] = lambda: None  # an abandoned call returned
 
     async def run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,12 +74,16 @@ class Threads:
                 in_thread, limiter=self.limiter, abandon_on_cancel=True
             )
         except anyio.get_cancelled_exc_class():
+            left_running = False
             with lock:
                 if not state["started"]:
                     state["skip"] = True
                 elif not state["finished"]:
                     state["abandoned"] = True
                     self.abandoned += 1
+                    left_running = True
+            if left_running:
+                self.on_abandoned()
             raise
 
     def _ended(self) -> None:

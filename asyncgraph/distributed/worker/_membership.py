@@ -8,9 +8,16 @@
   status`` shows in the info hash) every ``min(lease_ms / 3, 5 s)``;
 - housekeeping: it forgets stale heartbeats, and deletes consumers that hold no
   pending entry, have no live heartbeat and received nothing for ``2 x lease_ms``
-  (workers that died, however young);
+  (workers that died, however young; see NOTE [Consumer sweep]);
 - on the way out it drops its heartbeat, and after a full drain its consumer too;
   tasks left unfinished by a drain that timed out are handed back at once.
+
+NOTE [Consumer sweep]: a worker killed hard (SIGKILL, OOM) leaves its consumer in the
+group. Every worker sweeps such consumers at start, again ``2 x lease_ms`` (plus a
+heartbeat) later, when those too young for the first sweep can go, then every
+``housekeeping_every_s()``. The sweep at start is what keeps a crash loop from piling
+up consumers: a worker restarted every few seconds never lives a full period, and
+each restart would otherwise leave one more consumer behind.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 
 import anyio
 
@@ -204,6 +212,13 @@ class Membership:
 
     def housekeeping_every_s(self) -> float:
         return min(30.0, 3 * CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000)
+
+    def housekeeping_periods(self) -> Iterator[float]:
+        """Seconds between sweeps, the first one at start (see NOTE [Consumer sweep])."""
+        every_s = self.housekeeping_every_s()
+        yield min(every_s, CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000 + self.beat_s)
+        while True:
+            yield every_s
 
     async def housekeeping(self) -> None:
         """Forget stale heartbeats; delete consumers idle, holding nothing, not alive."""

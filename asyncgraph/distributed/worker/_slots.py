@@ -2,13 +2,17 @@
 
 A slot is taken when an entry is read (``hold``) and freed when what settled it is
 written to Redis (``release``), not when it ends: until then the entry is pending,
-its lease renewed. A synchronous call abandoned in its thread (see ``Threads``) keeps
-a slot until it really returns. The intake reads ``free`` before each read, the lease
-renewer reads ``held``, a cancel message stops ``running[key]``, and a drain waits
-for ``wait_idle``.
+its lease renewed. A synchronous call abandoned in its thread (see ``Threads``) takes
+no slot: its task was settled or handed back, and a worker whose abandoned calls
+would take every slot would stop serving for nothing wrong with the next tasks. They
+are bounded instead (``max_abandoned``; see NOTE [Abandoned calls] in ``_worker``).
+The intake reads ``free`` before each read, the lease renewer reads ``held``, a
+cancel message stops ``running[key]``, and a drain waits for ``wait_idle``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import anyio
 
@@ -23,17 +27,24 @@ FINISHED_MEMORY = 4096  # entry ids of tasks just settled, not to be re-run if r
 
 
 class Slots:
-    """At most ``concurrency`` tasks held at once, abandoned thread calls included.
+    """At most ``concurrency`` tasks held at once; abandoned thread calls apart.
 
     ``held``: read, not yet acknowledged (by entry id). ``running``: admitted and not
     yet settled (by client and task id): the ones a cancel message can stop.
     ``runner``: the task runner while the worker serves (None before and after).
+    ``too_many_abandoned`` is called when a call is abandoned beyond ``max_abandoned``
+    (``Worker`` drains then, to be replaced).
     """
 
-    def __init__(self, concurrency: int, metrics: Metrics) -> None:
+    def __init__(self, concurrency: int, metrics: Metrics, max_abandoned: int = 0) -> None:
         self.concurrency = concurrency
-        self.threads = Threads(concurrency)
+        self.max_abandoned = max_abandoned or concurrency
+        # Threads for the tasks held plus the abandoned calls allowed: on trio an
+        # abandoned call keeps its thread's limiter token until it returns.
+        self.threads = Threads(concurrency + self.max_abandoned)
         self.threads.on_ended = self.changed
+        self.threads.on_abandoned = self._abandoned
+        self.too_many_abandoned: Callable[[], None] = lambda: None
         self.held: dict[bytes, Held] = {}
         self.running: dict[tuple[str, str], Held] = {}
         self.runner: Runner | None = None
@@ -49,7 +60,12 @@ class Slots:
     @property
     def free(self) -> int:
         """How many more tasks this worker may take now (0 or less: none)."""
-        return self.concurrency - len(self.held) - self.threads.abandoned
+        return self.concurrency - len(self.held)
+
+    def _abandoned(self) -> None:
+        self.changed()
+        if self.threads.abandoned > self.max_abandoned:
+            self.too_many_abandoned()
 
     def hold(self, entry_id: bytes, delivery: int) -> Held | None:
         """Take a slot for ``entry_id``; None if it is held already, or was settled a moment ago.

@@ -56,7 +56,7 @@ class Supervisor:
         *,
         env: dict[str, str] | None = None,
         drain_timeout_s: float = 30.0,
-        health_host: str = "0.0.0.0",
+        health_host: str = "127.0.0.1",
         health_port: int | None = None,
     ) -> None:
         if processes < 1:

@@ -11,8 +11,8 @@ Delivery is at-least-once with idempotent completion:
 - every task runs in its own task: async backwards and forwards on the event
   loop, synchronous ones in a worker thread (at most ``concurrency`` threads), so
   a slow synchronous function never stalls leases, heartbeats or cancellations; a
-  thread cannot be stopped, so a cancelled synchronous call is abandoned: it keeps
-  its slot (``abandoned`` in health and status) until it really returns;
+  thread cannot be stopped, so a cancelled synchronous call is abandoned (see NOTE
+  [Abandoned calls]);
 - a task is acknowledged (XACK + XDEL) in the same MULTI that writes its reply,
   so a worker that dies before replying leaves it pending;
 - the worker renews the lease of what it holds every ``lease_ms / 3``
@@ -31,6 +31,15 @@ Delivery is at-least-once with idempotent completion:
 - a worker that stops after draining deletes its consumer from the group when it
   holds no pending entry, and workers delete consumers that have received nothing
   for ``2 x lease_ms``, hold nothing and have no live heartbeat.
+
+NOTE [Abandoned calls]: a synchronous call cancelled while it runs (its deadline
+passed, its client cancelled it, a drain timed out) runs on in its thread until it
+returns: Python cannot stop a thread. It is counted (``abandoned`` in health, status
+and the ``asyncgraph_worker_abandoned_calls`` gauge) but takes no slot, so a worker
+whose every slot ran into a hung call still serves the next tasks at once. Abandoned
+calls are bounded instead: one beyond ``max_abandoned`` (default: the concurrency)
+and the worker drains and exits with ``EXIT_REPLACE`` (75), the only way to free
+those threads, so that its supervisor (``--processes``) or orchestrator replaces it.
 
 The pieces, each in its module: ``_admission`` (a pure function: run the entry, or
 settle it how), ``_outcomes`` (the commands that settle a task), ``_reply_writer``
@@ -66,9 +75,11 @@ from asyncgraph.distributed.worker._tasks import Tasks
 from asyncgraph.resp import RedisConnectionLost, ReplyError
 from asyncgraph.taskhooks import task_hooks
 
-__all__ = ["Worker", "WorkerConfig"]
+__all__ = ["EXIT_REPLACE", "Worker", "WorkerConfig"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
+
+EXIT_REPLACE = 75  # EX_TEMPFAIL: drained because of abandoned calls; start a fresh process
 
 
 class Worker:
@@ -80,7 +91,9 @@ class Worker:
     leave). Wiring only, no protocol logic of its own.
 
     ``await Worker(config, registry).serve()``; ``drain()`` stops taking tasks
-    and lets the ones held finish (at most ``drain_timeout_s``).
+    and lets the ones held finish (at most ``drain_timeout_s``). ``needs_replacing``
+    after ``serve`` returns: it drained because of too many abandoned calls (NOTE
+    [Abandoned calls]); ``asyncgraph worker`` then exits with ``EXIT_REPLACE``.
     """
 
     def __init__(self, config: WorkerConfig, registry: Registry) -> None:
@@ -96,6 +109,8 @@ class Worker:
         self._tasks = Tasks(ctx, registry, self._writer, self._cancels, self._membership)
         self._intake = Intake(ctx, self._writer, self._tasks)
         self._drained = False
+        self.needs_replacing = False  # drained for too many abandoned calls: exit EXIT_REPLACE
+        ctx.slots.too_many_abandoned = self._too_many_abandoned
 
     # -- lifecycle -----------------------------------------------------------------
     async def serve(
@@ -184,6 +199,21 @@ class Worker:
         """Synchronous calls cancelled but still running in their threads."""
         return self._ctx.slots.abandoned
 
+    def _too_many_abandoned(self) -> None:
+        """See NOTE [Abandoned calls]."""
+        if self._ctx.stopping.draining:
+            return
+        slots = self._ctx.slots
+        log.warning(
+            "worker %s: %d synchronous call(s) abandoned in their threads, above "
+            "max_abandoned=%d: draining, to be replaced by a fresh process",
+            self.consumer,
+            slots.abandoned,
+            slots.max_abandoned,
+        )
+        self.needs_replacing = True
+        self.drain()
+
     def drain(self) -> None:
         """Stop reading tasks; ``serve`` returns once the held ones are done."""
         self._ctx.stopping.drain()
@@ -196,7 +226,7 @@ class Worker:
         draining = self._ctx.stopping.draining
         ok = connected and answering and not draining
         if draining:
-            status = "draining"
+            status = "draining: too many abandoned calls" if self.needs_replacing else "draining"
         elif not connected:
             status = "connecting to Redis"
         else:
@@ -218,13 +248,15 @@ class Worker:
 
     # -- background --------------------------------------------------------------------
     async def _heartbeat(self) -> None:
-        every_s = self._membership.housekeeping_every_s()
-        last_housekeeping = time.monotonic()
+        # See NOTE [Consumer sweep] (_membership): at start, once more when the consumers
+        # too young for the first sweep can go, then every housekeeping_every_s().
+        periods = self._membership.housekeeping_periods()
+        next_housekeeping = time.monotonic()
         while True:
             try:
                 await self._membership.beat()
-                if time.monotonic() - last_housekeeping >= every_s:
-                    last_housekeeping = time.monotonic()
+                if time.monotonic() >= next_housekeeping:
+                    next_housekeeping = time.monotonic() + next(periods)
                     await self._membership.housekeeping()
             except (RedisConnectionLost, ReplyError, ValueError, TimeoutError) as exc:
                 self._ctx.health.failed("heartbeat", exc)
