@@ -132,14 +132,6 @@ def dead_stream(queue: str) -> str:
     return f"{_base(queue)}:dead"
 
 
-def settled_counter(queue: str) -> str:
-    """How many tasks of ``queue`` workers have settled (replied to or dead-lettered), ever:
-    ``asyncgraph status`` reads it twice for the rate, on every Redis version (6.2 has no
-    ``entries-read``). Incremented in the settling transaction, so a transaction sent twice
-    after a lost connection counts its tasks twice: a display figure, not an account."""
-    return f"{_base(queue)}:settled"
-
-
 def workers_hash(queue: str) -> str:
     return f"{_base(queue)}:workers"
 

@@ -195,6 +195,7 @@ class Membership:
                 "concurrency": self.config.concurrency,
                 "in_flight": len(slots.held),
                 "abandoned": slots.abandoned,
+                "settled": slots.settled,
                 "version": asyncgraph.__version__,
                 "draining": self._ctx.stopping.draining,
                 "started": self._started_at,

@@ -36,7 +36,6 @@ class ReplyWriter:
         self._ctx = ctx
         self._pool = ctx.pool
         self._tasks = keys.task_stream(ctx.config.queue)
-        self._settled = keys.settled_counter(ctx.config.queue)
         self.replies = replies
         self._health = ctx.health
         self._metrics = ctx.metrics
@@ -181,7 +180,6 @@ class ReplyWriter:
         commands += [
             ["XACK", self._tasks, keys.GROUP, *ids],
             ["XDEL", self._tasks, *ids],
-            ["INCRBY", self._settled, len(ids)],
             ["EXEC"],
         ]
         return commands

@@ -46,6 +46,9 @@ class Slots:
         self.threads.on_abandoned = self._abandoned
         self.too_many_abandoned: Callable[[], None] = lambda: None
         self.held: dict[bytes, Held] = {}
+        self.settled = 0
+        """Tasks this worker settled (replied to or dead-lettered) since it started; its
+        status line carries it, and ``asyncgraph status`` takes a rate from two readings."""
         self.running: dict[tuple[str, str], Held] = {}
         self.runner: Runner | None = None
         self._finished: dict[bytes, None] = {}
@@ -92,7 +95,8 @@ class Slots:
     def release(self, entry_ids: list[bytes]) -> None:
         """``entry_ids`` were settled in Redis: free their slots."""
         for entry_id in entry_ids:
-            self.held.pop(entry_id, None)
+            if self.held.pop(entry_id, None) is not None:
+                self.settled += 1
             self._finished[entry_id] = None
         while len(self._finished) > FINISHED_MEMORY:
             del self._finished[next(iter(self._finished))]
