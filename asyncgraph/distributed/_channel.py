@@ -24,8 +24,8 @@ executor's task group:
   stream expire ``CLIENT_TTL_MS`` ahead, renewed every ``CLIENT_BEAT_MS``; workers skip
   the tasks of a client whose key is gone (it died: nobody would read the reply), and
   its reply stream expires on the same clock (NOTE [Client liveness] in ``_liveness``).
-  A beat that finds the key gone (this loop stalled that long) sends the tasks in
-  flight again: they may have been skipped, their replies expired.
+  A beat that finds the key gone (this loop stalled that long) sends again the tasks
+  in flight that workers settled without a reply it can read (skipped, or expired).
 
 Every wait has a deadline: a Redis that is unreachable or goes away fails the
 waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
@@ -134,7 +134,6 @@ class TaskChannel:
         self._task_stream = keys.task_stream(queue)
         self._reply_stream = keys.reply_stream(queue, self.client_id)
         self._client_key = keys.client_key(queue, self.client_id)
-        self._stale_entries: list[bytes] = []  # entries of tasks sent again, to delete
         self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
@@ -218,36 +217,65 @@ class TaskChannel:
         """Tell the workers this client is alive, while the channel is open (after a first ``beat``).
 
         A beat that finds the key gone means workers may have skipped this client's
-        tasks meanwhile, and its reply stream may have expired with replies in it: the
-        tasks in flight are sent again (joined once, whichever copy answers first).
+        tasks meanwhile (``_send_lost_again``).
         """
         while True:
             await anyio.sleep(keys.CLIENT_BEAT_MS / 1000)
             try:
-                alive = await self.beat()
-            except (RedisConnectionLost, ReplyError) as exc:
+                if not await self.beat():
+                    await self._send_lost_again()
+            except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
                 log.debug("queue %r: client heartbeat: %s", self.queue, exc)
-                continue
-            if not alive:
-                self._send_again()
 
-    def _send_again(self) -> None:
-        """Send the tasks in flight again, deleting their queued entries (see ``heartbeat``)."""
-        queued = {id(p) for p in self._outbox}
-        again = [p for p in self._pending.values() if p.sent and id(p) not in queued]
-        if not again:
+    async def _send_lost_again(self) -> None:
+        """Send again the tasks in flight that workers settled with no reply to read.
+
+        After a lapse of this client's heartbeat (its loop stalled, or Redis restarted
+        empty) a worker may have skipped some of its tasks, and its reply stream may
+        have expired. A task whose entry is still in the task stream is queued or
+        running and will answer; one whose entry is gone and whose reply is not in the
+        reply stream either was skipped or its reply was lost: only those go again (a
+        reply that comes after all is joined once).
+        """
+        await let_ready_tasks_run()  # replies the listener already holds resolve first
+        flight = [p for p in self._pending.values() if p.sent and p.entry_id is not None]
+        if not flight:
             return
+        commands: list[list[Any]] = [
+            ["XRANGE", self._task_stream, p.entry_id, p.entry_id] for p in flight
+        ]
+        commands.append(["XRANGE", self._reply_stream, "-", "+"])
+        replies = await self._pool.pipeline(commands, max_bulk=self._max_bulk)
+        answered: set[bytes] = set()
+        if isinstance(replies[-1], list):
+            for _entry_id, fields in replies[-1]:
+                if isinstance(fields, list):
+                    data = dict(zip(fields[::2], fields[1::2], strict=False))
+                    hint = data.get(keys.F_TASK_HINT)
+                    if isinstance(hint, bytes):
+                        answered.add(hint)
+        queued = {id(p) for p in self._outbox}
+        again = [
+            p
+            for p, entry in zip(flight, replies, strict=False)
+            if entry == []
+            and p.task_id.encode() not in answered
+            and self._pending.get(p.task_id) is p
+            and id(p) not in queued
+        ]
         log.warning(
-            "queue %r: this client's heartbeat lapsed for over %g s (its event loop was blocked?): "
-            "workers took it for dead; sending its %d task(s) in flight again",
+            "queue %r: this client's heartbeat lapsed for over %g s (its event loop was "
+            "blocked, or Redis restarted): %d of its %d task(s) in flight were settled "
+            "without a reply to read; sending those again",
             self.queue,
             keys.CLIENT_TTL_MS / 1000,
             len(again),
+            len(flight),
         )
-        self.stats.resent += len(again)
-        self._stale_entries += [p.entry_id for p in again if p.entry_id is not None]
-        self._outbox += again
-        self._flush_wanted.set()
+        if again:
+            self.stats.resent += len(again)
+            self._outbox += again
+            self._flush_wanted.set()
 
     async def watch_deadlines(self) -> None:
         """Expire waits past ``timeout_s``: all share it, so the oldest expires first."""
@@ -349,9 +377,6 @@ class TaskChannel:
         ]
         for p in outbox:
             p.sent = True
-        stale, self._stale_entries = self._stale_entries, []
-        if stale:  # the first copies of tasks sent again: those still queued go
-            commands.append(["XDEL", self._task_stream, *stale])
         if cancels:
             # Queued entries are deleted (no worker will start them); running ones are
             # stopped by the workers watching the cancel stream.
@@ -406,7 +431,6 @@ class TaskChannel:
             if inline:  # cancelled mid-send: the flusher sends the batch again
                 self._outbox[:0] = outbox
                 self._cancels[:0] = cancels
-                self._stale_entries[:0] = stale
                 self._flush_wanted.set()
             raise
         finally:
