@@ -55,20 +55,21 @@ def _choose_test_server() -> None:
     os.environ[SERVER_ENV] = bundled[package]
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     """Which Redis the tests run on, and its version: CI runs the suite on two."""
-    if os.environ.get("REDIS_URL"):
-        return f"redis: REDIS_URL={os.environ['REDIS_URL']} (and a server found as below)"
     from asyncgraph.distributed import find_redis_server
 
+    lines = []
+    if os.environ.get("REDIS_URL"):  # the shared server; tests that start their own: below
+        lines.append(f"redis: REDIS_URL={os.environ['REDIS_URL']}")
     try:
         binary = find_redis_server()
     except FileNotFoundError as exc:
-        return f"redis: {exc}"
+        return [*lines, f"redis server: {exc}"]
     version = subprocess.run(
         [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
     ).stdout.strip()
-    return f"redis server: {binary} ({version})"
+    return [*lines, f"redis server: {binary} ({version})"]
 
 
 def _guard_fast_test(item: pytest.Item) -> Generator[None, object, object]:
