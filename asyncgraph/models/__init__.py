@@ -52,6 +52,9 @@ from asyncgraph.models._azure import AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._calls import ModelCall, observe_calls
+
+# Not a public name: how asyncgraph.optim bounds every model call of a search.
+from asyncgraph.models._calls import limit_calls as limit_calls  # isort: skip
 from asyncgraph.models._openai import OpenAIChat
 
 # Imported for its effect: it installs the task hook that counts a remote task's model

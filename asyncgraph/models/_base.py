@@ -15,7 +15,7 @@ import anyio
 from asyncgraph._exceptions import ModelBackendError, ModelError, ModelRetryError
 from asyncgraph._redact import redact, redact_url
 from asyncgraph.models._cache import Cache, digest_request
-from asyncgraph.models._calls import ModelCall, notify_call, observing_calls
+from asyncgraph.models._calls import ModelCall, call_slot, notify_call, observing_calls
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
@@ -183,7 +183,8 @@ class BaseChatModel(ABC):
                 await self._cache_delete(store, key)
         attempts = [0]
         try:
-            completion = await self._complete_with_retries(msgs, params, attempts)
+            async with call_slot():  # bounded when the caller asked (limit_calls)
+                completion = await self._complete_with_retries(msgs, params, attempts)
         except Exception as exc:
             self._record_usage(UsageMeter.record_error)
             if observed:

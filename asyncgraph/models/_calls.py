@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CallObserver", "ModelCall", "notify_call", "observe_calls", "observing_calls"]
+import anyio
+
+__all__ = [
+    "CallObserver",
+    "ModelCall",
+    "call_slot",
+    "limit_calls",
+    "notify_call",
+    "observe_calls",
+    "observing_calls",
+]
 
 logger = logging.getLogger("asyncgraph.models")
 
@@ -105,3 +115,39 @@ def notify_call(call: ModelCall) -> None:
             observer(call)
         except Exception:  # an observer must not cost the caller its answer
             logger.exception("model call observer %r raised", observer)
+
+
+_SLOTS: contextvars.ContextVar[anyio.Semaphore | None] = contextvars.ContextVar(
+    "asyncgraph_call_slots", default=None
+)
+
+
+@contextmanager
+def limit_calls(slots: anyio.Semaphore) -> Iterator[None]:
+    """Make every ``BaseChatModel.complete`` of this context (and of the tasks it starts)
+    that reaches its provider hold one of ``slots`` for the length of the call (rate-limit
+    waits and retries included; cache hits take none). For a caller that bounds all the
+    model calls of its work, whichever objects make them (``ParetoSearch``). The inner
+    block wins when blocks nest."""
+    token = _SLOTS.set(slots)
+    try:
+        yield
+    finally:
+        _SLOTS.reset(token)
+
+
+@asynccontextmanager
+async def call_slot() -> AsyncIterator[None]:
+    """Hold a slot of the ``limit_calls`` block around a call, if one is open. Inside, no
+    block is open: a model calling another model in its call takes one slot, not two
+    (which could wait forever)."""
+    slots = _SLOTS.get()
+    if slots is None:
+        yield
+        return
+    async with slots:
+        token = _SLOTS.set(None)
+        try:
+            yield
+        finally:
+            _SLOTS.reset(token)

@@ -5,11 +5,14 @@ validation sample (the Pareto set). Parents are drawn from the Pareto frontier o
 per-example scores, so a candidate that is best on even one example survives; children
 come from the textual gradients of the parent's failing training examples (forward,
 loss, ``await backward()``, then TGD's rewrite from ``.grad``); candidates that are best
-on disjoint example sets are merged. Work is done in rounds: every proposal and merge of
-a round runs at once (forwards bounded by one ``anyio.CapacityLimiter``), and the round's
-outcomes join the pool in a fixed order, so a seed and a deterministic model give one
-result however the tasks interleave, and a search resumed from ``state_dict()`` between
-rounds ends exactly where an uninterrupted one does.
+on disjoint example sets are merged. It starts greedy (one proposal a round, from the
+last accepted child, validated only when the chain stalls) and widens to rounds of
+several proposals and merges once greedy steps stop paying. Work is done in rounds: the
+items of a round run at once (every model call bounded by ``max_concurrency``), children
+equal to a known candidate or to an earlier sibling are dropped before any validation,
+and the round's outcomes join the pool in plan order, so a seed and a deterministic model
+give one result however the tasks interleave, and a search resumed from ``state_dict()``
+between rounds ends exactly where an uninterrupted one does.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from asyncgraph import (
     no_grad,
 )
 from asyncgraph._exceptions import ModelConfigError, NoFeedbackWarning, UpdateParseError
-from asyncgraph.models import BaseChatModel, ChatModel, track_usage
+from asyncgraph.models import BaseChatModel, ChatModel, limit_calls, track_usage
 from asyncgraph.optim._frontier import (
     Candidate,
     ancestors,
@@ -62,7 +65,7 @@ from asyncgraph.text import (
 __all__ = ["Candidate", "ParetoSearch", "SearchResult"]
 
 FORMAT = "asyncgraph-pareto-search"
-VERSION = 1
+VERSION = 2
 
 Forward = Callable[[Module, Mapping[str, Any]], Awaitable[Any]]
 """``forward(program, example)``: run ``program`` (a copy of the searched Module holding one
@@ -103,6 +106,33 @@ class _Outcome:
     note: str = ""
     cost: tuple[int, int, float] = (0, 0, 0.0)
     """Model calls, tokens and dollars the item spent."""
+    improved: bool = False
+    """A greedy proposal whose child beat its parent on the minibatch."""
+
+
+@dataclass
+class _Draft:
+    """A proposal after its rewrite: the child's values and the parent's minibatch."""
+
+    outcome: _Outcome
+    child: dict[str, Any]
+    parent: dict[str, Any]
+    examples: list[Mapping[str, Any]]
+    before: float
+    """The parent's summed score on the minibatch."""
+
+
+def _key(values: Mapping[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True)
+
+
+def _add_cost(outcome: _Outcome, spent: Any) -> None:
+    calls, tokens, cost = outcome.cost
+    outcome.cost = (
+        calls + spent.requests,
+        tokens + spent.total_tokens,
+        cost + spent.cost_usd,
+    )
 
 
 def _unpack(result: Any) -> tuple[Variable, float]:
@@ -177,13 +207,28 @@ class ParetoSearch:
       from ``program`` (copies run concurrently), never from ``module`` itself.
     - The Pareto set: ``val_size`` examples of ``val_set`` (a seeded sample; all by
       default). Every accepted candidate is scored on each of them.
-    - A round draws ``proposals`` parents from the frontier (weighted by the number of
-      examples each is best on; at most ``max_frontier`` candidates, the best covering
-      ones), each with a ``minibatch_size`` sample of ``train_set``. A proposal runs the
-      parent on its minibatch with grad, backpropagates the losses of the examples
-      scored below ``perfect_score``, and rewrites each parameter from its ``.grad``
-      with ``TGD`` (``tgd_options`` are passed on); the child is kept if it scores
-      better than the parent on that minibatch, then scored on the Pareto set.
+    - A proposal runs its parent on a ``minibatch_size`` sample of ``train_set`` with
+      grad, backpropagates the losses of the examples scored below ``perfect_score``,
+      and rewrites each parameter from its ``.grad`` with ``TGD`` (``tgd_options`` are
+      passed on). A child equal to a candidate of the pool, or to an earlier sibling of
+      its round (in plan order, after every rewrite of the round is known), is dropped
+      before it costs a forward. The others are scored on the minibatch and kept only
+      if better than the parent there.
+    - Validation is spent in proportion to what it buys. The search starts *greedy*:
+      one proposal a round, from the last accepted child (the *tip*), which is not
+      validated yet: as in TGD, each accepted step builds on the last. The tip is
+      scored on the Pareto set only when the chain stalls (``patience`` proposals in a
+      row that did not improve) or when the budget left would not pay for one more
+      proposal and that validation (or in the last round of ``max_rounds``); so a run
+      of accepted rewrites costs one validation, not one each. Greedy ends (the search
+      *widens*) when a validated tip is no better on the Pareto set than the candidate
+      its chain began from, or when ``patience`` proposals in a row from the best
+      validated candidate fail. ``patience=0`` starts wide.
+    - A wide round draws ``proposals`` parents from the frontier (weighted by the
+      number of examples each is best on; at most ``max_frontier`` candidates, the best
+      covering ones). A child that beat its parent on its minibatch is scored on a
+      seeded quarter of the Pareto set first, and on the rest only if it is at least as
+      good as its parent on that quarter.
     - It also makes up to ``merges`` merges of frontier candidates that are each best
       on examples where the other is not (each pair once): per parameter, the version
       that changed since their common ancestor, or a model-written merge where both
@@ -197,13 +242,17 @@ class ParetoSearch:
       checked between rounds, and a round is shrunk to as many work items as the
       remaining budget affords at the cost of the dearest item so far (at least one).
       So while no item costs more than the dearest before it, the search ends within
-      the budget, or over it by at most one item's cost when not even one fits.
+      the budget, or over it by at most one item's cost when not even one fits (a
+      greedy round that also validates its tip counts as one item).
     - ``model`` (a ChatModel or spec; default: the default feedback model) writes the
       rewrites and merges; ``executor`` runs the backwards (e.g. a Redis fleet).
 
     Everything that can run at once does: the proposals and merges of a round, the
-    examples of each evaluation (bounded by ``max_concurrency`` forwards at a time), and
-    each backward's independent feedback requests. ``history`` holds one row per round:
+    examples of each evaluation, and each backward's independent feedback requests.
+    ``max_concurrency`` bounds the forwards in flight and, separately, every model call
+    the search makes in this process, whichever object makes it (forwards, feedback,
+    rewrites, merges: ``asyncgraph.models.limit_calls`` around each round; calls made
+    on a remote ``executor``'s workers are bounded there). ``history`` holds one row per round:
     what ran, what was kept, the calls and tokens so far, and each work item's
     ``stages`` (the sequence of model-call phases it went through).
 
@@ -240,6 +289,7 @@ class ParetoSearch:
         val_size: int | None = None,
         max_frontier: int = 8,
         max_concurrency: int = 16,
+        patience: int = 2,
         perfect_score: float = 1.0,
         seed: int = 0,
         tgd_options: Mapping[str, Any] | None = None,
@@ -273,6 +323,7 @@ class ParetoSearch:
         _positive("val_size", val_size, allow_none=True)
         _positive("max_frontier", max_frontier)
         _positive("max_concurrency", max_concurrency)
+        _positive("patience", patience, minimum=0)
         if model is not None and not isinstance(model, (str, ChatModel)):
             raise TypeError(f"ParetoSearch: model must be a ChatModel or a spec, got {model!r}")
         self.module = module
@@ -290,6 +341,7 @@ class ParetoSearch:
         self.minibatch_size = min(minibatch_size, len(self.train_set))
         self.max_frontier = max_frontier
         self.max_concurrency = max_concurrency
+        self.patience = patience
         self.perfect_score = float(perfect_score)
         self.seed = seed
         self.tgd_options = dict(tgd_options or {})
@@ -310,6 +362,13 @@ class ParetoSearch:
         """The most calls, tokens and dollars one work item has cost (sizes the last round)."""
         self.merged_pairs: set[tuple[int, int]] = set()
         self.history: list[dict[str, Any]] = []
+        self.greedy = patience > 0
+        """True while rounds are greedy (one proposal, from the tip)."""
+        self.tip: dict[str, Any] | None = None
+        """The greedy chain's last accepted child, not validated yet: ``values``, the
+        ``parent`` (the validated candidate the chain began from) and its ``steps``."""
+        self.idle = 0
+        """Greedy proposals in a row that did not improve."""
         self._limiter: anyio.CapacityLimiter | None = None
         self.round_walls: list[float] = []
         """Wall time of each round run by this object (not part of the state)."""
@@ -322,6 +381,7 @@ class ParetoSearch:
             "pareto_indices": list(self.pareto_indices),
             "train_size": len(self.train_set),
             "minibatch_size": self.minibatch_size,
+            "patience": self.patience,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -339,6 +399,9 @@ class ParetoSearch:
             "pool": [c.to_data() for c in self.pool],
             "merged_pairs": sorted([a, b] for a, b in self.merged_pairs),
             "history": copy.deepcopy(self.history),
+            "greedy": self.greedy,
+            "tip": copy.deepcopy(self.tip),
+            "idle": self.idle,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -362,6 +425,14 @@ class ParetoSearch:
             dearest = [*state.get("dearest_item", ()), 0, 0, 0.0][:3]
             dearest_item = (int(dearest[0]), int(dearest[1]), float(dearest[2]))
             cost_usd = float(state.get("cost_usd", 0.0))
+            greedy, idle = bool(state["greedy"]), int(state["idle"])
+            tip = state["tip"]
+            if tip is not None:
+                tip = {
+                    "values": copy.deepcopy(dict(tip["values"])),
+                    "parent": int(tip["parent"]),
+                    "steps": int(tip["steps"]),
+                }
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"ParetoSearch state is corrupt: {exc!r}") from None
         for c in pool:
@@ -370,6 +441,7 @@ class ParetoSearch:
         self.pool, self.merged_pairs, self.history = pool, merged, history
         self.round, self.calls, self.tokens, self.work_done = numbers
         self.dearest_item, self.cost_usd = dearest_item, cost_usd
+        self.greedy, self.tip, self.idle = greedy, tip, idle
 
     # -- budget ------------------------------------------------------------------------
     def exhausted(self) -> bool:
@@ -486,19 +558,43 @@ class ParetoSearch:
     def _merge_pairs(self, frontier: list[tuple[Candidate, int]]) -> list[tuple[int, int]]:
         return merge_pairs(self.pool, frontier, self.merged_pairs)
 
+    def _tip_due(self) -> bool:
+        """True when the greedy tip must be validated now: this is the last round of
+        ``max_rounds``, or the budget left would not pay for one more proposal and the
+        tip's validation (both at the dearest cost seen so far)."""
+        if self.max_rounds is not None and self.round >= self.max_rounds:
+            return True
+        item = self.dearest_item if self.work_done else self._first_item_estimate()
+        seed = self.history[0] if self.history else {"calls": 0, "tokens": 0}
+        need = (
+            item[0] + int(seed["calls"]),
+            item[1] + int(seed["tokens"]),
+            item[2] + float(seed.get("cost_usd", 0.0)),
+        )
+        return (
+            (self.max_calls is not None and self.max_calls - self.calls < need[0])
+            or (self.max_tokens is not None and self.max_tokens - self.tokens < need[1])
+            or (self.max_cost_usd is not None and self.max_cost_usd - self.cost_usd < need[2])
+        )
+
     async def step(self) -> bool:
         """Run one round (the seed's evaluation first, if not done); False if the budget
-        was already spent (nothing ran)."""
-        if self.pool and self.exhausted():
+        was already spent (nothing ran). A greedy tip still unvalidated when the budget is
+        spent is validated in one more round (over the budget by that validation)."""
+        if self.pool and self.exhausted() and self.tip is None:
             return False
         started = time.perf_counter()
         self._limiter = anyio.CapacityLimiter(self.max_concurrency)
-        with track_usage() as usage:
+        with track_usage() as usage, limit_calls(anyio.Semaphore(self.max_concurrency)):
             if not self.pool:
                 values = self.module.state_dict()
                 scores = await self._scores(values, self.pareto_indices)
                 self.pool.append(Candidate(0, values, (), "seed", 0, scores))
                 outcomes: list[_Outcome] = [_Outcome("seed", (), stages=["validation"])]
+            elif self.tip is not None and self.exhausted():
+                outcomes = [await self._validate_tip(_Outcome("validation", ()))]
+            elif self.greedy:
+                outcomes = [await self._greedy_round()]
             else:
                 outcomes = await self._round()
         spent = usage.snapshot()
@@ -518,49 +614,144 @@ class ParetoSearch:
         self.round += 1
         return True
 
-    async def _round(self) -> list[_Outcome]:
-        items = self._plan()
-        outcomes: list[_Outcome | None] = [None] * len(items)
-
-        async def run(i: int) -> None:
-            kind, arg = items[i]
-            with track_usage() as usage:  # nested: the round's meter counts these too
-                if kind == "merge":
-                    outcome = await self._merge(*arg)
-                else:
-                    outcome = await self._propose(*arg)
-            spent = usage.snapshot()
-            outcome.cost = (spent.requests, spent.total_tokens, spent.cost_usd)
-            outcomes[i] = outcome
-
-        await run_all([functools.partial(run, i) for i in range(len(items))])
-        done = [o for o in outcomes if o is not None]
+    def _tally(self, done: list[_Outcome]) -> None:
         self.work_done += len(done)
         self.dearest_item = (
             max([self.dearest_item[0], *(o.cost[0] for o in done)]),
             max([self.dearest_item[1], *(o.cost[1] for o in done)]),
             max([self.dearest_item[2], *(o.cost[2] for o in done)]),
         )
-        known = {json.dumps(c.values, sort_keys=True) for c in self.pool}
-        for outcome in done:  # in plan order: the pool does not depend on timing
+
+    def _add(
+        self, values: dict[str, Any], parents: tuple[int, ...], kind: str, scores: list[float]
+    ) -> int:
+        cid = max(c.id for c in self.pool) + 1
+        self.pool.append(Candidate(cid, values, parents, kind, self.round, scores))
+        return cid
+
+    # -- greedy rounds -------------------------------------------------------------------
+    async def _greedy_round(self) -> _Outcome:
+        """One proposal from the tip (or the best validated candidate); the tip is
+        validated when the chain stalls or the budget is about to end."""
+        tip = self.tip
+        parent = self._by_id(tip["parent"]) if tip is not None else self.best
+        values = tip["values"] if tip is not None else parent.values
+        outcome = _Outcome("proposal", (parent.id,))
+        if tip is not None and self._tip_due():
+            outcome.kind = "validation"
+            return await self._validate_tip(outcome)
+        rng = random.Random(f"{self.seed}:round:{self.round}")
+        batch = sorted(rng.sample(range(len(self.train_set)), self.minibatch_size))
+        with track_usage() as usage:
+            draft = await self._draft(values, batch, outcome)
+            if draft is not None:
+                if _key(draft.child) in {_key(c.values) for c in self.pool}:
+                    outcome.note = "duplicate of a candidate (not scored)"
+                elif await self._better_on_minibatch(draft):
+                    steps = 1 + (tip["steps"] if tip is not None else 0)
+                    self.tip = {"values": draft.child, "parent": parent.id, "steps": steps}
+                    outcome.improved = True
+                    outcome.note = f"accepted as the tip ({steps} step(s) from {parent.id})"
+        _add_cost(outcome, usage.snapshot())
+        self.idle = 0 if outcome.improved else self.idle + 1
+        if self.tip is not None and (self.idle >= self.patience or self._tip_due_after(outcome)):
+            return await self._validate_tip(outcome)
+        if self.tip is None and self.idle >= self.patience:
+            self.greedy = False
+            outcome.note += "; greedy stalled: widening"
+        self._tally([outcome])
+        return outcome
+
+    def _tip_due_after(self, outcome: _Outcome) -> bool:
+        """``_tip_due`` once this round's spending so far is counted."""
+        saved = self.calls, self.tokens, self.cost_usd, self.round
+        self.calls += outcome.cost[0]
+        self.tokens += outcome.cost[1]
+        self.cost_usd += outcome.cost[2]
+        self.round += 1
+        try:
+            return self._tip_due()
+        finally:
+            self.calls, self.tokens, self.cost_usd, self.round = saved
+
+    async def _validate_tip(self, outcome: _Outcome) -> _Outcome:
+        """Score the tip on the Pareto set and add it to the pool; widen if the chain did
+        not beat the candidate it began from."""
+        tip = self.tip
+        assert tip is not None
+        self.tip, self.idle = None, 0
+        parent = self._by_id(tip["parent"])
+        with track_usage() as usage:
+            scores = await self._scores(tip["values"], self.pareto_indices)
+        _add_cost(outcome, usage.snapshot())
+        outcome.stages.append("validation")
+        cid = self._add(tip["values"], (parent.id,), "proposal", scores)
+        outcome.note += ("; " if outcome.note else "") + f"tip validated, kept as {cid}"
+        if sum(scores) <= sum(parent.scores):
+            self.greedy = False
+            outcome.note += " (no better than its chain's start: widening)"
+        self._tally([outcome])
+        return outcome
+
+    # -- wide rounds ---------------------------------------------------------------------
+    async def _child_of(
+        self, item: tuple[str, Any], outcome: _Outcome
+    ) -> _Draft | dict[str, Any] | None:
+        """A wide round's first phase: a proposal's rewrite or a merge's values."""
+        kind, arg = item
+        if kind != "merge":
+            parent_id, batch = arg
+            return await self._draft(self._by_id(parent_id).values, batch, outcome)
+        a, b = self._by_id(arg[0]), self._by_id(arg[1])
+        merged = await self._merged_values(a, b, outcome)
+        if merged is not None and merged in (a.values, b.values):
+            outcome.note = "merge equals a parent"
+            return None
+        return merged
+
+    async def _round(self) -> list[_Outcome]:
+        items = self._plan()
+        outcomes = [
+            _Outcome(kind, (arg[0],) if kind == "proposal" else tuple(arg)) for kind, arg in items
+        ]
+        drafts: list[_Draft | dict[str, Any] | None] = [None] * len(items)
+
+        async def first(i: int) -> None:  # the rewrites and merges: what each child is
+            with track_usage() as usage:  # nested: the round's meter counts these too
+                drafts[i] = await self._child_of(items[i], outcomes[i])
+            _add_cost(outcomes[i], usage.snapshot())
+
+        await run_all([functools.partial(first, i) for i in range(len(items))])
+        known = {_key(c.values) for c in self.pool}
+        for i, draft in enumerate(drafts):  # in plan order: the same survivors every time
+            if draft is None:
+                continue
+            key = _key(draft.child if isinstance(draft, _Draft) else draft)
+            if key in known:
+                outcomes[i].note = "duplicate (not scored)"
+                drafts[i] = None
+            known.add(key)
+
+        async def second(i: int) -> None:  # the survivors' scores
+            draft = drafts[i]
+            with track_usage() as usage:
+                if isinstance(draft, _Draft):
+                    await self._check(draft, i)
+                elif draft is not None:
+                    await self._check_merge(draft, outcomes[i])
+            _add_cost(outcomes[i], usage.snapshot())
+
+        await run_all([functools.partial(second, i) for i in range(len(items))])
+        self._tally(outcomes)
+        for outcome in outcomes:  # in plan order: the pool does not depend on timing
             if outcome.kind == "merge":
                 a, b = outcome.parents
                 self.merged_pairs.add((min(a, b), max(a, b)))
             if outcome.child is None or outcome.scores is None:
                 continue
-            key = json.dumps(outcome.child, sort_keys=True)
-            if key in known:
-                outcome.note = "duplicate"
-                continue
-            known.add(key)
-            cid = max(c.id for c in self.pool) + 1
-            self.pool.append(
-                Candidate(
-                    cid, outcome.child, outcome.parents, outcome.kind, self.round, outcome.scores
-                )
-            )
+            cid = self._add(outcome.child, outcome.parents, outcome.kind, outcome.scores)
             outcome.note = f"kept as {cid}"
-        return done
+        return outcomes
 
     def _row(self, outcomes: list[_Outcome]) -> dict[str, Any]:
         best = self.best
@@ -579,6 +770,8 @@ class ParetoSearch:
                 for o in outcomes
             ],
             "pool": len(self.pool),
+            "greedy": self.greedy,
+            "tip_steps": 0 if self.tip is None else self.tip["steps"],
             "frontier": [c.id for c, _ in self.frontier()],
             "best_id": best.id,
             "best_score": best.mean,
@@ -587,10 +780,12 @@ class ParetoSearch:
             "cost_usd": self.cost_usd,
         }
 
-    async def _propose(self, parent_id: int, batch: list[int]) -> _Outcome:
-        parent = self._by_id(parent_id)
-        outcome = _Outcome("proposal", (parent_id,))
-        program = self._program(parent.values)
+    async def _draft(
+        self, values: dict[str, Any], batch: list[int], outcome: _Outcome
+    ) -> _Draft | None:
+        """The parent's forward on its minibatch, the backward of its failures and the
+        rewrite: the child's values (None, with a note, when there is no new child)."""
+        program = self._program(values)
         examples = [self.train_set[i] for i in batch]
         with enable_grad():
             results = await self._run_examples(program, examples)
@@ -598,7 +793,7 @@ class ParetoSearch:
         failing = [loss for loss, score in results if score < self.perfect_score]
         if not failing:
             outcome.note = "parent perfect on its minibatch"
-            return outcome
+            return None
         await backward(failing, executor=self.executor)
         outcome.stages.append("backward")
         tgd = TGD(program.parameters(), model=self._model(), **self.tgd_options)
@@ -608,26 +803,63 @@ class ParetoSearch:
                 await tgd.step()
         except UpdateParseError as exc:
             outcome.note = f"rewrite unreadable: {exc.role!r}"
-            return outcome
+            return None
         outcome.stages.append("rewrite")
         child = program.state_dict()
-        if child == parent.values:
+        if child == values:
             outcome.note = "rewrite changed nothing"
-            return outcome
-        with no_grad():
-            child_results = await self._run_examples(self._program(child), examples)
-        outcome.stages.append("minibatch")
+            return None
         before = sum(score for _, score in results)
+        return _Draft(outcome, child, dict(values), examples, before)
+
+    async def _better_on_minibatch(self, draft: _Draft) -> bool:
+        with no_grad():
+            child_results = await self._run_examples(self._program(draft.child), draft.examples)
+        draft.outcome.stages.append("minibatch")
         after = sum(score for _, score in child_results)
-        if after <= before:
-            outcome.note = f"no better on its minibatch ({after:g} <= {before:g})"
-            return outcome
-        outcome.scores = await self._scores(child, self.pareto_indices)
-        outcome.stages.append("validation")
-        outcome.child = child
-        return outcome
+        if after <= draft.before:
+            draft.outcome.note = f"no better on its minibatch ({after:g} <= {draft.before:g})"
+            return False
+        return True
+
+    async def _check(self, draft: _Draft, index: int) -> None:
+        """A wide round's child: its minibatch, then a seeded quarter of the Pareto set,
+        then (at least as good as its parent there) the rest."""
+        outcome = draft.outcome
+        if not await self._better_on_minibatch(draft):
+            return
+        parent = self._by_id(outcome.parents[0])
+        n = len(self.pareto_indices)
+        rng = random.Random(f"{self.seed}:sample:{self.round}:{index}")
+        sample = sorted(rng.sample(range(n), max(1, n // 4)))
+        first = await self._scores(draft.child, [self.pareto_indices[j] for j in sample])
+        outcome.stages.append("validation (sample)")
+        got, need = sum(first), sum(parent.scores[j] for j in sample)
+        if got < need:
+            outcome.note = (
+                f"worse than its parent on a sample of the Pareto set ({got:g} < {need:g})"
+            )
+            return
+        rest = [j for j in range(n) if j not in set(sample)]
+        outcome.scores = self._combine(
+            sample,
+            first,
+            rest,
+            await self._scores(draft.child, [self.pareto_indices[j] for j in rest]),
+        )
+        outcome.stages.append("validation (rest)")
+        outcome.child = draft.child
+
+    def _combine(
+        self, first: list[int], first_scores: list[float], rest: list[int], rest_scores: list[float]
+    ) -> list[float]:
+        scores = [0.0] * len(self.pareto_indices)
+        for j, s in [*zip(first, first_scores, strict=True), *zip(rest, rest_scores, strict=True)]:
+            scores[j] = s
+        return scores
 
     async def _merge(self, a_id: int, b_id: int) -> _Outcome:
+        """One merge of candidates ``a_id`` and ``b_id``, scored (the child or a note)."""
         a, b = self._by_id(a_id), self._by_id(b_id)
         outcome = _Outcome("merge", (a_id, b_id))
         merged = await self._merged_values(a, b, outcome)
@@ -636,6 +868,14 @@ class ParetoSearch:
         if merged in (a.values, b.values):
             outcome.note = "merge equals a parent"
             return outcome
+        await self._check_merge(merged, outcome)
+        return outcome
+
+    async def _check_merge(self, merged: dict[str, Any], outcome: _Outcome) -> None:
+        """A merge is kept if it does at least as well as both parents on the examples
+        they win; then it is scored on the rest of the Pareto set."""
+        a_id, b_id = outcome.parents
+        a, b = self._by_id(a_id), self._by_id(b_id)
         wins = self._wins()
         shared = sorted(wins[a_id] | wins[b_id])
         first_scores = await self._scores(merged, [self.pareto_indices[j] for j in shared])
@@ -644,15 +884,14 @@ class ParetoSearch:
         need = max(sum(a.scores[j] for j in shared), sum(b.scores[j] for j in shared))
         if got < need:
             outcome.note = f"worse than a parent where they win ({got:g} < {need:g})"
-            return outcome
+            return
         rest = [j for j in range(len(self.pareto_indices)) if j not in set(shared)]
         rest_scores = await self._scores(merged, [self.pareto_indices[j] for j in rest])
         outcome.stages.append("validation (rest)")
-        scores = [0.0] * len(self.pareto_indices)
-        for j, s in [*zip(shared, first_scores, strict=True), *zip(rest, rest_scores, strict=True)]:
-            scores[j] = s
-        outcome.child, outcome.scores = merged, scores
-        return outcome
+        outcome.child, outcome.scores = (
+            merged,
+            self._combine(shared, first_scores, rest, rest_scores),
+        )
 
     async def _merged_values(
         self, a: Candidate, b: Candidate, outcome: _Outcome

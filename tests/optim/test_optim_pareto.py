@@ -45,6 +45,19 @@ async def test_finds_the_best_prompt_despite_conflicting_instructions() -> None:
     assert result.best.values == {"prompt": BEST}
     assert result.best_score == pytest.approx(accuracy(BEST, VAL)) == pytest.approx(9 / 11)
     assert accuracy(BASE, VAL) == 0
+    # Greedy steps add a, b, c (one rewrite each) and one validation finds the best.
+    assert search.best.origin == "proposal"
+    first = next(row for row in result.history if row["best_score"] == result.best_score)
+    assert first["calls"] < 100 and first["greedy"]
+    assert not result.history[-1]["greedy"]  # then greedy stalled and the search widened
+
+
+async def test_started_wide_it_finds_the_best_prompt_by_a_merge() -> None:
+    model = make_model()
+    program = SkillProgram(model)
+    search = search_for(program, model, patience=0)
+    result = await search.run()
+    assert result.best.values == {"prompt": BEST}
     kinds = {w["kind"] for row in result.history for w in row["work"]}
     assert kinds == {"seed", "proposal", "merge"}
     assert search.best.origin == "merge"  # the best joins two lineages
@@ -63,17 +76,18 @@ async def test_same_seed_same_search_and_another_seed_differs() -> None:
     assert states[0]["history"] != states[2]["history"]
 
 
-async def test_deterministic_whatever_the_timing() -> None:
+@pytest.mark.parametrize("patience", [2, 0])
+async def test_deterministic_whatever_the_timing(patience: int) -> None:
     # Replies arrive in an order set by per-request latencies: the pool is the same.
     async def jittery(messages: list[dict[str, Any]]) -> str:
         await anyio.sleep((hash(json.dumps(messages)) % 5) / 1000)
         return respond(messages)
 
     plain = make_model()
-    first = search_for(SkillProgram(plain), plain, max_calls=300)
+    first = search_for(SkillProgram(plain), plain, max_calls=300, patience=patience)
     await first.run()
     slow = SimulatedModel(latency_s=0.0, responder=jittery, tag_replies=False)
-    second = search_for(SkillProgram(slow), slow, max_calls=300)
+    second = search_for(SkillProgram(slow), slow, max_calls=300, patience=patience)
     await second.run()
     assert first.state_dict() == second.state_dict()
 
@@ -315,8 +329,9 @@ async def test_the_searched_module_is_untouched_until_the_end() -> None:
     model = make_model()
     program = SkillProgram(model)
     search = search_for(program, model)
-    for _ in range(3):
+    for _ in range(6):
         await search.step()
+    assert search.best.values["prompt"] != BASE  # a tip was validated
     assert program.prompt.data == BASE and program.prompt.grad is None
     search.finish()
     assert program.prompt.data == search.best.values["prompt"] != BASE
