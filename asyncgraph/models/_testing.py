@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import hashlib
 import json
 import math
 import threading
@@ -90,6 +91,33 @@ def _words(body: Any) -> int:
         return 0
 
 
+# OpenAI's documented prompt-caching rule: a prompt of 1,024 tokens or more may be served
+# from cache for the longest prefix seen before, counted in 128-token steps.
+CACHE_MIN_TOKENS = 1024
+CACHE_STEP_TOKENS = 128
+
+
+def _prefix_keys(body: Any) -> list[str]:
+    """Hashes of the prompt's prefixes at 1,024 tokens and every 128 after (a token is a
+    word, as in the usage; a message's first word carries its role), with the model."""
+    try:
+        messages, model = body["messages"], str(body.get("model", ""))
+        tokens = [
+            f"{m.get('role')}:{word}" if i == 0 else word
+            for m in messages
+            for i, word in enumerate(str(m.get("content", "")).split())
+        ]
+    except (KeyError, TypeError, AttributeError):
+        return []
+    digest = hashlib.sha256(model.encode())
+    keys = []
+    for n, token in enumerate(tokens, 1):
+        digest.update(b"\0" + token.encode())
+        if n >= CACHE_MIN_TOKENS and (n - CACHE_MIN_TOKENS) % CACHE_STEP_TOKENS == 0:
+            keys.append(digest.copy().hexdigest())
+    return keys
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: OpenAITestServer
@@ -125,6 +153,12 @@ class OpenAITestServer:
     when ``requests_per_window`` requests were already let through in the last
     ``window_s`` seconds; the 429s it answers do not count. ``handler(body) -> Reply | None`` decides
     answers after the scripted queue is empty (``None`` = default echo).
+
+    ``prompt_cache=True`` applies OpenAI's documented caching rule: an answer reports
+    ``usage.prompt_tokens_details.cached_tokens``, the longest prefix of its prompt that
+    an earlier answered request had too, if 1,024 tokens or more, in 128-token steps
+    (tokens counted as the usage counts them: words; prefixes of another model's
+    requests do not count).
     """
 
     def __init__(
@@ -133,10 +167,13 @@ class OpenAITestServer:
         requests_per_window: int | None = None,
         window_s: float = 60.0,
         handler: Callable[[Any], Reply | None] | None = None,
+        prompt_cache: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         self.requests_per_window = requests_per_window
+        self.prompt_cache = prompt_cache
+        self._seen_prefixes: set[str] = set()
         self.window_s = window_s
         self.handler = handler
         self._host, self._port = host, port
@@ -268,6 +305,13 @@ class OpenAITestServer:
         text = reply.text if reply.text is not None else echo_text(body)
         model = body.get("model", "test-model") if isinstance(body, dict) else "test-model"
         prompt, completion = _words(body), len(text.split())
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        if self.prompt_cache:
+            usage["prompt_tokens_details"] = {"cached_tokens": self._cached_tokens(body)}
         return {
             "id": f"chatcmpl-test-{len(self._requests)}",
             "object": "chat.completion",
@@ -280,13 +324,16 @@ class OpenAITestServer:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                **(reply.usage or {}),
-            },
+            "usage": {**usage, **(reply.usage or {})},
         }
+
+    def _cached_tokens(self, body: Any) -> int:
+        """Tokens of ``body``'s prompt served from the simulated cache; remembers its prefixes."""
+        keys = _prefix_keys(body)
+        with self._cond:
+            hits = [i for i, key in enumerate(keys) if key in self._seen_prefixes]
+            self._seen_prefixes.update(keys)
+        return CACHE_MIN_TOKENS + CACHE_STEP_TOKENS * max(hits) if hits else 0
 
     def _error(self, reply: Reply, message: str) -> Any:
         """The JSON of an error answer."""

@@ -12,9 +12,11 @@ the real service refuses, with its error bodies:
   Anthropic's types per status (529 ``overloaded_error``...). A forced tool
   (``tool_choice: {"type": "tool"}``) is answered with a ``tool_use`` block whose
   ``input`` is the reply text parsed as JSON. It keeps a prompt cache as Anthropic
-  does: the prefix up to the last ``cache_control`` block is written on first sight
-  (``cache_creation_input_tokens``) and read after (``cache_read_input_tokens``); a
-  token is a word here.
+  does: the prefix up to each ``cache_control`` block is written on first sight
+  (``cache_creation_input_tokens``, up to the last mark, less what is read) and read
+  after (``cache_read_input_tokens``, up to the longest marked prefix seen before); a
+  mark whose prefix is shorter than ``min_cache_tokens`` (Anthropic's minimum is 1,024
+  tokens for most models; default 0 here) caches nothing; a token is a word here.
 - ``AzureOpenAITestServer``: ``POST /openai/deployments/{name}/chat/completions
   ?api-version=V`` with ``api-key`` (or ``Authorization: Bearer`` for Entra ID);
   unknown deployments, a missing api-version and a wrong key are answered as Azure
@@ -197,9 +199,16 @@ class AnthropicTestServer(OpenAITestServer):
     """See the module docstring. ``url`` is the ``base_url`` to give ``AnthropicChat``;
     ``api_key`` is the key it accepts (``None``: any key, but one is required)."""
 
-    def __init__(self, *, api_key: str | None = "anthropic-test-key", **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = "anthropic-test-key",
+        min_cache_tokens: int = 0,
+        **options: Any,
+    ) -> None:
         super().__init__(**options)
         self.api_key = api_key
+        self.min_cache_tokens = min_cache_tokens
         self._cached_prefixes: set[str] = set()
         self._cache_lock = threading.Lock()
 
@@ -227,19 +236,29 @@ class AnthropicTestServer(OpenAITestServer):
         """``(uncached, written, read)`` words of the prompt (see the module docstring)."""
         blocks = _prompt_blocks(body)
         words = [_block_words(b) for b in blocks]
-        marks = [i for i, b in enumerate(blocks) if isinstance(b, dict) and "cache_control" in b]
-        if not marks:
+        ends = [
+            i + 1
+            for i, b in enumerate(blocks)
+            if isinstance(b, dict)
+            and "cache_control" in b
+            and sum(words[: i + 1]) >= self.min_cache_tokens
+        ]
+        if not ends:
             return sum(words), 0, 0
-        end = marks[-1] + 1
-        prefix = hashlib.sha256(
-            json.dumps([body["model"], blocks[:end]], sort_keys=True).encode()
-        ).hexdigest()
-        cached = sum(words[:end])
+        keys = [
+            hashlib.sha256(
+                json.dumps([body["model"], blocks[:end]], sort_keys=True).encode()
+            ).hexdigest()
+            for end in ends
+        ]
         with self._cache_lock:
-            hit = prefix in self._cached_prefixes
-            self._cached_prefixes.add(prefix)
-        rest = sum(words[end:])
-        return (rest, 0, cached) if hit else (rest, cached, 0)
+            hits = [
+                end for end, key in zip(ends, keys, strict=True) if key in self._cached_prefixes
+            ]
+            self._cached_prefixes.update(keys)
+        read = sum(words[: max(hits)]) if hits else 0
+        written = sum(words[: ends[-1]]) - read
+        return sum(words[ends[-1] :]), written, read
 
     def _answer(self, reply: Reply, path: str, body: Any) -> Any:
         last = body["messages"][-1]["content"]

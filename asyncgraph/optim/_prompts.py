@@ -39,9 +39,27 @@ def update_messages(
     system_prompt: str | None,
     examples: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """The request for one parameter's improved value."""
-    parts = [
-        f"Here is the role of the variable you will improve: <ROLE>{role}</ROLE>.",
+    """The request for one parameter's improved value.
+
+    What stays the same from step to step comes first (the role, the constraints, the
+    examples), then the value, its feedback and its history (see NOTE [Shared prefix
+    first] in ``asyncgraph.text._prompts``).
+    """
+    parts = [f"Here is the role of the variable you will improve: <ROLE>{role}</ROLE>."]
+    if constraints:
+        listed = "\n".join(f"- {c}" for c in constraints)
+        parts.append(
+            f"The improved variable must satisfy these constraints:\n<CONSTRAINTS>\n{listed}\n"
+            f"</CONSTRAINTS>"
+        )
+    if examples:
+        listed = "\n".join(f"<EXAMPLE>\n{example}\n</EXAMPLE>" for example in examples)
+        parts.append(
+            f"Here are examples to guide the improved variable (good values of it, or of what "
+            f"it should lead to); follow their lead where the feedback allows:\n<EXAMPLES>\n"
+            f"{listed}\n</EXAMPLES>"
+        )
+    parts += [
         f"The variable is the text between these tags:\n<VARIABLE>{value}</VARIABLE>",
         f"Here is the feedback on the variable:\n<FEEDBACK>\n{feedback}\n</FEEDBACK>",
     ]
@@ -55,19 +73,6 @@ def update_messages(
             "Here are earlier versions of the variable and the feedback each one got, oldest "
             "first. Keep improving in a consistent direction and do not bring back problems "
             f"that were fixed:\n<PAST_ITERATIONS>\n{iterations}\n</PAST_ITERATIONS>"
-        )
-    if constraints:
-        listed = "\n".join(f"- {c}" for c in constraints)
-        parts.append(
-            f"The improved variable must satisfy these constraints:\n<CONSTRAINTS>\n{listed}\n"
-            f"</CONSTRAINTS>"
-        )
-    if examples:
-        listed = "\n".join(f"<EXAMPLE>\n{example}\n</EXAMPLE>" for example in examples)
-        parts.append(
-            f"Here are examples to guide the improved variable (good values of it, or of what "
-            f"it should lead to); follow their lead where the feedback allows:\n<EXAMPLES>\n"
-            f"{listed}\n</EXAMPLES>"
         )
     parts.append(
         f"Improve the variable ({role}) using the feedback. Send the complete improved "

@@ -4,6 +4,15 @@ The feedback prompts follow TextGrad's conventions: the variable under review is
 quoted between ``<VARIABLE>`` tags (the last such span in the messages), the
 call it took part in between ``<LM_SYSTEM_PROMPT>`` / ``<LM_INPUT>`` /
 ``<LM_OUTPUT>`` tags, and variables are named by their roles.
+
+NOTE [Shared prefix first]: providers cache prompts by prefix (OpenAI: an identical
+prefix of 1,024 tokens or more, in 128-token steps; Anthropic: up to a
+``cache_control`` mark, which ``AnthropicChat(cache_prompt=True)`` puts at the end of
+the system prompt). So every request built here puts what many requests share first
+(the instructions, the role, the call's system prompt, a variable that is that system
+prompt) and what differs last. The request stays one system and one user message, so a
+scripted model still finds the whole request in the last message;
+docs/guide/benchmarks.md ("Prompt caching") measures what it saves.
 """
 
 from __future__ import annotations
@@ -109,12 +118,27 @@ def llm_feedback_messages(
     variable_role: str,
     feedback: str,
 ) -> list[dict[str, Any]]:
-    """Messages asking for feedback on one input of an LLM call."""
-    conversation = []
+    """Messages asking for feedback on one input of an LLM call.
+
+    What the requests of one step share comes first (see NOTE [Shared prefix first]):
+    the variable's role, the call's system prompt and, when the variable is that system
+    prompt, the variable; then what differs from call to call (the call's input and
+    output, the feedback, a variable that is an input).
+    """
+    shared = variable == system_prompt
+    parts = [
+        f"You will give feedback on a variable with the role <ROLE>{variable_role}</ROLE>.\n\n"
+        f"It was used in this call to a language model, which may be one step of a larger "
+        f"system:"
+    ]
     if system_prompt is not None:
-        conversation.append(f"<LM_SYSTEM_PROMPT>\n{system_prompt}\n</LM_SYSTEM_PROMPT>")
-    conversation.append(f"<LM_INPUT>\n{user_prompt}\n</LM_INPUT>")
-    conversation.append(f"<LM_OUTPUT>\n{output}\n</LM_OUTPUT>")
+        parts.append(f"<LM_SYSTEM_PROMPT>\n{system_prompt}\n</LM_SYSTEM_PROMPT>")
+    give = (
+        f"Give feedback on {variable_role}, which is the following text:\n"
+        f"<VARIABLE>{variable}</VARIABLE>"
+    )
+    if shared:
+        parts.append(give)
     if feedback:
         about_output = (
             f"Here is the feedback on {output_role} (the output of the call above):\n"
@@ -122,18 +146,17 @@ def llm_feedback_messages(
         )
     else:
         about_output = _NO_FEEDBACK
-    user = (
-        f"You will give feedback on a variable with the role <ROLE>{variable_role}</ROLE>.\n\n"
-        f"It was used in this call to a language model, which may be one step of a larger "
-        f"system:\n\n" + "\n".join(conversation) + "\n\n"
-        f"The output of this call is {output_role}.\n\n{about_output}\n\n"
-        f"Give feedback on {variable_role}, which is the following text:\n"
-        f"<VARIABLE>{variable}</VARIABLE>\n\n"
-        f"Describe how {variable_role} should change to improve the output."
-    )
+    parts += [
+        f"<LM_INPUT>\n{user_prompt}\n</LM_INPUT>\n<LM_OUTPUT>\n{output}\n</LM_OUTPUT>",
+        f"The output of this call is {output_role}.",
+        about_output,
+    ]
+    if not shared:
+        parts.append(give)
+    parts.append(f"Describe how {variable_role} should change to improve the output.")
     return [
         {"role": "system", "content": FEEDBACK_SYSTEM_PROMPT},
-        {"role": "user", "content": user},
+        {"role": "user", "content": "\n\n".join(parts)},
     ]
 
 
