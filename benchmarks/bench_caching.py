@@ -13,7 +13,8 @@ the fakes.
 
 "before" sends the feedback requests as asyncgraph built them until the shared-prefix
 order (``legacy_feedback_messages`` below: the variable under review last, after the
-call's input and output); "after" is asyncgraph's order today (NOTE [Shared prefix
+call's input and output, and no ``cache_control`` mark but the system prompt's);
+"after" is asyncgraph's order and marks today (NOTE [Shared prefix
 first] in ``asyncgraph/text/_prompts.py``). Each run uses fresh servers (an empty
 cache). Prints, per provider and order: the fraction of the step's input tokens read
 from cache (all requests, the first one included), the cache writes, and the step's
@@ -91,8 +92,10 @@ def legacy_feedback_messages(
     variable: str,
     variable_role: str,
     feedback: str,
+    mark_shared: bool = False,
 ) -> list[dict[str, Any]]:
-    """The feedback request as asyncgraph built it before the shared-prefix order."""
+    """The feedback request as asyncgraph built it before the shared-prefix order (no
+    mark either: ``mark_shared`` is ignored)."""
     from asyncgraph.text._prompts import _NO_FEEDBACK, FEEDBACK_SYSTEM_PROMPT
 
     conversation = []

@@ -32,7 +32,7 @@ from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
 from asyncgraph.text._options import OUTPUT_ROLE, LLMOptions
-from asyncgraph.text._prompts import describe, llm_feedback_messages
+from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
 from asyncgraph.text._registry import ModelLike, ModelRef
 from asyncgraph.text._structured import (
     StructuredOutputError,
@@ -176,6 +176,7 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
         ask=functools.partial(_complete, ref, params=params),
     )
     images: list[dict[str, Any]] = ctx.images
+    mark = not images and marks_shared_prefix(ref.resolve())
 
     async def ask(slot: dict[str, Any]) -> None:
         messages = llm_feedback_messages(
@@ -186,6 +187,7 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
             variable=slot["value"],
             variable_role=slot["role"],
             feedback=feedback,
+            mark_shared=mark,
         )
         if images:  # the feedback model sees what the forward saw
             messages[-1] = {**messages[-1], "content": with_images(messages[-1]["content"], images)}

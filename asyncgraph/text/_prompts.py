@@ -7,11 +7,13 @@ call it took part in between ``<LM_SYSTEM_PROMPT>`` / ``<LM_INPUT>`` /
 
 NOTE [Shared prefix first]: providers cache prompts by prefix (OpenAI: an identical
 prefix of 1,024 tokens or more, in 128-token steps; Anthropic: up to a
-``cache_control`` mark, which ``AnthropicChat(cache_prompt=True)`` puts at the end of
-the system prompt). So every request built here puts what many requests share first
-(the instructions, the role, the call's system prompt, a variable that is that system
-prompt) and what differs last. The request stays one system and one user message, so a
-scripted model still finds the whole request in the last message;
+``cache_control`` mark). So every request built here puts what many requests share
+first (the instructions, the role, the call's system prompt, a variable that is that
+system prompt) and what differs last. The request stays one system and one user
+message, so a scripted model still finds the whole request in the last message; for a
+model that ``marks_shared_prefix`` (``AnthropicChat(cache_prompt=True)``, which marks
+the system prompt itself), a feedback request's user message is two text parts, the
+shared one marked ``cache_control``.
 docs/guide/benchmarks.md ("Prompt caching") measures what it saves.
 """
 
@@ -25,6 +27,7 @@ __all__ = [
     "describe",
     "function_feedback_messages",
     "llm_feedback_messages",
+    "marks_shared_prefix",
     "summary_messages",
 ]
 
@@ -39,6 +42,8 @@ FEEDBACK_SYSTEM_PROMPT = (
     "does that. Assume the variable will be used again in similar calls. If the variable "
     "already works well, say so briefly instead of inventing problems."
 )
+
+_CACHED = {"cache_control": {"type": "ephemeral"}}
 
 _NO_FEEDBACK = (
     "No feedback was given on the output: the output itself is the objective. If it is an "
@@ -117,13 +122,16 @@ def llm_feedback_messages(
     variable: str,
     variable_role: str,
     feedback: str,
+    mark_shared: bool = False,
 ) -> list[dict[str, Any]]:
     """Messages asking for feedback on one input of an LLM call.
 
     What the requests of one step share comes first (see NOTE [Shared prefix first]):
     the variable's role, the call's system prompt and, when the variable is that system
     prompt, the variable; then what differs from call to call (the call's input and
-    output, the feedback, a variable that is an input).
+    output, the feedback, a variable that is an input). ``mark_shared``: the user
+    message is two text parts, the shared one marked ``cache_control`` (for a model
+    that ``marks_shared_prefix``), instead of one string.
     """
     shared = variable == system_prompt
     parts = [
@@ -146,6 +154,7 @@ def llm_feedback_messages(
         )
     else:
         about_output = _NO_FEEDBACK
+    shared_parts = len(parts)
     parts += [
         f"<LM_INPUT>\n{user_prompt}\n</LM_INPUT>\n<LM_OUTPUT>\n{output}\n</LM_OUTPUT>",
         f"The output of this call is {output_role}.",
@@ -154,10 +163,23 @@ def llm_feedback_messages(
     if not shared:
         parts.append(give)
     parts.append(f"Describe how {variable_role} should change to improve the output.")
+    content: str | list[dict[str, Any]] = "\n\n".join(parts)
+    if mark_shared:
+        content = [
+            {"type": "text", "text": "\n\n".join(parts[:shared_parts]), **_CACHED},
+            {"type": "text", "text": "\n\n".join(parts[shared_parts:])},
+        ]
     return [
         {"role": "system", "content": FEEDBACK_SYSTEM_PROMPT},
-        {"role": "user", "content": "\n\n".join(parts)},
+        {"role": "user", "content": content},
     ]
+
+
+def marks_shared_prefix(model: Any) -> bool:
+    """Whether requests to ``model`` mark their shared prefix with ``cache_control``: a
+    model that says so with a ``cache_prompt`` attribute set to True (``AnthropicChat(
+    cache_prompt=True)``). Any other model gets each message's content as one string."""
+    return getattr(model, "cache_prompt", False) is True
 
 
 def summary_messages(

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from asyncgraph import Parameter, Variable, backward
-from asyncgraph.models import AnthropicChat, OpenAIChat
+from asyncgraph.models import AnthropicChat, Completion, OpenAIChat
 from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.models._testing_providers import AnthropicTestServer
 from asyncgraph.optim._prompts import update_messages
 from asyncgraph.text import llm_call
-from asyncgraph.text._prompts import llm_feedback_messages
+from asyncgraph.text._prompts import llm_feedback_messages, marks_shared_prefix
 
 pytestmark = pytest.mark.anyio
 
@@ -140,3 +140,51 @@ async def test_a_step_of_feedback_requests_is_served_mostly_from_the_openai_cach
     # Four feedback requests of about 3,200 tokens; all but the question, answer and
     # feedback (and the last part of a 128-token step) shared.
     assert feedback_read / feedback_input > 0.9
+
+
+async def test_feedback_requests_to_claude_mark_their_shared_prefix_and_read_it_back() -> None:
+    rules = words(1500, "rule")
+
+    def reply(body: Any) -> Reply:
+        return Reply(text="Add a rule." if "feedback engine" in str(body) else "42")
+
+    with AnthropicTestServer(min_cache_tokens=1024, handler=reply) as server:
+        async with AnthropicChat(
+            "claude-sonnet-4", base_url=server.url, api_key="anthropic-test-key", cache_prompt=True
+        ) as model:
+            prompt = Parameter(rules, role="system prompt")
+            answers = [
+                await llm_call(prompt, Variable(f"question {i}"), model=model) for i in range(4)
+            ]
+            grads = [Variable("wrong") for _ in answers]
+            await backward(answers, grads, retain_graph=True)
+            before = model.usage.snapshot()
+            await backward(answers, grads)
+            after = model.usage.snapshot()
+    feedback = [r.body for r in server.requests if "feedback engine" in str(r.body["system"])]
+    assert len(feedback) == 8
+    shared, rest = feedback[0]["messages"][-1]["content"]
+    assert shared["cache_control"] == {"type": "ephemeral"} and "cache_control" not in rest
+    assert shared["text"].endswith(f"<VARIABLE>{rules}</VARIABLE>")
+    assert rest["text"].startswith("<LM_INPUT>\nquestion ")
+    assert after.cache_read_tokens - before.cache_read_tokens > 0.9 * (
+        after.prompt_tokens - before.prompt_tokens
+    )
+
+
+async def test_a_model_that_does_not_mark_gets_each_message_as_one_string() -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    class Plain:
+        cache_prompt = "yes"  # not True: no marks
+
+        async def complete(self, messages: Any, **params: Any) -> Completion:
+            seen.append(messages)
+            return Completion("ok", model="plain")
+
+    prompt = Parameter("rules", role="system prompt")
+    answer = await llm_call(prompt, "question", model=Plain())
+    await backward(answer, Variable("wrong"))
+    assert len(seen) == 2 and all(isinstance(m["content"], str) for m in seen[1])
+    assert marks_shared_prefix(AnthropicChat("c", base_url="http://x", cache_prompt=True))
+    assert not marks_shared_prefix(AnthropicChat("c", base_url="http://x"))
