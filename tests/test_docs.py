@@ -64,6 +64,23 @@ def test_every_python_block_of_every_page_runs_in_the_suite_or_says_it_is_a_frag
     assert sum(text.count("```python") for text in map(Path.read_text, DOCS.rglob("*.md"))) > 0
 
 
+def test_every_shell_block_names_the_test_that_runs_it_or_says_it_is_a_fragment() -> None:
+    tests = {path.name: path.read_text() for path in (ROOT / "tests").glob("test_*.py")}
+    unchecked = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        for match in re.finditer(r"^```bash\n", text, re.MULTILINE):
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            named = re.fullmatch(r"<!-- tested-by: tests/(\S+)::(\w+)( .*)? -->", before)
+            if named and f"def {named[2]}(" in tests.get(named[1], ""):
+                continue
+            if not re.fullmatch(r"<!-- fragment: \S.*\S -->", before):
+                unchecked.append(
+                    f"docs/{page.relative_to(DOCS)}:{text[: match.start()].count(chr(10)) + 1}"
+                )
+    assert unchecked == [], "add <!-- tested-by: tests/FILE::TEST --> or <!-- fragment: why -->"
+
+
 def test_every_page_is_in_the_navigation() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
