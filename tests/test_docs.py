@@ -312,3 +312,33 @@ def test_every_link_of_the_built_site_reaches_a_page_and_an_anchor(site: Path) -
                 if unquote(parts.fragment) not in ids:
                     broken.append(f"{path.relative_to(site)}: {link} (no such anchor)")
     assert broken == []
+
+
+def _public_packages() -> list[str]:
+    # The packages a user imports, as tests/test_surface.py lists them.
+    source = (ROOT / "tests" / "test_surface.py").read_text()
+    block = re.search(r"^PUBLIC = \[(.*?)\]", source, re.MULTILINE | re.DOTALL)
+    assert block is not None
+    return re.findall(r'"([\w.]+)"', block.group(1))
+
+
+def _names_without_an_example() -> list[str]:
+    import importlib
+    import inspect
+
+    missing = []
+    for package in _public_packages():
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            doc = inspect.getdoc(getattr(module, name)) or ""
+            if not any(mark in doc for mark in ("Example", ">>>", "::", "```")):
+                missing.append(f"{package}.{name}")
+    return missing
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue #25 asks for one example in every public docstring; most have none yet",
+)
+def test_every_public_name_has_a_docstring_with_an_example() -> None:
+    assert _names_without_an_example() == []
