@@ -13,6 +13,7 @@ clash. TGD follows its batch's feedback wherever it leads (it oscillates between
 conflicting instructions); the search keeps what validates best.
 
     python benchmarks/bench_optimizers.py [--latency-ms 50] [--budget 1000] [--fleet]
+        [--gepa] [--rules-only]
 
 Prints: final test accuracy of TGD (mean, min and max over 4 batch orders) and of the
 search at the same call budgets (300, 600, 1000, 1500); at ``--budget`` the search's wall
@@ -23,11 +24,21 @@ search again with its backwards on 2 local worker processes through Redis; and t
 staged-TGD pipeline's backward+step wall against its critical path. Exits 1 if a goal
 is missed (search accuracy > TGD's mean from 600 calls up; search wall <= 1.2x its
 critical path; staged backward+step <= 1.1x its critical path).
+
+Then a second task whose rewrites add one rule at a time (8 hidden rules, no conflicts,
+30 train / 20 val examples): per seed (3), TGD's and the search's calls-to-best (the
+calls spent when the prompt each would return first reached its best validation score)
+and their validation score at each budget from 200 to 2,000 calls; with ``--gepa`` also
+DSPy's GEPA (``pip install dspy==3.4.1``, the ``bench-optim`` extra; 16 threads), its LM
+an ``OpenAITestServer`` playing the same scripted model and counting the calls, and the
+wall time of one run at 500 calls and ``--rule-latency-ms`` a call. Goals: the search's
+validation >= TGD's at every budget, its calls-to-best <= GEPA's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -232,11 +243,13 @@ def critical_path_s(history: list[dict[str, Any]], latency_s: float) -> float:
     return latency_s * sum(max(len(w["stages"]) for w in row["work"]) for row in history)
 
 
-async def run_search(budget: int, executor: Any = None, concurrency: int = 64) -> tuple[Any, float]:
+async def run_search(
+    budget: int, executor: Any = None, concurrency: int = 64, patience: int = 2
+) -> tuple[Any, float]:
     program = Program()
     search = ParetoSearch(
         program, TRAIN, VAL, model=MODEL, max_calls=budget, seed=0, proposals=4, merges=1,
-        minibatch_size=4, max_concurrency=concurrency, executor=executor,
+        minibatch_size=4, max_concurrency=concurrency, executor=executor, patience=patience,
     )  # fmt: skip
     started = time.perf_counter()
     result = await search.run()
@@ -286,21 +299,302 @@ async def accuracy_table(budgets: Sequence[int], seeds: int) -> bool:
     CLOCK.latency_s = 0.0  # the results do not depend on the latency
     wins = True
     print(f"{'budget':>6}  {'TGD test acc (mean; min-max over ' + str(seeds) + ' seeds)':<44}"
-          f"{'ParetoSearch test acc':<22}calls (TGD / search)")  # fmt: skip
+          f"{'ParetoSearch test acc':<22}{'(patience=0)':<14}calls (TGD / search)")  # fmt: skip
     for budget in budgets:
         runs = [await run_tgd(budget, seed=seed) for seed in range(seeds)]
         accs = [accuracy(prompt, TEST) for prompt, _, _ in runs]
         result, _ = await run_search(budget)
         search_acc = accuracy(result.best.values["prompt"], TEST)
+        wide, _ = await run_search(budget, patience=0)  # wide from the start
+        wide_acc = accuracy(wide.best.values["prompt"], TEST)
         mean = sum(accs) / len(accs)
         print(f"{budget:>6}  {mean:.3f} ({min(accs):.3f}-{max(accs):.3f}){'':<27}"
-              f"{search_acc:<22.3f}{max(c for _, c, _ in runs)} / {result.calls}")  # fmt: skip
+              f"{search_acc:<22.3f}{wide_acc:<14.3f}{max(c for _, c, _ in runs)} / "
+              f"{result.calls}")  # fmt: skip
         if budget >= 600:
             wins &= search_acc > mean
     return wins
 
 
+# -- one rule at a time: ParetoSearch against TGD and GEPA -------------------------------
+RULES = [f"Rule {k}: follow house convention {k}." for k in range(8)]
+RULE_BASE = "Answer the question."
+RULE_BEST = " ".join([RULE_BASE, *RULES])
+_ADD = re.compile(r'Add the rule: "([^"]+)"')
+RULE_BUDGETS = (200, 300, 500, 1000, 2000)
+
+
+def rule_examples(n: int, split: str) -> list[dict[str, Any]]:
+    return [
+        {"question": f"{split} case {i}?", "answer": f"{split}-{i}", "rule": (i * 5) % len(RULES)}
+        for i in range(n)
+    ]
+
+
+RULE_TRAIN = rule_examples(30, "train")
+RULE_VAL = rule_examples(20, "val")
+RULE_ROWS = {row["question"]: row for row in [*RULE_TRAIN, *RULE_VAL]}
+
+
+def rule_solve(prompt: str, question: str) -> str:
+    row = RULE_ROWS[question.strip()]
+    return row["answer"] if RULES[row["rule"]] in prompt else "unsure"
+
+
+def rule_grade(answer: str, question: str) -> tuple[float, str]:
+    row = RULE_ROWS[question.strip()]
+    if answer.strip() == row["answer"]:
+        return 1.0, "Correct."
+    return 0.0, f'Wrong. Add the rule: "{RULES[row["rule"]]}"'
+
+
+def add_one_rule(prompt: str, feedback: str) -> str:
+    """The optimizer model: adds the rule its feedback names most often (one per rewrite)."""
+    named = Counter(_ADD.findall(feedback))
+    kept = [r for r in RULES if r in prompt]
+    if named:
+        rule, _ = max(named.items(), key=lambda item: item[1])
+        if rule not in kept:
+            kept.append(rule)
+    return " ".join([RULE_BASE, *sorted(kept, key=RULES.index)])
+
+
+def rule_reply(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The scripted model of the rules task, for asyncgraph's prompts."""
+    system = str(messages[0]["content"]) if messages[0]["role"] == "system" else ""
+    text = "\n".join(str(m["content"]) for m in messages)
+    if "IMPROVED_VARIABLE" in text:
+        current = _TAGS["VARIABLE"].findall(text)[-1]
+        feedback = text.split("<FEEDBACK>", 1)[-1]
+        return f"<IMPROVED_VARIABLE>{add_one_rule(current, feedback)}</IMPROVED_VARIABLE>"
+    if "<OUTPUT_FEEDBACK>" in text:
+        found = _TAGS["OUTPUT_FEEDBACK"].findall(text)[-1]
+        return "\n".join(f'Add the rule: "{r}"' for r in _ADD.findall(found)) or "Fine."
+    if "give feedback" in text.lower():
+        return "Fine."
+    return rule_solve(system, str(messages[-1]["content"]))
+
+
+def rule_reply_dspy(body: Mapping[str, Any]) -> str:
+    """The same scripted model for DSPy's prompts: its ChatAdapter's solver calls and
+    GEPA's instruction proposals."""
+    messages = body["messages"]
+    asked = str(messages[-1]["content"])
+    if "[[ ## current_instruction ## ]]" in asked:  # GEPA's ProposeInstruction
+        current = asked.split("[[ ## current_instruction ## ]]", 1)[1].split("[[ ##", 1)[0]
+        new = add_one_rule(current, asked.replace('\\"', '"'))  # the examples are JSON
+        return json.dumps({"new_instruction": new})
+    system = str(messages[0]["content"])
+    instruction = system.split("your objective is:", 1)[-1]
+    question = asked.split("[[ ## question ## ]]")[-1].strip().split("\n")[0].strip()
+    answer = rule_solve(instruction, question)
+    return f"[[ ## answer ## ]]\n{answer}\n\n[[ ## completed ## ]]"
+
+
+class RuleProgram(Module):
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.prompt = Parameter(RULE_BASE, role="system prompt")
+        self.model = model
+
+    async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
+        question = Variable(example["question"], role="question")
+        answer: Variable = await LLMCall.apply(
+            self.prompt, question, model=self.model, role="answer"
+        )
+
+        def check(prediction: str) -> tuple[float, str]:
+            score, text = rule_grade(prediction, example["question"])
+            return score, "" if score else text
+
+        score, loss = await DeterministicEvaluator.apply(check, answer)
+        return loss, float(score.data)
+
+
+def rule_val(prompt: str) -> float:
+    return sum(rule_solve(prompt, r["question"]) == r["answer"] for r in RULE_VAL) / len(RULE_VAL)
+
+
+def rule_model(latency_s: float = 0.0) -> SimulatedModel:
+    return SimulatedModel(latency_s=latency_s, responder=rule_reply, tag_replies=False)
+
+
+async def rules_tgd(seed: int, limit: int, batch_size: int = 8) -> list[tuple[int, float]]:
+    """Plain TGD on shuffled batches: (calls so far, validation score) after each step."""
+    import random
+
+    model = rule_model()
+    program = RuleProgram(model)
+    tgd = TGD(program.parameters(), model=model)
+    rng = random.Random(seed)
+    curve = [(0, rule_val(RULE_BASE))]
+    with track_usage() as usage:
+        while usage.snapshot().requests < limit:
+            batch = rng.sample(RULE_TRAIN, batch_size)
+            results: list[tuple[Variable, float]] = [(Variable(""), 0.0)] * len(batch)
+
+            async def one(i: int, batch: Sequence[Any] = batch, out: list[Any] = results) -> None:
+                with graph_order(i):
+                    out[i] = await program(batch[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(batch)):
+                    tg.start_soon(one, i)
+            failing = [loss for loss, score in results if score < 1]
+            tgd.zero_grad()
+            if failing:
+                await backward(failing)
+                await tgd.step()
+            curve.append((usage.snapshot().requests, rule_val(program.prompt.data)))
+    return curve
+
+
+async def rules_search(
+    seed: int, budget: int, latency_s: float = 0.0
+) -> tuple[Any, list[tuple[int, float]]]:
+    model = rule_model(latency_s)
+    search = ParetoSearch(
+        RuleProgram(model), RULE_TRAIN, RULE_VAL, model=model, max_calls=budget, seed=seed,
+        max_concurrency=16,
+    )  # fmt: skip
+    result = await search.run()
+    curve = [(0, 0.0)] + [(row["calls"], row["best_score"]) for row in result.history]
+    return result, curve
+
+
+def rules_gepa(
+    seed: int, budget: int, threads: int = 16, latency_s: float = 0.0
+) -> list[tuple[int, float]] | None:
+    """DSPy's GEPA on the same task, its LM an OpenAI-compatible test server playing the
+    scripted model: (server calls when a candidate's validation ended, best validation
+    so far).
+    None if dspy is not installed (``pip install dspy==3.4.1``; not a dependency)."""
+    try:
+        import dspy  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    from asyncgraph.models._testing import OpenAITestServer, Reply
+
+    def answer(body: Any) -> Reply:
+        return Reply(text=rule_reply_dspy(body), delay_s=latency_s)
+
+    with OpenAITestServer(handler=answer) as server:
+        lm = dspy.LM(
+            "openai/bench-rules", api_base=server.url, api_key="test", cache=False,
+            num_retries=0, temperature=0.0, max_tokens=512,
+        )  # fmt: skip
+        seen: list[int] = []
+
+        def metric(gold: Any, pred: Any, trace: Any = None, pred_name: Any = None,
+                   pred_trace: Any = None) -> Any:  # fmt: skip
+            seen.append(len(server.requests))  # calls at the server when this was scored
+            score, feedback = rule_grade(str(getattr(pred, "answer", "")), gold.question)
+            return dspy.Prediction(score=score, feedback=feedback)
+
+        signature = dspy.Signature("question -> answer", RULE_BASE)
+        student = dspy.Predict(signature)
+        train = [dspy.Example(question=r["question"]).with_inputs("question") for r in RULE_TRAIN]
+        val = [dspy.Example(question=r["question"]).with_inputs("question") for r in RULE_VAL]
+        with dspy.context(lm=lm):
+            optimizer = dspy.GEPA(
+                metric=metric, reflection_lm=lm, max_metric_calls=budget, num_threads=threads,
+                track_stats=True, seed=seed,
+            )  # fmt: skip
+            compiled = optimizer.compile(student, trainset=train, valset=val)
+        details = compiled.detailed_results
+        order = sorted(seen)
+        curve: list[tuple[int, float]] = []
+        best = 0.0
+        for count, score in sorted(
+            zip(details.discovery_eval_counts, details.val_aggregate_scores, strict=True)
+        ):
+            best = max(best, score)
+            # Found after ``count`` metric calls, then validated on the whole val set.
+            done = count + len(RULE_VAL)
+            calls = order[min(done, len(order)) - 1]
+            curve.append((calls, best))
+        curve.append((len(server.requests), best))
+        return curve
+
+
+def at_budget(curve: Sequence[tuple[int, float]], budget: int) -> float:
+    """The score of a curve of (calls, score) once ``budget`` calls are spent."""
+    return max([s for c, s in curve if c <= budget] or [0.0])
+
+
+def calls_to_best(curve: Sequence[tuple[int, float]]) -> tuple[int, float]:
+    top = max(s for _, s in curve)
+    return next(c for c, s in curve if s == top), top
+
+
+async def rules_walls(latency_s: float, budget: int, gepa: bool) -> None:
+    """Wall time of one run at ``budget`` calls with ``latency_s`` a call (seed 0)."""
+    started = time.perf_counter()
+    result, _ = await rules_search(0, budget, latency_s)
+    line = (f"wall at {budget} calls, {latency_s * 1000:g} ms a call: ParetoSearch "
+            f"{time.perf_counter() - started:.1f}s ({result.calls} calls)")  # fmt: skip
+    if gepa:
+        started = time.perf_counter()
+        await anyio.to_thread.run_sync(rules_gepa, 0, budget, 16, latency_s)
+        line += f", GEPA (16 threads) {time.perf_counter() - started:.1f}s"
+    print(line)
+
+
+async def rules_table(
+    seeds: int, budgets: Sequence[int], gepa: bool, latency_s: float = 0.0, wall_budget: int = 500
+) -> bool:
+    """Calls-to-best and final validation at each budget of TGD, ParetoSearch and GEPA."""
+    print(f"\none rule at a time: {len(RULES)} hidden rules, {len(RULE_TRAIN)} train / "
+          f"{len(RULE_VAL)} val examples; every rewrite adds the rule its feedback names "
+          f"most; calls counted at the model (GEPA: at the server)")  # fmt: skip
+    limit = max(budgets)
+    ok = True
+    rows: dict[str, list[Any]] = {"TGD": [], "ParetoSearch": [], "GEPA": []}
+    for seed in range(seeds):
+        tgd = await rules_tgd(seed, limit)
+        search_runs = {b: await rules_search(seed, b) for b in budgets}
+        _, search_curve = search_runs[limit]
+        finals = {
+            "TGD": [at_budget(tgd, b) for b in budgets],
+            "ParetoSearch": [search_runs[b][0].best_score for b in budgets],
+        }
+        ctb = {"TGD": calls_to_best(tgd), "ParetoSearch": calls_to_best(search_curve)}
+        if gepa:
+            started = time.perf_counter()
+            curve = await anyio.to_thread.run_sync(rules_gepa, seed, limit)
+            if curve is None:
+                print("GEPA: dspy is not installed (pip install dspy==3.4.1); TGD only")
+                gepa = False
+            else:
+                finals["GEPA"] = [at_budget(curve, b) for b in budgets]
+                ctb["GEPA"] = calls_to_best(curve)
+                print(f"  (GEPA seed {seed}: {time.perf_counter() - started:.0f}s, "
+                      f"{curve[-1][0]} server calls)")  # fmt: skip
+        for name, final in finals.items():
+            rows[name].append((seed, ctb[name], final))
+        ok &= all(s >= t for s, t in zip(finals["ParetoSearch"], finals["TGD"], strict=True))
+        if "GEPA" in ctb:
+            ok &= ctb["ParetoSearch"][0] <= ctb["GEPA"][0]
+    header = "".join(f"{'val @' + str(b):>10}" for b in budgets)
+    print(f"{'optimizer':<14}{'seed':>5}{'calls-to-best (score)':>24}{header}")
+    for name, runs in rows.items():
+        for seed, (calls, top), final in runs:
+            cells = "".join(f"{v:>10.2f}" for v in final)
+            print(f"{name:<14}{seed:>5}{calls:>16} ({top:.2f}){cells}")
+    if latency_s > 0:
+        await rules_walls(latency_s, wall_budget, gepa)
+    print("goal: ParetoSearch's validation >= TGD's at every budget"
+          + (" and its calls-to-best <= GEPA's" if gepa else "") + ": "
+          + ("met" if ok else "MISSED"))  # fmt: skip
+    return ok
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    if args.rules_only:
+        ok = await rules_table(
+            args.rule_seeds, args.rule_budgets, args.gepa, args.rule_latency_ms / 1000
+        )
+        return 0 if ok else 1
     latency_s = args.latency_ms / 1000
     print(f"scripted skills task: {len(TRAIN)} train / {len(VAL)} val / {len(TEST)} test "
           f"examples, {len(INSTRUCTIONS)} instructions (2 conflicting pairs), simulated model")  # fmt: skip
@@ -339,6 +633,9 @@ async def main_async(args: argparse.Namespace) -> int:
               f"{critical:.3f}s: {w / critical:.2f}x" + (" (goal <= 1.1x)" if staged else ""))  # fmt: skip
         if staged:
             ok &= w <= 1.1 * critical
+    ok &= await rules_table(
+        args.rule_seeds, args.rule_budgets, args.gepa, args.rule_latency_ms / 1000
+    )
     print("goals met" if ok else "GOAL MISSED")
     return 0 if ok else 1
 
@@ -368,6 +665,11 @@ def main() -> int:
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     parser.add_argument("--no-sequential", dest="sequential", action="store_false")
     parser.add_argument("--fleet", action="store_true", help="also on 2 local Redis workers")
+    parser.add_argument("--rules-only", action="store_true", help="only the one-rule task")
+    parser.add_argument("--rule-budgets", type=int, nargs="+", default=list(RULE_BUDGETS))
+    parser.add_argument("--rule-seeds", type=int, default=3)
+    parser.add_argument("--rule-latency-ms", type=float, default=100.0, help="for the walls")
+    parser.add_argument("--gepa", action="store_true", help="also DSPy's GEPA (dspy==3.4.1)")
     args = parser.parse_args()
     return int(anyio.run(main_async, args, backend=args.backend))
 
