@@ -3,8 +3,9 @@
 A spec is ``PROVIDER:MODEL`` or ``PROVIDER/MODEL`` (LiteLLM's and DSPy's form), split at
 the first ``:`` or ``/``, so the model keeps its own (``openai/meta-llama/Llama-3-8B``,
 ``openai:llama3:8b``). Providers: ``simulated`` (offline), ``openai`` (any
-OpenAI-compatible server), ``anthropic`` (the native Messages API) and ``azure`` (an
-Azure OpenAI deployment: ``azure/DEPLOYMENT``). A bare well-known name
+OpenAI-compatible server), ``anthropic`` (the native Messages API), ``azure`` (an
+Azure OpenAI deployment: ``azure/DEPLOYMENT``) and ``litellm`` (any provider LiteLLM
+knows, in-process: ``litellm/gemini/gemini-2.0-flash``; the ``litellm`` extra). A bare well-known name
 (``gpt-4o-mini``, ``claude-...``) is refused with the spec to write.
 
 Models built from a spec (by a worker, or by ``asyncgraph.text.resolve_model``) take
@@ -53,6 +54,7 @@ from asyncgraph.models._anthropic import DEFAULT_ANTHROPIC_URL, AnthropicChat
 from asyncgraph.models._azure import ENV_AZURE_ENDPOINT, AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
+from asyncgraph.models._litellm import LiteLLMChat
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
@@ -77,10 +79,11 @@ __all__ = [
 
 _FORMS = (
     "'simulated', 'simulated:LATENCY_S', 'openai:MODEL' (any OpenAI-compatible server), "
-    "'anthropic:MODEL' or 'azure:DEPLOYMENT', with ':' or '/' after the provider "
+    "'anthropic:MODEL', 'azure:DEPLOYMENT' or 'litellm:MODEL' (any provider LiteLLM "
+    "knows, with the litellm extra), with ':' or '/' after the provider "
     "(e.g. 'openai/gpt-4o-mini', 'anthropic:claude-sonnet-4-20250514')"
 )
-_PROVIDERS = ("simulated", "openai", "anthropic", "azure")
+_PROVIDERS = ("simulated", "openai", "anthropic", "azure", "litellm")
 # Bare names a user may write for a provider's model, and the provider they belong to.
 _WELL_KNOWN = (
     (("gpt-", "chatgpt-", "o1", "o3", "o4", "text-", "davinci", "babbage"), "openai"),
@@ -353,7 +356,10 @@ def parse_model_spec(
     - ``"azure:DEPLOYMENT"``: ``AzureOpenAIChat(DEPLOYMENT, endpoint=base_url,
       api_key=api_key)``, the endpoint, key and api-version otherwise from
       ``AZURE_OPENAI_ENDPOINT``, ``AZURE_OPENAI_API_KEY`` and ``AZURE_OPENAI_API_VERSION``
-      / ``OPENAI_API_VERSION``.
+      / ``OPENAI_API_VERSION``;
+    - ``"litellm:MODEL"``: ``LiteLLMChat(MODEL, base_url=base_url, api_key=api_key)``,
+      any provider LiteLLM knows, in-process (the ``litellm`` extra; ``ModelConfigError``
+      without it), priced from ``ASYNCGRAPH_MODEL_PRICES`` or LiteLLM's cost map.
 
     ``options`` go to the model's constructor (``retry=``, ``rate_limit=``, ``cache=``,
     ``pricing=``, ``timeout_s=``, ...). A ``rate_limit`` or ``cache`` not given here comes
@@ -394,6 +400,7 @@ def parse_model_spec(
             "openai": "gpt-4o-mini",
             "anthropic": "claude-sonnet-4-20250514",
             "azure": "my-gpt-4o-mini",
+            "litellm": "gemini/gemini-2.0-flash",
         }[provider]
         raise ValueError(
             f"model spec {spec!r} names no model: write {provider}:{what} or "
@@ -401,6 +408,10 @@ def parse_model_spec(
         )
     check_base_url(base_url)
     _env_defaults(options, name)
+    if provider == "litellm":  # prices from the environment, else from LiteLLM's own map
+        if "pricing" not in options and default_pricing(name, table=False) is not None:
+            options["pricing"] = default_pricing(name, table=False)
+        return LiteLLMChat(name, base_url=base_url, api_key=api_key, **options)
     if "pricing" not in options:
         options["pricing"] = default_pricing(name, table=provider != "azure")
     if provider == "anthropic":

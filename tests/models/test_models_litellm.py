@@ -1,0 +1,149 @@
+"""``litellm:`` / ``litellm/`` specs: LiteLLM in-process, offline with its mock responses."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from asyncgraph import Parameter, Variable, backward
+from asyncgraph.models import (
+    BaseChatModel,
+    ModelConfigError,
+    ModelRateLimitedError,
+    ModelRequestError,
+    ModelRetryError,
+    Pricing,
+    Retry,
+    parse_model_spec,
+)
+from asyncgraph.text import llm_call
+
+# LiteLLM fetches its price map from the network when imported, unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+litellm: Any
+try:
+    import litellm
+except ImportError:  # the tests that need it skip; the one that does not still runs
+    litellm = None
+else:
+    # Importing LiteLLM adds its own redaction filter to httpx's logger, for the whole
+    # process: the tests of asyncgraph's own redaction of those lines must not see it.
+    for found in list(logging.getLogger("httpx").filters):
+        if type(found).__module__.startswith("litellm"):
+            logging.getLogger("httpx").removeFilter(found)
+needs_litellm = pytest.mark.skipif(litellm is None, reason="the litellm extra is not installed")
+
+pytestmark = [
+    pytest.mark.anyio,
+    # LiteLLM's own imports (pydantic schemas of its auth flows); nothing of asyncgraph.
+    pytest.mark.filterwarnings("ignore:Items? .* using the `ReadOnly` qualifier:UserWarning"),
+]
+
+
+def test_without_litellm_a_spec_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "litellm", None)  # an import of it fails
+    with pytest.raises(ModelConfigError, match=r"pip install 'asyncgraph\[litellm\]'"):
+        parse_model_spec("litellm:gpt-4o-mini")
+
+
+@pytest.mark.slow
+def test_asyncgraph_imports_without_litellm() -> None:
+    code = (
+        "import sys; sys.modules['litellm'] = None\n"
+        "import asyncgraph.models, asyncgraph.text\n"
+        "try:\n"
+        "    asyncgraph.models.parse_model_spec('litellm:gpt-4o-mini')\n"
+        "except asyncgraph.models.ModelConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'asyncgraph[litellm]'" in out.stdout, out.stderr
+
+
+HELLO = [{"role": "user", "content": "hello there"}]
+
+
+def mocked(spec: str, reply: object, **options: object) -> BaseChatModel:
+    return parse_model_spec(spec, default_params={"mock_response": reply}, **options)
+
+
+@needs_litellm
+@pytest.mark.parametrize(
+    "spec", ["litellm:gpt-4o-mini", "litellm/gpt-4o-mini", "LiteLLM:gpt-4o-mini"]
+)
+def test_both_spec_forms_build_a_litellm_model_priced_from_litellms_map(spec: str) -> None:
+    model = parse_model_spec(spec)
+    assert type(model).__name__ == "LiteLLMChat" and model.name == "gpt-4o-mini"
+    info = litellm.get_model_info("gpt-4o-mini")
+    assert model.pricing == Pricing(
+        info["input_cost_per_token"] * 1e6,
+        info["output_cost_per_token"] * 1e6,
+        cached_input_usd_per_1m=info["cache_read_input_token_cost"] * 1e6,
+    )
+
+
+@needs_litellm
+def test_a_provider_prefix_stays_in_litellms_model_name() -> None:
+    model = parse_model_spec("litellm/anthropic/claude-3-5-haiku-20241022")
+    assert model.name == "anthropic/claude-3-5-haiku-20241022"
+    with pytest.raises(ValueError, match=r"litellm:MODEL or litellm/MODEL"):
+        parse_model_spec("litellm:")
+
+
+@needs_litellm
+async def test_a_call_returns_litellms_text_usage_and_cost() -> None:
+    async with mocked("litellm:gpt-4o-mini", "Paris is the capital.") as model:
+        answer = await model.complete(HELLO, temperature=0)
+        usage = model.usage.snapshot()
+    response = litellm.completion(
+        model="gpt-4o-mini", messages=HELLO, mock_response="Paris is the capital."
+    )
+    assert answer.text == "Paris is the capital." and answer.finish_reason == "stop"
+    assert (answer.prompt_tokens, answer.completion_tokens) == (
+        response.usage.prompt_tokens,
+        response.usage.completion_tokens,
+    )
+    assert usage.requests == 1
+    assert usage.cost_usd == pytest.approx(response._hidden_params["response_cost"])
+    assert usage.cost_usd == pytest.approx(litellm.completion_cost(completion_response=response))
+
+
+@needs_litellm
+async def test_prices_from_the_environment_win_over_litellms() -> None:
+    os.environ["ASYNCGRAPH_MODEL_PRICES"] = "gpt-4o-mini=1/2"
+    try:
+        model = mocked("litellm:gpt-4o-mini", "ok")
+    finally:
+        del os.environ["ASYNCGRAPH_MODEL_PRICES"]
+    assert model.pricing == Pricing(1.0, 2.0)
+
+
+@needs_litellm
+async def test_a_rate_limit_is_retried_and_a_bad_request_is_not() -> None:
+    limited = litellm.RateLimitError("slow down", llm_provider="openai", model="gpt-4o-mini")
+    model = mocked("litellm:gpt-4o-mini", limited, retry=Retry(max_attempts=2, backoff_base_s=0))
+    with pytest.raises(ModelRetryError) as caught:
+        await model.complete(HELLO)
+    assert caught.value.attempts == 2
+    assert isinstance(caught.value.last_error, ModelRateLimitedError)
+    assert caught.value.last_error.status_code == 429
+    bad = litellm.BadRequestError("no such param", llm_provider="openai", model="gpt-4o-mini")
+    model = mocked("litellm:gpt-4o-mini", bad, retry=Retry(max_attempts=3, backoff_base_s=0))
+    with pytest.raises(ModelRequestError, match="no such param") as request_error:
+        await model.complete(HELLO)
+    assert request_error.value.status_code == 400 and model.usage.snapshot().errors == 1
+
+
+@needs_litellm
+async def test_a_text_graph_runs_its_forward_and_backward_through_litellm() -> None:
+    model = mocked("litellm:gpt-4o-mini", "Be shorter.")
+    prompt = Parameter("Answer.", role="system prompt")
+    answer = await llm_call(prompt, "What is 2 + 2?", model=model)
+    await backward(answer, Variable("too long"))
+    assert answer.data == "Be shorter." and prompt.grad is not None
+    assert model.usage.snapshot().requests == 2
