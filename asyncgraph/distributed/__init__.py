@@ -18,12 +18,11 @@ from asyncgraph.distributed._fleet import (
     FleetError,
     live_workers,
     local_fleet,
-    no_live_workers_message,
     wait_for_workers,
 )
-from asyncgraph.distributed._redis_server import RedisServer, find_redis_server, free_port
+from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire._keys import check_queue_name
-from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig, log_level
+from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
 from asyncgraph.distributed.worker._registry import Registry, build_registry
 from asyncgraph.distributed.worker._supervisor import Supervisor
 from asyncgraph.distributed.worker._worker import Worker
@@ -39,12 +38,8 @@ __all__ = [
     "WorkerConfig",
     "build_registry",
     "check_queue_name",
-    "find_redis_server",
-    "free_port",
     "live_workers",
     "local_fleet",
-    "log_level",
-    "no_live_workers_message",
     "open_redis_executor",
     "wait_for_workers",
 ]

@@ -39,7 +39,7 @@ from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_u
 
 T = TypeVar("T")
 
-__all__ = ["FleetError", "child_setup", "live_workers", "local_fleet", "no_live_workers_message"]
+__all__ = ["FleetError", "child_setup", "live_workers", "local_fleet"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -177,15 +177,6 @@ async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
     ``ValueError`` for a bad URL or queue name.
     """
     return len(await _live_set(url, queue, timeout_s))
-
-
-def no_live_workers_message(queue: str, imports: Sequence[str] = ("MODULE",)) -> str:
-    """The executor's "no worker alive" diagnosis, with the command that starts one."""
-    modules = " ".join(f"--import {m}" for m in imports)
-    return (
-        f"no worker of queue {queue!r} is alive: start one with `asyncgraph worker "
-        f"--redis URL --queue {queue} {modules}` (or drop --redis to run in-process)"
-    )
 
 
 def _stop_supervisor(proc: subprocess.Popen[bytes], drain_s: float) -> None:

@@ -21,7 +21,7 @@ import anyio
 
 from asyncgraph import AsyncGraphError
 from asyncgraph._redact import redact
-from asyncgraph.distributed import check_queue_name, live_workers, no_live_workers_message
+from asyncgraph.distributed import check_queue_name, live_workers
 from asyncgraph.resp import parse_redis_url
 
 from ._checkpoint import CHECKPOINT_FILE, CheckpointError
@@ -182,6 +182,15 @@ async def check_live_workers(url: str, queue: str, imports: Sequence[str]) -> st
     if await live_workers(url, queue, timeout_s=5.0):
         return None
     return no_live_workers_message(queue, imports)
+
+
+def no_live_workers_message(queue: str, imports: Sequence[str] = ("MODULE",)) -> str:
+    """The executor's "no worker alive" diagnosis, with the command that starts one."""
+    modules = " ".join(f"--import {m}" for m in imports)
+    return (
+        f"no worker of queue {queue!r} is alive: start one with `asyncgraph worker "
+        f"--redis URL --queue {queue} {modules}` (or drop --redis to run in-process)"
+    )
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -19,7 +19,6 @@ from typing import Any
 
 from asyncgraph import AsyncGraphError
 from asyncgraph._exceptions import JobFileError
-from asyncgraph.distributed import log_level
 
 from ._checkpoint import CHECKPOINT_FILE, CheckpointError
 from ._cli_common import (
@@ -280,7 +279,8 @@ def add_logging(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level",
-        type=log_level,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
         metavar="LEVEL",
         help="DEBUG, INFO, WARNING (default), ERROR or CRITICAL; overrides -v",
     )

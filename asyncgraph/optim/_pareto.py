@@ -54,7 +54,6 @@ from asyncgraph.optim._frontier import (
 from asyncgraph.optim._prompts import merge_messages
 from asyncgraph.optim._tgd import DEFAULT_TAGS, TGD, parse_tagged
 from asyncgraph.text import (
-    ModelLike,
     current_models,
     describe,
     feedback_defaults,
@@ -277,7 +276,7 @@ class ParetoSearch:
         val_set: Sequence[Mapping[str, Any]],
         *,
         forward: Forward | None = None,
-        model: ModelLike | None = None,
+        model: str | ChatModel | None = None,
         base_url: str | None = None,
         max_calls: int | None = None,
         max_tokens: int | None = None,

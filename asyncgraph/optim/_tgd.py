@@ -13,7 +13,6 @@ from asyncgraph.models import BaseChatModel, ChatModel
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
 from asyncgraph.optim._prompts import retry_message, update_messages
 from asyncgraph.text import (
-    ModelLike,
     approx_tokens,
     condense_feedback,
     current_models,
@@ -136,7 +135,7 @@ class TGD(Optimizer):
     def __init__(
         self,
         params: Params,
-        model: ModelLike | None = None,
+        model: str | ChatModel | None = None,
         *,
         base_url: str | None = None,
         constraints: Iterable[str] = (),

@@ -78,7 +78,6 @@ from asyncgraph.text._pyfunc import (
     python_call,
 )
 from asyncgraph.text._registry import (
-    ModelLike,
     register_model,
     resolve_model,
     unregister_model,
@@ -91,7 +90,6 @@ __all__ = [
     "LLMCall",
     "LLMOptions",
     "Metric",
-    "ModelLike",
     "PythonCall",
     "StructuredOutputError",
     "TextLoss",

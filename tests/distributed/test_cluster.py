@@ -25,12 +25,8 @@ from agdist_helpers import StartWorker, check_limiter_and_cache
 from test_security import readme_acl_rules
 
 from asyncgraph import Parameter, backward
-from asyncgraph.distributed import (
-    find_redis_server,
-    free_port,
-    open_redis_executor,
-    wait_for_workers,
-)
+from asyncgraph.distributed import open_redis_executor, wait_for_workers
+from asyncgraph.distributed._redis_server import find_redis_server, free_port
 from asyncgraph.resp import Pool, parse_redis_url
 from asyncgraph.resp._cluster import key_slot
 

@@ -14,7 +14,8 @@ import redis
 from agdist_helpers import StartWorker, http_get, wait_until
 
 from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, backward
-from asyncgraph.distributed import RedisServer, free_port, open_redis_executor
+from asyncgraph.distributed import RedisServer, open_redis_executor
+from asyncgraph.distributed._redis_server import free_port
 from asyncgraph.distributed.wire import _keys as keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

