@@ -7,10 +7,9 @@ asyncio, which get the one stream of its own (``_asyncio_stream``: the one
 per-loop branch kept for speed, listed in docs/guide/architecture.md).
 
 Why not redis-py: its asyncio client does not run under trio, and its
-synchronous client in worker threads costs a thread hop (~130 us measured on
-the reference machine) on every call and on every wake-up of a blocking read:
-several of them per remote node, against a round trip whose whole budget is
-about a millisecond. This client speaks just what the worker protocol needs:
+synchronous client in worker threads costs a thread hop on every call and on every
+wake-up of a blocking read: several of them per remote node, a large part of a round
+trip's budget (docs/guide/benchmarks.md has the measurement that chose this client). This client speaks just what the worker protocol needs:
 commands, pipelines (one write, N replies), blocking reads that a cancel scope
 interrupts at once. redis-py is still used to parse URLs.
 
@@ -388,7 +387,7 @@ _HUGE_ARRAY = re.compile(rb"\*[0-9]{7}")
 class _HiredisReader:
     """``_Reader``'s face and limits, with hiredis's C parser doing the parsing.
 
-    hiredis is about 30 times faster on a stream read (0.2 us an entry against 6), but
+    hiredis parses a stream read far faster than Python does, but
     it buffers a reply whole before returning it, and allocates an array at its header.
     So it gets a reply only while the reply is small: one that grows past
     ``_HIREDIS_REPLY_LIMIT`` bytes, or announces an array of a million items, is handed

@@ -62,7 +62,7 @@ class Limits:
     max_container_len: int = 1_000_000
     max_depth: int = 64
     # Arrays and maps in one message, all levels: what bounds the memory a message decodes
-    # into (an empty array is 1 byte on the wire but ~60 in Python: 7 MiB of them, 550 MB).
+    # into (an empty array is 1 byte on the wire but dozens in Python).
     max_containers: int = 100_000
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ Delivery is at-least-once with idempotent completion:
   ``connect_timeout_s`` when set), serving its health endpoint meanwhile;
 - tasks are read in batches with XREADGROUP, never more than ``concurrency``
   held at once, and fewer when recent entries were big (a read buffers at most
-  about ``_READ_BUDGET`` bytes); a bulk string above ``max_message_bytes`` (plus a
+  about ``_intake.READ_BUDGET`` bytes); a bulk string above ``max_message_bytes`` (plus a
   small margin) is skipped unread and its entry dead-lettered as "oversize";
 - every task runs in its own task: async backwards and forwards on the event
   loop, synchronous ones in a worker thread (at most ``concurrency`` threads), so
