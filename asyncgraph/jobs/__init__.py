@@ -11,13 +11,15 @@ step 0, before the initial validation), ``history.json`` and ``metrics.png``.
 One concept a module: ``_job`` the spec (``Job``, ``Evaluation``, ``JobResult``),
 ``_checkpoint`` the run directory's files of parameters (writing, checking, resuming,
 ``load_parameters``), ``_runner`` the run loop (``run_job``, ``evaluate``), ``_report``
-and ``_record`` what a run shows and leaves behind, ``_*_cli`` the commands, ``_ui`` the
+and ``_record`` what a run shows and leaves behind, ``_mlflow`` the same run in MLflow
+(``MLflowReporter``, the ``mlflow`` extra), ``_*_cli`` the commands, ``_ui`` the
 dashboard. ``_checkpoint`` names ``Job`` in annotations only (``_job`` takes its
 ``fingerprint_data``); ``_runner`` imports both, the commands import ``_runner``.
 """
 
 from ._checkpoint import CheckpointError, load_parameters
 from ._job import Evaluation, Job, JobResult
+from ._mlflow import MLflowReporter
 from ._runner import evaluate, run_job
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "Evaluation",
     "Job",
     "JobResult",
+    "MLflowReporter",
     "evaluate",
     "load_parameters",
     "run_job",

@@ -147,6 +147,11 @@ class Reporter:
         else:
             print(f"{self.name}: step {step}/{self.total}  {self._metrics(rows)}", flush=True)
 
+    def end(self, out_dir: Path, error: BaseException | None) -> None:
+        """Called once when ``run_job`` has written the run directory's records
+        (``history.json``, ``metrics.png``), with the job's error if it failed or was
+        cancelled: a reporter that keeps the run somewhere else copies them here."""
+
     def stop(self, *, interrupted: bool = False) -> None:
         """Stop the live bar. After Ctrl-C the terminal has echoed ``^C`` into the bar's
         line, so rich's final render would print the bar a second time below it: the bar

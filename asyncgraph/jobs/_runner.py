@@ -364,10 +364,11 @@ class _JobRun:
                         await self.run()
                 except Exception as exc:  # re-raised as is below, not in an ExceptionGroup
                     failure = exc
-                except BaseException:  # cancelled from outside: still report the steps done
+                except BaseException as exc:  # cancelled from outside: still report the steps done
                     self.running = False
                     with contextlib.suppress(Exception):
                         self.finish()
+                        self.reporter.end(self.out, exc)
                     raise
                 self.running = False
                 try:
@@ -377,6 +378,7 @@ class _JobRun:
                 tg.cancel_scope.cancel()
         if failure is None and self.spending is not None and self.spending.error is not None:
             failure = self.spending.error
+        self.reporter.end(self.out, failure)
         if failure is not None:
             raise failure
         self.warn_unfed()
