@@ -5,6 +5,12 @@ Starts an embedded ``redis-server`` (unless a URL is given) and one
 announced themselves, and tears everything down on exit (SIGTERM, which lets
 the workers drain, then SIGKILL after a deadline).
 
+The embedded server listens on loopback, where every local user can reach it: it
+requires a random password, new each time, which only the URL the fleet yields
+carries. The workers get the secret and the allowed base URLs the caller names, added
+to the user's ``ASYNCGRAPH_SECRET`` / ``ASYNCGRAPH_ALLOWED_BASE_URLS``, which reach them
+as they reach a worker started by hand.
+
 The fleet must not outlive the process that started it: redis-server and the
 supervisor run in their own session (a terminal's Ctrl-C reaches the demo only,
 which then stops them in order) and, on Linux, with a parent-death signal
@@ -17,7 +23,9 @@ recently, so a command can refuse to start against a queue nobody serves.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -34,7 +42,7 @@ from asyncgraph._exceptions import FleetError
 from asyncgraph.distributed._liveness import live_consumers
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.worker._config import WorkerConfig
+from asyncgraph.distributed.worker._config import SETTINGS, WorkerConfig
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
 
 T = TypeVar("T")
@@ -151,6 +159,13 @@ def wait_for_workers(
     Any URL the workers take (``redis+sentinel://`` too); it blocks the calling thread.
     Raises FleetError when the supervisor ``proc`` exits first or
     ``timeout_s`` passes.
+
+    Example::
+
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "asyncgraph", "worker", "--redis", url, "--import", "myfunctions"]
+        )
+        wait_for_workers(url, "grads", 1, proc=supervisor)    # FleetError if it exits first
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -175,6 +190,10 @@ async def live_workers(url: str, queue: str, *, timeout_s: float = 5.0) -> int:
     heartbeat, in ms of the Redis server's clock (``TIME``). Raises
     ``RemoteConnectionError`` when Redis does not answer within ``timeout_s``,
     ``ValueError`` for a bad URL or queue name.
+
+    Example::
+
+        print(await live_workers("redis://127.0.0.1:6379/0", "grads"))    # e.g. 2
     """
     return len(await _live_set(url, queue, timeout_s))
 
@@ -195,6 +214,18 @@ def _stop_supervisor(proc: subprocess.Popen[bytes], drain_s: float) -> None:
         raise
 
 
+def _variable(field: str) -> str:
+    """The value of ``field``'s variable (``ASYNCGRAPH_SECRET`` for ``secret``), or ""."""
+    (variable,) = (setting.variable for setting in SETTINGS if setting.field == field)
+    return os.environ.get(variable, "").strip()
+
+
+def _base_urls(given: Sequence[str]) -> tuple[str, ...]:
+    """The environment's allowed base URLs, then ``given``, each once."""
+    listed = [url.strip() for url in _variable("allowed_base_urls").split(",")]
+    return tuple(dict.fromkeys(url for url in [*listed, *given] if url))
+
+
 @contextmanager
 def local_fleet(
     processes: int,
@@ -206,18 +237,46 @@ def local_fleet(
     extra_args: Sequence[str] = (),
     quiet: bool = True,
     drain_s: float = 30.0,
+    secret: str | None = None,
+    allowed_base_urls: Sequence[str] = (),
 ) -> Iterator[str]:
     """Run ``processes`` local workers serving ``imports``; yields the Redis URL.
 
     With ``redis_url`` the workers join that Redis (other workers of the queue,
     and their heartbeat entries, are left alone); without, a redis-server is
-    started for the fleet. Call it from the main thread (see :func:`child_setup`).
+    started for the fleet, with a random password that the yielded URL carries
+    (redact it before showing it). Call it from the main thread (see
+    :func:`child_setup`).
+
+    ``secret``: the workers' shared HMAC secret (at least 16 bytes; give the client
+    the same one); None: ``$ASYNCGRAPH_SECRET``, or unsigned when it is unset; ``""``:
+    unsigned.
+    ``allowed_base_urls``: model base URLs the workers may send their API key to, on
+    top of those in ``$ASYNCGRAPH_ALLOWED_BASE_URLS``. Raises ``ConfigError`` for a
+    bad secret or base URL, ``FleetError`` when the fleet does not start.
+
+    Example::
+
+        with local_fleet(2, ["myfunctions"]) as url:
+            async with open_redis_executor(url, queue="grads") as ex:
+                await loss.backward(executor=ex)
     """
     keys.check_queue_name(queue)
+    if secret is None:
+        secret = _variable("secret")
+    config = WorkerConfig(  # checked before any process starts; the URL comes below
+        redis_url=redis_url or "redis://127.0.0.1:6379/0",
+        queue=queue,
+        imports=tuple(imports),
+        processes=processes,
+        concurrency=concurrency,
+        secret=secret or None,
+        allowed_base_urls=_base_urls(allowed_base_urls),
+    )
     with ExitStack() as stack:
         if redis_url is None:
             try:
-                server = RedisServer(preexec_fn=child_setup())
+                server = RedisServer(preexec_fn=child_setup(), password=secrets.token_hex(16))
             except FileNotFoundError as exc:  # no redis-server binary: say what to install
                 raise FleetError(str(exc)) from None
             url = stack.enter_context(server).url
@@ -226,13 +285,7 @@ def local_fleet(
         # Our own Redis: start from a clean slate. Someone else's: count only the
         # workers that start now.
         already = _blocking(_workers_before, url, queue, redis_url is None, 2.0, timeout_s=2.0)
-        config = WorkerConfig(
-            redis_url=url,
-            queue=queue,
-            imports=tuple(imports),
-            processes=processes,
-            concurrency=concurrency,
-        )
+        config = dataclasses.replace(config, redis_url=url)
         args = [sys.executable, "-m", "asyncgraph", "worker", *config.to_args(), *extra_args]
         out = subprocess.DEVNULL if quiet else None
         proc = subprocess.Popen(

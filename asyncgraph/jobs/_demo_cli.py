@@ -1,7 +1,9 @@
 """``asyncgraph demo``: the shipped prompt-optimization job, end to end.
 
 ``asyncgraph demo`` runs in-process on the simulated model; ``--workers N``
-runs the backward on N local worker processes through an embedded Redis;
+runs the backward on N local worker processes through an embedded Redis (a
+random password for the server and a random task-signing secret, or the user's
+``ASYNCGRAPH_SECRET``; the workers may call the ``--base-url`` given);
 ``--redis URL`` uses an existing Redis and its workers instead (it must have a
 live worker); ``--model openai:MODEL --base-url URL`` switches to a real
 OpenAI-compatible endpoint. Outputs are kept only with ``--out DIR``.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -43,6 +46,7 @@ from ._runner import run_job
 __all__ = ["add_arguments", "run", "run_demo"]
 
 DEMO_QUEUE = "asyncgraph-demo"
+SECRET_ENV = "ASYNCGRAPH_SECRET"  # the workers' and clients' shared secret
 WORKER_IMPORTS = ("asyncgraph.text", "asyncgraph.jobs.demo")
 
 
@@ -136,10 +140,19 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
 
             # The workers build their "demo" model at import, from this variable.
             os.environ[_demo.LATENCY_ENV] = str(args.latency_ms)
-            with local_fleet(args.workers, WORKER_IMPORTS, queue=args.queue) as url:
-                result = await _run_remote(job, out, url, args, progress)
+            # Signed tasks: another local user who reached the fleet's Redis could not
+            # have the workers call a model with their API key. The user's secret if set.
+            secret = os.environ.get(SECRET_ENV, "").strip() or secrets.token_hex(32)
+            with local_fleet(
+                args.workers,
+                WORKER_IMPORTS,
+                queue=args.queue,
+                secret=secret,
+                allowed_base_urls=[args.base_url] if args.base_url else [],
+            ) as url:
+                result = await _run_remote(job, out, url, args, progress, secret)
         elif args.redis:
-            result = await _run_remote(job, out, args.redis, args, progress)
+            result = await _run_remote(job, out, args.redis, args, progress, None)
         else:
             result = await run_job(
                 job,
@@ -156,11 +169,14 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
 
 
 async def _run_remote(
-    job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool
+    job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool, secret: str | None
 ) -> JobResult:
+    """``job`` on the workers at ``url``; ``secret``: theirs (None: ``$ASYNCGRAPH_SECRET``)."""
     from asyncgraph.distributed import open_redis_executor
 
-    async with open_redis_executor(url, queue=args.queue, timeout_s=120.0) as executor:
+    async with open_redis_executor(
+        url, queue=args.queue, timeout_s=120.0, secret=secret
+    ) as executor:
         return await run_job(
             job,
             out,
