@@ -80,6 +80,13 @@ class RedisExecutor:
     ``await ex.apply(MyFunction, *args, **kwargs)`` runs a remote Function's
     *forward* on a worker too and records the node locally, as
     ``MyFunction.apply`` would.
+
+    Example::
+
+        async with open_redis_executor("redis://127.0.0.1:6379/0", queue="grads") as ex:
+            answer = await ex.apply(LLMCall, prompt, question, model="openai:gpt-4o-mini")
+            loss = await TextLoss("Is the answer right?", model="openai:gpt-4o-mini")(answer)
+            await loss.backward(executor=ex)
     """
 
     def __init__(
@@ -411,9 +418,8 @@ async def open_redis_executor(
         await pool.aclose()
         raise RemoteConnectionError(f"{exc} (queue {queue!r})") from exc
     try:
-        await (
-            executor.channel.beat()
-        )  # before any task: workers run a client's tasks while it beats
+        # Before any task: workers skip the tasks of a client whose heartbeat key is gone.
+        await executor.channel.beat()
     except (RedisConnectionLost, ReplyError) as exc:
         await listener.aclose()
         await pool.aclose()

@@ -5,6 +5,8 @@ were big (a read buffers at most about ``READ_BUDGET`` bytes). While a reply is 
 a bulk string above ``max_message_bytes`` (plus a small margin) is skipped unread
 (``Oversize``), and so is an entry with more fields than a task has (``Wide``): the
 parser is linear, so such an entry costs its bytes once, and admission dead-letters it.
+Before a batch is taken, the intake asks whether its clients are alive (at most one
+round trip; NOTE [Client liveness] in ``distributed._liveness``).
 """
 
 from __future__ import annotations
