@@ -16,6 +16,7 @@ from asyncgraph._exceptions import ModelBackendError, ModelError, ModelRetryErro
 from asyncgraph._redact import redact, redact_url
 from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._calls import ModelCall, call_slot, notify_call, observing_calls
+from asyncgraph.models._journal import CallJournal, current_journal
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
@@ -45,6 +46,12 @@ class BaseChatModel(ABC):
     4. correct the token booking with the usage the server reported (when it reported
        none, the estimate stands), add the answer to ``usage`` (a ``UsageMeter``;
        ``usage.snapshot()`` reads it) and store it in the cache.
+
+    Inside a task run by a fleet's worker, each call is also kept in the task's call
+    journal before it returns, and a rerun of the task (its worker died before the
+    reply) replays it instead of calling the model again, whatever ``cache`` says:
+    counted in ``usage`` with its tokens and cost, and as ``replayed`` (see NOTE [Call
+    journal] in ``asyncgraph.models._journal``).
 
     ``cache=True`` for a call with no cache configured raises ``ValueError``.
     ``cache_if=predicate`` lets the caller say which answers are usable: a cached answer it
@@ -181,6 +188,10 @@ class BaseChatModel(ABC):
                     return answer
                 # Replaying an answer the caller cannot use would fail the same way forever.
                 await self._cache_delete(store, key)
+        journal, call = self._journal_call(msgs, params, key)
+        replayed = await self._replay(journal, call, msgs, params, started if observed else None)
+        if replayed is not None:
+            return replayed
         attempts = [0]
         try:
             async with call_slot():  # bounded when the caller asked (limit_calls)
@@ -190,12 +201,52 @@ class BaseChatModel(ABC):
             if observed:
                 self._notify(msgs, params, started, attempts[0], None, exc)
             raise
+        # Kept before the answer leaves: a worker that dies from here on costs no new call.
+        await self._journal_record(journal, call, completion)
         self._record_usage(UsageMeter.record_completion, completion, self.pricing)
         if observed:
             self._notify(msgs, params, started, attempts[0], completion, None)
         if store is not None and (cache_if is None or cache_if(completion)):
             await self._cache_set(store, key, completion)
         return completion
+
+    def _journal_call(
+        self, messages: list[dict[str, Any]], params: dict[str, Any], digest: str
+    ) -> tuple[CallJournal | None, str]:
+        """The current remote task's call journal and this call's name in it (None
+        outside a fleet's task, or for a request that cannot be hashed)."""
+        journal = current_journal()
+        if journal is None:
+            return None, ""
+        if not digest:
+            try:
+                digest = digest_request(self.cache_request(messages, params))
+            except TypeError:  # params that are not JSON: such a call is not journaled
+                return None, ""
+        return journal, journal.name(digest)
+
+    async def _replay(
+        self,
+        journal: CallJournal | None,
+        call: str,
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+        started: tuple[float, float] | None,
+    ) -> Completion | None:
+        """The answer an earlier delivery of this task recorded for ``call``, counted as
+        replayed (and told to observers when ``started``); None if there is none."""
+        replayed = None if journal is None else await journal.replay(call)
+        if replayed is not None:
+            self._record_usage(UsageMeter.record_replay, replayed, self.pricing)
+            if started is not None:
+                self._notify(messages, params, started, 0, replayed, None)
+        return replayed
+
+    async def _journal_record(
+        self, journal: CallJournal | None, call: str, completion: Completion
+    ) -> None:
+        if journal is not None:
+            await journal.record(call, completion)
 
     def _notify(
         self,

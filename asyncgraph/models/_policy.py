@@ -4,7 +4,9 @@
   providers' default URLs and ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
   ``AZURE_OPENAI_ENDPOINT``) may receive the worker's own API keys when a task names a
   model by spec;
-- around each task: the model usage its calls spent goes back with the reply;
+- around each task: the model usage its calls spent goes back with the reply, and its
+  calls are journaled in the fleet's Redis, so a rerun after a crash replays the answers
+  already paid for (see NOTE [Call journal] in ``_journal``);
 - on the client: that usage is counted by the caller's ``track_usage()`` blocks, as
   if the calls had been made here.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from asyncgraph.models._journal import _JOURNAL, CallJournal, JournalStore
 from asyncgraph.models._spec import restrict_base_urls
 from asyncgraph.models._usage import _SINKS, Usage, UsageMeter, meters_for
 from asyncgraph.taskhooks import install_task_hook
@@ -26,14 +29,31 @@ class ModelPolicy:
 
     name = "models"
 
+    def __init__(self) -> None:
+        self._store: JournalStore | None = None  # while a worker serves: its Redis
+
     def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]:
-        return restrict_base_urls(tuple(settings.get("allowed_base_urls", ()))).remove
+        restriction = restrict_base_urls(tuple(settings.get("allowed_base_urls", ())))
+        before = self._store
+        url, timeout_s = settings.get("redis_url"), settings.get("redis_timeout_s", 5.0)
+        if isinstance(url, str) and isinstance(timeout_s, (int, float)) and timeout_s > 0:
+            self._store = JournalStore(url, float(timeout_s))
+
+        def undo() -> None:
+            self._store = before
+            restriction.remove()
+
+        return undo
 
     def task_metadata(self) -> None:
         return None  # the worker needs nothing from the client to count usage
 
     def around_task(self, metadata: Any, info: Any) -> _CountUsage:
-        return _CountUsage()
+        store = self._store
+        key, rerun_s = getattr(info, "journal_key", ""), getattr(info, "rerun_s", 0.0)
+        if store is None or not key or rerun_s <= 0:
+            return _CountUsage(None)
+        return _CountUsage(CallJournal(store, key, ttl_s=rerun_s, rerun=info.delivery > 1))
 
     def on_reply(self, metadata: Any) -> None:
         if not isinstance(metadata, dict):
@@ -44,20 +64,26 @@ class ModelPolicy:
 
 
 class _CountUsage:
-    """Around one task on a worker: counts its model calls; the value gives what they spent.
+    """Around one task on a worker: counts its model calls and makes ``journal`` the
+    current call journal; the value gives what the calls spent.
 
     A plain class, not ``track_usage``'s generator: it runs around every task a worker
     runs, most of which call no model.
     """
 
-    __slots__ = ("_meter", "_token")
+    __slots__ = ("_journal", "_journal_token", "_meter", "_token")
+
+    def __init__(self, journal: CallJournal | None) -> None:
+        self._journal = journal
 
     def __enter__(self) -> Callable[[], dict[str, int | float] | None]:
         self._meter = UsageMeter()
         self._token = _SINKS.set((*_SINKS.get(), self._meter))
+        self._journal_token = _JOURNAL.set(self._journal)
         return self.spent
 
     def __exit__(self, *exc_info: object) -> None:
+        _JOURNAL.reset(self._journal_token)
         _SINKS.reset(self._token)
 
     def spent(self) -> dict[str, int | float] | None:

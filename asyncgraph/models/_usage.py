@@ -92,7 +92,12 @@ class Usage:
     ``cache_read_tokens`` / ``cache_write_tokens``: the part of ``prompt_tokens`` the
     provider read from / wrote to its prompt cache (priced at ``Pricing``'s cached-input
     and cache-write rates; not to be confused with ``cache_hits``, the calls answered by
-    asyncgraph's own response cache).
+    asyncgraph's own response cache). ``replayed``: of the ``requests``, those a remote
+    task's rerun took from its call journal instead of calling the model again (the
+    worker that paid for them died before its reply; see NOTE [Call journal] in
+    ``asyncgraph.models._journal``): the model billed them once, on the lost delivery,
+    and their tokens and cost are counted here, once, since that delivery's reply never
+    reached anyone.
     """
 
     requests: int = 0
@@ -105,6 +110,7 @@ class Usage:
     unpriced_requests: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    replayed: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -165,6 +171,16 @@ class UsageMeter:
             return old
 
     def record_completion(self, completion: Completion, pricing: Pricing | None) -> None:
+        self._add_completion(completion, pricing, replayed=0)
+
+    def record_replay(self, completion: Completion, pricing: Pricing | None) -> None:
+        """A call answered from a task's call journal: billed once (on the delivery that
+        died), counted once (here), marked ``replayed``."""
+        self._add_completion(completion, pricing, replayed=1)
+
+    def _add_completion(
+        self, completion: Completion, pricing: Pricing | None, *, replayed: int
+    ) -> None:
         p, c = completion.prompt_tokens, completion.completion_tokens
         cost = pricing.completion_cost_usd(completion) if pricing is not None else 0.0
         with self._lock:
@@ -178,6 +194,7 @@ class UsageMeter:
                 cache_write_tokens=u.cache_write_tokens + completion.cache_write_tokens,
                 cost_usd=u.cost_usd + cost,
                 unpriced_requests=u.unpriced_requests + int(pricing is None),
+                replayed=u.replayed + replayed,
             )
 
     def add(self, usage: Usage) -> None:

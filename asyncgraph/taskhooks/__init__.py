@@ -7,7 +7,8 @@ the usage a task's model calls spent, the base URLs a worker may send its API ke
 to) installs a hook here when it is imported, and the fleet runs every installed hook:
 
 - ``serving(settings)`` when a worker starts serving (``settings``: plain values such
-  as ``{"allowed_base_urls": (...)}``); it returns the function that undoes it;
+  as ``{"allowed_base_urls": (...), "redis_url": ..., "redis_timeout_s": ...}``); it
+  returns the function that undoes it;
 - ``task_metadata()`` on the client, when a task is sent, in the context of the node
   that sends it: what its worker side should know (None: nothing; e.g. the trace
   context of the node's span);
@@ -45,6 +46,11 @@ class TaskInfo:
     task_id: str
     queued_s: float  # from the client's XADD to the start of the run (Redis's clock)
     delivery: int  # 1, or more when reclaimed from a worker that died or stalled
+    # A Redis key (on the fleet's Redis, in the queue's hash slot) that belongs to this task
+    # and outlives a delivery: where a hook journals what a rerun should not do again (the
+    # models hook: the model calls already paid for). Empty: none.
+    journal_key: str = ""
+    rerun_s: float = 0.0  # how long the task may still be rerun (the client's wait): 0 unknown
 
 
 class TaskHook(Protocol):

@@ -280,3 +280,42 @@ class Nap(Function):
     async def backward(ctx: Any, grad: Variable) -> Any:
         await anyio.sleep(ctx.seconds)
         return grad.data, None
+
+
+class AskThenHold(Function):
+    """Remote backward that asks an OpenAI-compatible server (``ctx.base_url``) and then
+    holds while Redis key ``agdist:hold:<tag>`` exists: a test can kill the worker after
+    the model call returned and before the reply. The prompt is ``agdist:prompt:<tag>``
+    if set (a test changes it between runs), else ``ctx.prompt``; each run pushes its pid
+    on ``agdist:called:<tag>`` once its call returned. The gradient is ``grad`` times the
+    length of the answer, so a replayed answer must be the same to give the same gradient.
+    """
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, base_url: str, prompt: str, tag: str) -> Variable:
+        ctx.base_url, ctx.prompt, ctx.tag = base_url, prompt, tag
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Any:
+        from asyncgraph.models import OpenAIChat, Pricing
+
+        client = _redis()
+        try:
+            prompt = await anyio.to_thread.run_sync(client.get, f"agdist:prompt:{ctx.tag}")
+            async with OpenAIChat(
+                "gpt-test", ctx.base_url, "sk-test", pricing=Pricing(1.0, 2.0)
+            ) as model:
+                reply = await model.complete(
+                    [{"role": "user", "content": prompt.decode() if prompt else ctx.prompt}]
+                )
+            await anyio.to_thread.run_sync(client.rpush, f"agdist:called:{ctx.tag}", os.getpid())
+            with anyio.fail_after(60):
+                # Polled: the flag is set and cleared by the test, in another process.
+                while await anyio.to_thread.run_sync(client.exists, f"agdist:hold:{ctx.tag}"):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+        finally:
+            client.close()
+        return grad.data * len(reply.text), None, None, None

@@ -15,6 +15,8 @@ Streams of queue ``q``::
     asyncgraph:{q}:dead           dead letters: malformed, forged or failed tasks
     asyncgraph:{q}:workers        hash: consumer name -> heartbeat expiry (ms, Redis clock)
     asyncgraph:{q}:client:<id>    a live client's heartbeat: a string that expires unless renewed
+    asyncgraph:{q}:calls:<client>:<task id>
+                                  hash: the model calls a task made, kept while it can be rerun
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "GROUP",
     "PROTOCOL_VERSION",
     "REPLY_TTL_S",
+    "calls_key",
     "cancel_stream",
     "check_queue_name",
     "client_key",
@@ -155,3 +158,12 @@ def clients_hash(queue: str) -> str:
 
     No longer written; nothing decides on it (a worker's membership still reads it)."""
     return f"{_base(queue)}:clients"
+
+
+def calls_key(queue: str, client: str, task_id: str) -> str:
+    """The call journal of one task (a hash: call -> its answer), which a rerun of the task
+    after a crash replays instead of paying for the calls again (``TaskInfo.journal_key``;
+    ``client``: a validated 32-hex-digit id)."""
+    if not is_client_id(client):
+        raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
+    return f"{_base(queue)}:calls:{client}:{task_id}"

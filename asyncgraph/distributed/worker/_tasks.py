@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from asyncgraph.distributed.wire._keys import calls_key
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.worker._admission import Admitted, Rules, admit
 from asyncgraph.distributed.worker._around import AroundTask
@@ -109,6 +110,8 @@ class Tasks:
                 message.id,
                 self._membership.queued_s(held.entry_id),
                 held.delivery,
+                calls_key(ctx.config.queue, message.client, message.id),
+                message.ttl_ms / 1000,
             )
             around = AroundTask(hooks, message.meta or {}, info, ctx.consumer)
         with around or _NO_HOOKS:

@@ -126,7 +126,11 @@ class Worker:
         """
         # Policies installed by other layers (asyncgraph.text's model policy: only the
         # allowed base URLs may receive this process's API key), lifted when serving ends.
-        settings = {"allowed_base_urls": self.config.allowed_base_urls}
+        settings = {
+            "allowed_base_urls": self.config.allowed_base_urls,
+            "redis_url": self.config.redis_url,  # for the journal of a task's model calls
+            "redis_timeout_s": self.config.redis_timeout_s,
+        }
         undo = [hook.serving(settings) for hook in task_hooks().values()]
         connect_error: RedisConnectionLost | None = None
         try:

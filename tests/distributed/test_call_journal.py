@@ -1,0 +1,264 @@
+"""Exactly one bill per model call across crashes (issue #27): the call journal.
+
+A worker SIGKILLed after its task's model call returned and before its reply: the
+rerun on another worker replays the recorded answer (no new HTTP request), the
+gradient is the one a crash-free run gives, and the usage says one request, replayed.
+See NOTE [Call journal] in ``asyncgraph.models._journal``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+from typing import Any
+
+import agdist_functions as F
+import anyio
+import pytest
+import redis
+from agdist_helpers import StartWorker, wait_until
+
+from asyncgraph import Parameter, backward
+from asyncgraph.distributed import open_redis_executor
+from asyncgraph.distributed._redis_server import free_port
+from asyncgraph.distributed.wire._keys import calls_key
+from asyncgraph.models import OpenAIChat, track_usage
+from asyncgraph.models._journal import (
+    MAX_RECORD_BYTES,
+    MAX_RECORDS,
+    MAX_TASK_BYTES,
+    CallJournal,
+    JournalStore,
+    decode_record,
+    encode_record,
+    journaling,
+)
+from asyncgraph.models._testing import OpenAITestServer, Reply
+from asyncgraph.models._types import Completion
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+FAST = ("--lease-ms", "1000", "--drain-timeout-s", "1")
+CLIENT = "0123456789abcdef0123456789abcdef"
+
+
+class NumberedServer(OpenAITestServer):
+    """Answers ``"answer <n> to <prompt>"``, n counting requests: a new call is visible."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count(1)
+        self._lock = threading.Lock()
+        super().__init__(handler=self._numbered)
+
+    def _numbered(self, body: Any) -> Reply:
+        with self._lock:
+            n = next(self._count)
+        return Reply(text=f"answer {n} to {body['messages'][-1]['content']}")
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def _llen(url: str, key: str) -> int:
+    client = _client(url)
+    try:
+        return int(client.llen(key))
+    finally:
+        client.close()
+
+
+async def _kill_after_the_call_then_rerun(
+    url: str,
+    start_worker: StartWorker,
+    server: OpenAITestServer,
+    queue: str,
+    tag: str,
+    *,
+    new_prompt: str | None = None,
+) -> tuple[float, Any]:
+    """Run ``AskThenHold`` on a worker, SIGKILL it once its model call returned (the task
+    holds before its reply), let another worker rerun it; the leaf's grad and the usage."""
+    client = _client(url)
+    client.set(f"agdist:hold:{tag}", 1)
+    first = start_worker(url, queue, *FAST, "--allow-base-url", server.url)
+    x = Parameter(1.0, role="x")
+    y = F.AskThenHold.apply(x, server.url, "what is one", tag)
+    async with open_redis_executor(url, queue=queue, timeout_s=30) as ex:
+        with track_usage() as usage:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(backward, y, executor=ex))
+                await wait_until(lambda: _llen(url, f"agdist:called:{tag}") == 1)
+                assert len(server.requests) == 1  # the call returned: paid once
+                first.kill()  # ... and its reply is never written
+                if new_prompt is not None:
+                    client.set(f"agdist:prompt:{tag}", new_prompt)
+                client.delete(f"agdist:hold:{tag}")
+                start_worker(url, queue, *FAST, "--allow-base-url", server.url)
+        assert ex.stats.completed == 1
+    client.close()
+    assert _llen(url, f"agdist:called:{tag}") == 2  # the task did run twice
+    assert x.grad is not None
+    return x.grad.data, usage.snapshot()
+
+
+async def test_a_rerun_after_sigkill_replays_the_paid_call(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    with NumberedServer() as server:
+        grad, spent = await _kill_after_the_call_then_rerun(
+            redis_url, start_worker, server, "journal", "replay"
+        )
+        assert len(server.requests) == 1  # the rerun made no new HTTP request
+    answer = "answer 1 to what is one"
+    assert grad == float(len(answer))  # the gradient of a crash-free run: the same answer
+    # One call, billed once by the provider and counted once here (the killed worker's
+    # usage never reached the client), marked replayed.
+    assert spent.requests == 1 and spent.replayed == 1
+    assert spent.prompt_tokens == 3 and spent.completion_tokens == len(answer.split())
+    assert spent.cost_usd == pytest.approx((3 * 1.0 + len(answer.split()) * 2.0) / 1e6)
+
+
+async def test_a_rerun_that_asks_something_else_is_not_replayed(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    with NumberedServer() as server:
+        grad, spent = await _kill_after_the_call_then_rerun(
+            redis_url, start_worker, server, "journal2", "other", new_prompt="what is two"
+        )
+        assert len(server.requests) == 2  # another request: asked, and paid, again
+    assert grad == float(len("answer 2 to what is two"))
+    assert spent.requests == 1 and spent.replayed == 0
+
+
+async def test_tasks_that_ran_once_leave_a_journal_that_expires_with_them(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker(redis_url, "journal3", *FAST)
+    with NumberedServer() as server:
+        x = Parameter(1.0, role="x")
+        y = F.AskThenHold.apply(x, server.url, "what is three", "once")
+        async with open_redis_executor(redis_url, queue="journal3", timeout_s=7) as ex:
+            with track_usage() as usage:
+                await backward(y, executor=ex)
+            client = _client(redis_url)
+            try:
+                (key,) = client.keys("asyncgraph:{journal3}:calls:*")
+                key = key.decode()
+                assert key.startswith(f"asyncgraph:{{journal3}}:calls:{ex.client_id}:")
+                assert 0 < client.pttl(key) <= 7000  # kept while the client may wait
+                assert client.hlen(key) == 2  # the call and the byte count
+            finally:
+                client.close()
+    assert usage.snapshot().requests == 1 and usage.snapshot().replayed == 0
+
+
+# -- the journal itself, on a real Redis, without workers ---------------------------------
+
+
+def _journal(url: str, task: str, *, rerun: bool, ttl_s: float = 30.0) -> CallJournal:
+    return CallJournal(
+        JournalStore(url, 5.0), calls_key("q", CLIENT, task), ttl_s=ttl_s, rerun=rerun
+    )
+
+
+async def test_a_model_call_in_a_task_is_replayed_by_its_rerun_only(redis_url: str) -> None:
+    with NumberedServer() as server:
+        async with OpenAIChat("gpt-test", server.url, "sk-test") as model:
+            with journaling(_journal(redis_url, "t1", rerun=False)):
+                first = await model.complete([{"role": "user", "content": "hi"}])
+                again = await model.complete([{"role": "user", "content": "hi"}])
+            assert len(server.requests) == 2  # a first delivery replays nothing
+            with track_usage() as usage, journaling(_journal(redis_url, "t1", rerun=True)):
+                # the same two calls, in the same order: both replayed, in order
+                assert await model.complete([{"role": "user", "content": "hi"}]) == first
+                assert await model.complete([{"role": "user", "content": "hi"}]) == again
+                # a third occurrence was never recorded: asked
+                third = await model.complete([{"role": "user", "content": "hi"}])
+                # another request is never answered from the journal
+                other = await model.complete([{"role": "user", "content": "ho"}])
+            assert len(server.requests) == 4
+            assert third.text == "answer 3 to hi" and other.text == "answer 4 to ho"
+            with journaling(_journal(redis_url, "t2", rerun=True)):  # another task's journal
+                await model.complete([{"role": "user", "content": "hi"}])
+            assert len(server.requests) == 5
+    spent = usage.snapshot()
+    assert spent.requests == 4 and spent.replayed == 2
+
+
+async def test_the_journal_of_a_task_is_bounded(redis_url: str) -> None:
+    journal = _journal(redis_url, "big", rerun=True)
+    answer = Completion("x" * 1000, model="m", prompt_tokens=10, completion_tokens=250)
+    for i in range(MAX_RECORDS + 20):
+        await journal.record(f"{i:064x}:0", answer)
+    client = _client(redis_url)
+    try:
+        key = journal.key
+        assert client.hlen(key) == MAX_RECORDS + 1  # the records and the byte count
+        assert int(client.hget(key, "#bytes")) <= MAX_TASK_BYTES
+        assert 0 < client.pttl(key) <= 30_000
+        used = client.memory_usage(key)
+        assert used is not None and used < 2 * MAX_TASK_BYTES
+        # An answer longer than a record may be is not kept at all.
+        huge = Completion("y" * MAX_RECORD_BYTES, model="m")
+        full = _journal(redis_url, "huge", rerun=True)
+        await full.record("a:0", huge)
+        assert not client.exists(full.key)
+        # The first answer of a call stays (a stalled worker may write it a second time).
+        await journal.record(f"{0:064x}:0", Completion("other", model="m"))
+        assert await journal.replay(f"{0:064x}:0") == answer
+    finally:
+        client.close()
+
+
+async def test_a_typical_task_journal_uses_little_memory(redis_url: str) -> None:
+    # Ten answers of about 1 KB (some 200 words), what one critique node might make.
+    journal = _journal(redis_url, "typical", rerun=True)
+    for i in range(10):
+        text = " ".join(["word"] * 200)
+        await journal.record(f"{i:064x}:0", Completion(text, model="gpt-4o-mini"))
+    client = _client(redis_url)
+    try:
+        used = int(client.memory_usage(journal.key))
+    finally:
+        client.close()
+    logging.getLogger(__name__).info("journal of 10 x 1 KB answers: %d bytes", used)
+    assert used < 20_000
+
+
+async def test_an_unreadable_record_is_a_miss(redis_url: str) -> None:
+    journal = _journal(redis_url, "bad", rerun=True)
+    client = _client(redis_url)
+    try:
+        client.hset(journal.key, "a:0", b"\x80not json")
+        client.hset(journal.key, "b:0", b'{"text": 3}')
+    finally:
+        client.close()
+    assert await journal.replay("a:0") is None
+    assert await journal.replay("b:0") is None
+    assert decode_record(encode_record(Completion("ok", model="m"))) == Completion("ok", "m")
+    assert decode_record(b"x" * (MAX_RECORD_BYTES + 1)) is None
+
+
+async def test_redis_down_costs_the_journal_not_the_call(caplog: pytest.LogCaptureFixture) -> None:
+    journal = CallJournal(
+        JournalStore(f"redis://127.0.0.1:{free_port()}/0", 1.0),
+        calls_key("q", CLIENT, "down"),
+        ttl_s=30.0,
+        rerun=True,
+    )
+    with NumberedServer() as server:
+        async with OpenAIChat("gpt-test", server.url, "sk-test") as model:
+            with caplog.at_level(logging.WARNING, "asyncgraph.models"), journaling(journal):
+                answer = await model.complete([{"role": "user", "content": "hi"}])
+    assert answer.text == "answer 1 to hi"
+    assert "call journal" in caplog.text and "read failed" in caplog.text
+    assert "write failed" in caplog.text
+
+
+def test_the_journal_key_shares_the_queue_hash_slot() -> None:
+    assert calls_key("q1", CLIENT, "7").startswith("asyncgraph:{q1}:")
+    with pytest.raises(ValueError, match="client id"):
+        calls_key("q1", "not-a-client", "7")
