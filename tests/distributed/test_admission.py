@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import agdist_functions as F
+import pytest
 
 from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed.wire import _keys as keys
@@ -170,3 +172,19 @@ def test_the_dead_letter_stream_is_bounded_by_bytes_as_well_as_entries() -> None
     big = [keys.F_MESSAGE, b"x" * MAX_ORIGINAL]
     xadd = replies.dead_letter(Held(b"1-0"), keys.REASON_ERROR, "e" * 40_000, {b"m": big[1]})
     assert xadd[2] == "MAXLEN" and xadd[3] * (MAX_ORIGINAL + 32_768) <= keys.DEAD_MAX_BYTES
+
+
+def test_a_flood_of_dead_letters_logs_one_line_per_reason_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, replies = rules()
+    caplog.set_level(logging.WARNING, logger="asyncgraph.distributed.worker")
+    for i in range(1000):
+        replies.dead_letter(Held(f"{i}-0".encode()), keys.REASON_FORGED, "bad HMAC", {})
+    replies.dead_letter(Held(b"x-0"), keys.REASON_MALFORMED, "not msgpack", {})
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2  # the first of each reason; the metric counts all 1,001
+    assert replies.metrics.get("asyncgraph_worker_dead_letters_total", reason="forged") == 1000
+    replies._dead_logged[keys.REASON_FORGED] = (0.0, 999)  # as if a second had passed
+    replies.dead_letter(Held(b"y-0"), keys.REASON_FORGED, "bad HMAC", {})
+    assert "999 more forged dead letter(s) not logged" in caplog.records[-1].getMessage()

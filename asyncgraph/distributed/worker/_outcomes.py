@@ -7,6 +7,7 @@ reads ends as exactly one ``Settled``: answered, refused, dead-lettered, skipped
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ UNTRUSTED_ORIGINAL = 256
 UNTRUSTED_TEXT = 512
 UNTRUSTED_REASONS = frozenset({keys.REASON_FORGED, keys.REASON_MALFORMED, keys.REASON_OVERSIZE})
 DEAD_ENTRY_OVERHEAD = 64  # bytes Redis spends on a stream entry besides its fields, about
+DEAD_LOG_EVERY_S = 1.0  # one log line per reason this often at most; the metric counts all
 
 
 def dead_maxlen(entry_bytes: int) -> int:
@@ -88,6 +90,8 @@ class Replies:
         self.limits = limits
         self.metrics = metrics
         self.dead_stream = keys.dead_stream(queue)
+        # reason -> (when its last line was logged, dead letters not logged since)
+        self._dead_logged: dict[str, tuple[float, int]] = {}
 
     def settled(self, held: Held, outcome: str, commands: list[list[Any]] | None = None) -> Settled:
         return Settled(held, outcome, commands or [])
@@ -175,6 +179,25 @@ class Replies:
             return self.error(held, message.client, message.id, info, "error")
         return self.reply(held, message.client, message.id, packed, signature, "ok")
 
+    def _log_dead_letter(self, held: Held, reason: str, text: str) -> None:
+        """Log a dead letter; of a flood (10,000 forged entries), one line per reason a second."""
+        now = time.monotonic()
+        last, unlogged = self._dead_logged.get(reason, (-DEAD_LOG_EVERY_S, 0))
+        if now - last < DEAD_LOG_EVERY_S:
+            self._dead_logged[reason] = (last, unlogged + 1)
+            return
+        self._dead_logged[reason] = (now, 0)
+        log.warning(
+            "worker %s dead-lettered entry %s (%s): %.300s%s",
+            self.consumer,
+            held.entry_id.decode(errors="replace"),
+            reason,
+            text,
+            f" ({unlogged} more {reason} dead letter(s) not logged since the last line)"
+            if unlogged
+            else "",
+        )
+
     def dead_letter(self, held: Held, reason: str, text: str, data: dict[Any, Any]) -> list[Any]:
         """The XADD that dead-letters ``held`` with its reason and (truncated) original message.
 
@@ -185,13 +208,7 @@ class Replies:
         """
         untrusted = reason in UNTRUSTED_REASONS
         self.metrics.inc("asyncgraph_worker_dead_letters_total", reason=reason)
-        log.warning(
-            "worker %s dead-lettered entry %s (%s): %.300s",
-            self.consumer,
-            held.entry_id.decode(errors="replace"),
-            reason,
-            text,
-        )
+        self._log_dead_letter(held, reason, text)
         fields: list[Any] = [
             keys.F_REASON,
             reason,
