@@ -88,7 +88,15 @@ __all__ = [
 
 
 class AsyncGraphError(Exception):
-    """Base class of every asyncgraph error."""
+    """Base class of every asyncgraph error.
+
+    Example::
+
+        try:
+            await loss.backward()
+        except AsyncGraphError as e:   # any failure asyncgraph raises, of any package
+            print(type(e).__name__, e)
+    """
 
 
 # -- the core (exported by ``asyncgraph``) ------------------------------------------------
@@ -99,6 +107,15 @@ class GraphError(AsyncGraphError, RuntimeError):
     a hook on a variable without grad, a ``GradManager`` not recording.
 
     A ``RuntimeError`` too, as PyTorch raises for the same misuse.
+
+    Example::
+
+        y = Double.apply(Parameter(3.0))
+        await y.backward()
+        try:
+            await y.backward()         # the first backward freed the graph
+        except GraphError as e:
+            print(e)                   # "... Specify retain_graph=True on the first backward ..."
     """
 
 
@@ -107,6 +124,13 @@ class BackwardError(AsyncGraphError, RuntimeError):
 
     ``function`` is the Function's name, ``input_roles`` / ``output_roles`` the
     roles of the variables it connects.
+
+    Example::
+
+        try:
+            await loss.backward()
+        except BackwardError as e:     # no .grad was changed
+            print(e.function, e.input_roles, repr(e.__cause__))
     """
 
     def __init__(
@@ -124,7 +148,15 @@ class BackwardError(AsyncGraphError, RuntimeError):
 
 
 class RemoteError(BackwardError):
-    """A backward that ran on a worker failed; ``remote_traceback`` is its text."""
+    """A backward that ran on a worker failed; ``remote_traceback`` is its text.
+
+    Example::
+
+        try:
+            await loss.backward(executor=ex)    # ex: open_redis_executor(...)
+        except RemoteError as e:
+            print(e.function, e.remote_traceback)
+    """
 
     def __init__(self, message: str, *, remote_traceback: str = "", **kwargs: object) -> None:
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
@@ -132,15 +164,41 @@ class RemoteError(BackwardError):
 
 
 class RemoteConnectionError(BackwardError, ConnectionError):
-    """Redis could not be reached or went away while a node's backward was remote."""
+    """Redis could not be reached or went away while a node's backward was remote.
+
+    Example::
+
+        try:
+            await loss.backward(executor=ex)
+        except RemoteConnectionError as e:     # Redis down: retry the pass later
+            print(e.function, e)
+    """
 
 
 class RemoteTimeoutError(BackwardError, TimeoutError):
-    """No worker answered for a remote node within the executor's timeout."""
+    """No worker answered for a remote node within the executor's timeout.
+
+    Example::
+
+        try:
+            await loss.backward(executor=ex)
+        except RemoteTimeoutError as e:        # no worker serving the queue, or all too slow
+            print(e)                           # says whether the task was queued or being run
+    """
 
 
 class WireError(AsyncGraphError, ValueError):
-    """A message crossing a process boundary is malformed, too large or forged."""
+    """A message crossing a process boundary is malformed, too large or forged.
+
+    Example::
+
+        # Raised inside the fleet: a worker refuses a task whose message breaks its limits
+        # (--max-message-bytes ...) and answers why; the client raises that as a RemoteError.
+        try:
+            await loss.backward(executor=ex)
+        except RemoteError as e:
+            print(e)          # "... refused the task: ...; send less data or raise --max-message-bytes"
+    """
 
 
 # -- the RESP client (exported by ``asyncgraph.resp``) ------------------------------------
@@ -166,6 +224,13 @@ class ModelError(AsyncGraphError):
     """A model call failed. ``model`` names the model, ``retryable`` says if retrying may help.
 
     ``retryable`` is what the retry middleware goes by.
+
+    Example::
+
+        try:
+            answer = await model.complete([{"role": "user", "content": "Hi"}])
+        except ModelError as e:
+            print(e.model, e.retryable, e)
     """
 
     retryable: bool = False
@@ -176,7 +241,15 @@ class ModelError(AsyncGraphError):
 
 
 class ModelStatusError(ModelError):
-    """The server answered with HTTP ``status_code``; ``server_message`` is its error text."""
+    """The server answered with HTTP ``status_code``; ``server_message`` is its error text.
+
+    Example::
+
+        try:
+            answer = await OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=1)).complete(messages)
+        except ModelStatusError as e:
+            print(e.status_code, e.server_message)
+    """
 
     def __init__(
         self,
@@ -198,50 +271,119 @@ class ModelRequestError(ModelStatusError):
 
     409 Conflict is in this group too: on a generic server resending the same request does
     not resolve a conflict.
+
+    Example::
+
+        try:
+            answer = await OpenAIChat("no-such-model").complete(messages)
+        except ModelRequestError as e:      # raised on the first attempt, never retried
+            print(e.status_code, e.server_message)     # 404 and the server's text
     """
 
     retryable = False
 
 
 class ModelRequestTimeoutError(ModelStatusError):
-    """A 408 answer: the server stopped waiting for the request (e.g. a slow upload); retried."""
+    """A 408 answer: the server stopped waiting for the request (e.g. a slow upload); retried.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=1))   # no retries
+        try:
+            answer = await model.complete(messages)
+        except ModelRequestTimeoutError as e:
+            print(e.status_code)                       # 408
+    """
 
     retryable = True
 
 
 class ModelRateLimitedError(ModelStatusError):
-    """A 429 answer; ``retry_after_s`` is the server's Retry-After, if it sent one."""
+    """A 429 answer; ``retry_after_s`` is the server's Retry-After, if it sent one.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=1))   # no retries
+        try:
+            answer = await model.complete(messages)
+        except ModelRateLimitedError as e:
+            print(e.status_code, e.retry_after_s)      # 429 and the server's Retry-After
+    """
 
     retryable = True
 
 
 class ModelServerError(ModelStatusError):
-    """A 5xx answer: the server failed, retrying may help."""
+    """A 5xx answer: the server failed, retrying may help.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=1))   # no retries
+        try:
+            answer = await model.complete(messages)
+        except ModelServerError as e:
+            print(e.status_code, e.server_message)     # 500, 502, 503 ...
+    """
 
     retryable = True
 
 
 class ModelConnectionError(ModelError):
-    """The connection could not be opened or was lost before an answer arrived."""
+    """The connection could not be opened or was lost before an answer arrived.
+
+    Example::
+
+        model = OpenAIChat("llama3", base_url="http://127.0.0.1:9/v1", retry=Retry(max_attempts=1))
+        try:
+            answer = await model.complete(messages)
+        except ModelConnectionError as e:              # nothing listens on that port
+            print(e.model, e)
+    """
 
     retryable = True
 
 
 class ModelTimeoutError(ModelError):
-    """One attempt did not finish within its deadline (``timeout_s``)."""
+    """One attempt did not finish within its deadline (``timeout_s``).
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", timeout_s=5.0, retry=Retry(max_attempts=1))
+        try:
+            answer = await model.complete(messages)
+        except ModelTimeoutError as e:                 # the attempt took more than 5 s
+            print(e)
+    """
 
     retryable = True
 
 
 class ModelResponseError(ModelError):
     """The answer is not a readable chat completion: a 2xx with another body, or a body
-    that cannot be decoded (bad compression, too many redirects)."""
+    that cannot be decoded (bad compression, too many redirects).
+
+    Example::
+
+        try:
+            answer = await model.complete(messages)
+        except ModelResponseError as e:     # e.g. a proxy's HTML page instead of JSON
+            print(e.model, e)
+    """
 
     retryable = False
 
 
 class ModelRetryError(ModelError):
-    """Every one of ``attempts`` attempts failed; ``__cause__`` / ``last_error`` is the last one."""
+    """Every one of ``attempts`` attempts failed; ``__cause__`` / ``last_error`` is the last one.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=3))
+        try:
+            answer = await model.complete(messages)
+        except ModelRetryError as e:
+            print(e.attempts, type(e.last_error).__name__)   # 3 ModelServerError
+    """
 
     retryable = False
 
@@ -252,7 +394,17 @@ class ModelRetryError(ModelError):
 
 
 class RateLimitWaitError(ModelError):
-    """The rate limiter would make this call wait ``wait_s`` > ``max_wait_s``; nothing was reserved."""
+    """The rate limiter would make this call wait ``wait_s`` > ``max_wait_s``; nothing was reserved.
+
+    Example::
+
+        limiter = LocalRateLimiter(RateLimit(requests_per_minute=1, max_wait_s=1))
+        await limiter.acquire()
+        try:
+            await limiter.acquire()          # the next slot is a minute away
+        except RateLimitWaitError as e:
+            print(e.wait_s, e.max_wait_s)    # about 60.5 and 1; nothing was booked
+    """
 
     retryable = False
 
@@ -263,7 +415,16 @@ class RateLimitWaitError(ModelError):
 
 
 class ModelBackendError(ModelError):
-    """A shared backend (Redis for a rate limit or cache, a cache directory) failed or timed out."""
+    """A shared backend (Redis for a rate limit or cache, a cache directory) failed or timed out.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", cache=RedisCache("redis://127.0.0.1:6379/0"))
+        try:
+            answer = await model.complete(messages)
+        except ModelBackendError as e:      # Redis is down or did not answer within timeout_s
+            print(e)
+    """
 
     retryable = False
 
@@ -274,6 +435,14 @@ class ModelConfigError(ModelError, ValueError):
     a model (``base_url``), found where the model is built, before any call.
 
     ``variable`` names the setting, ``value`` is what it held.
+
+    Example::
+
+        os.environ["ASYNCGRAPH_MODEL_RPM"] = "fast"
+        try:
+            parse_model_spec("openai:gpt-4o-mini")
+        except ModelConfigError as e:
+            print(e.variable, e.value)       # ASYNCGRAPH_MODEL_RPM fast
     """
 
     retryable = False
@@ -291,6 +460,13 @@ class UnknownModelError(AsyncGraphError, LookupError):
     """``resolve_model(spec)`` found no registered model and could not build one.
 
     ``spec`` is the name asked for, ``base_url`` the server it was asked with.
+
+    Example::
+
+        try:
+            resolve_model("house-model")     # never registered, and not a spec
+        except UnknownModelError as e:
+            print(e.spec, e.base_url)        # house-model None
     """
 
     def __init__(self, message: str, *, spec: str, base_url: str | None = None) -> None:
@@ -304,6 +480,17 @@ class StructuredOutputError(AsyncGraphError, ValueError):
 
     ``path`` is where the last reply failed (``$`` the whole reply, ``$.steps[2]`` ...),
     ``reply`` its text, ``attempts`` how many replies were tried.
+
+    Example::
+
+        @dataclass
+        class Answer:
+            value: int
+
+        try:
+            answer = await llm_call(prompt, question, model=model, response_format=Answer)
+        except StructuredOutputError as e:
+            print(e.path, e.attempts, e.reply)
     """
 
     def __init__(self, message: str, *, path: str, reply: str, attempts: int) -> None:
@@ -317,7 +504,15 @@ class StructuredOutputError(AsyncGraphError, ValueError):
 
 
 class OptimizerError(AsyncGraphError):
-    """An optimizer step failed; no parameter was changed by that step."""
+    """An optimizer step failed; no parameter was changed by that step.
+
+    Example::
+
+        try:
+            await tgd.step()
+        except OptimizerError as e:      # the parameters keep their values
+            print(e)
+    """
 
 
 class UpdateParseError(OptimizerError, ValueError):
@@ -325,6 +520,13 @@ class UpdateParseError(OptimizerError, ValueError):
 
     ``role`` is the parameter's role, ``attempts`` how many replies were tried,
     ``reply`` the last reply (in full; the message shows an excerpt).
+
+    Example::
+
+        try:
+            await tgd.step()
+        except UpdateParseError as e:    # no <IMPROVED_VARIABLE> tags in any reply
+            print(e.role, e.attempts, e.reply)
     """
 
     def __init__(self, message: str, *, role: str, attempts: int, reply: str) -> None:
@@ -342,6 +544,14 @@ class ConfigError(AsyncGraphError, ValueError):
 
     ``str()`` names the field as a Python keyword; ``WorkerConfig.from_env`` and
     ``from_args`` re-word it with the variable or the flag the user wrote.
+
+    Example::
+
+        try:
+            WorkerConfig(redis_url="redis://127.0.0.1:6379/0", concurrency=0)
+        except ConfigError as e:
+            print(e.field, e.problem)        # concurrency must be >= 1, got 0
+            print(e.with_name("--concurrency"))   # --concurrency must be >= 1, got 0
     """
 
     def __init__(self, field: str, problem: str) -> None:
@@ -366,14 +576,31 @@ class ConfigError(AsyncGraphError, ValueError):
 
 
 class FleetError(AsyncGraphError, RuntimeError):
-    """The local fleet could not start (no redis-server binary, workers that exit or hang)."""
+    """The local fleet could not start (no redis-server binary, workers that exit or hang).
+
+    Example::
+
+        try:
+            wait_for_workers(server.url, "grads", 2, timeout_s=30)
+        except FleetError as e:
+            print(e)     # 2 worker(s) of queue 'grads' did not start within 30s
+    """
 
 
 # -- batch jobs (``asyncgraph.jobs``, and the ``asyncgraph run`` / ``eval`` commands) -------
 
 
 class CheckpointError(AsyncGraphError):
-    """A checkpoint is missing, corrupt, or belongs to a different job."""
+    """A checkpoint is missing, corrupt, or belongs to a different job.
+
+    Example::
+
+        await run_job(job, "runs/demo")
+        try:
+            await run_job(job, "runs/demo")      # the same directory again
+        except CheckpointError as e:
+            print(e)     # "... already holds a checkpoint: continue that job with resume=True ..."
+    """
 
 
 class JobFileError(AsyncGraphError):
@@ -393,4 +620,10 @@ class NoFeedbackWarning(UserWarning):
     step where nothing needed fixing (e.g. a ``DeterministicEvaluator`` found
     every prediction right) warns too; silence it with
     ``warnings.simplefilter("ignore", NoFeedbackWarning)``.
+
+    Example::
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", NoFeedbackWarning)
+            await tgd.step()     # raises if a parameter got no gradient from the backward
     """

@@ -27,6 +27,10 @@ def register_accumulator(data_type: type, fn: Accumulator) -> None:
 
     Subclasses of ``data_type`` use ``fn`` too, unless they have their own.
     Registering a type again replaces its accumulator.
+
+    Example::
+
+        register_accumulator(frozenset, lambda a, b: a | b)   # two gradients: their union
     """
     if not isinstance(data_type, type):
         raise TypeError(f"register_accumulator expects a type, got {data_type!r}")

@@ -136,6 +136,12 @@ async def backward(
 
     Raises ``BackwardError`` naming the failing node (others are cancelled and
     no ``.grad`` is changed), ``GraphError`` for a freed graph or bad inputs.
+
+    Example::
+
+        await backward([loss1, loss2])               # both losses, one pass
+        await backward(y, grad_variables=Variable(0.5), inputs=[w])
+        print(w.grad.data)
     """
     if grad_tensors is not None:
         if grad_variables is not None:
@@ -191,6 +197,13 @@ async def grad(
     ``inputs`` may be leaves or intermediate variables. An input that the
     outputs do not depend on gets None with ``allow_unused=True`` and raises
     ``GraphError`` otherwise. Other arguments as in :func:`backward`.
+
+    Example::
+
+        x = Parameter(3.0)
+        y = Square.apply(x)
+        (dx,) = await grad(y, x)
+        print(dx.data, x.grad)                       # 6.0 None
     """
     outs = _as_variables(outputs, "outputs")
     if not outs:

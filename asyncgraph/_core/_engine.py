@@ -58,6 +58,13 @@ class NodeEvent:
     ``time_s`` is ``time.perf_counter()`` when it happened; ``seq`` identifies the
     node (its creation order); ``node`` is the node itself and, on ``"started"``,
     ``grads`` the gradients it receives (one per output, None where none flows).
+
+    Example::
+
+        events = []
+        await loss.backward(listeners=[events.append])
+        for event in events:
+            print(event.kind, event.function, event.input_roles, event.time_s)
     """
 
     kind: Literal["started", "finished", "failed"]
@@ -111,7 +118,18 @@ def observe_nodes(listener: Listener) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class PassInfo:
-    """What a pass observer learns of a backward pass when it starts."""
+    """What a pass observer learns of a backward pass when it starts.
+
+    Example::
+
+        @contextmanager
+        def announce(info):
+            print(info.roots, info.create_graph, info.executor)   # 1 False LocalExecutor
+            yield
+
+        with observe_passes(announce):
+            await loss.backward()
+    """
 
     roots: int
     create_graph: bool
@@ -131,6 +149,17 @@ def observe_passes(observer: PassObserver) -> Iterator[None]:
     The pass runs inside it: what it sets in the context (a tracing span, say) is seen
     by every node of the pass, in every task the pass starts. A contextvar, like
     ``observe_nodes``; blocks nest.
+
+    Example::
+
+        @contextmanager
+        def timed(info):
+            start = time.perf_counter()
+            yield
+            print(f"{info.executor} pass: {time.perf_counter() - start:.2f}s")
+
+        with observe_passes(timed):
+            await loss.backward()
     """
     if not callable(observer):
         raise TypeError(
@@ -149,6 +178,18 @@ def current_node() -> Node | None:
     Set by the engine around each backward it runs (inline, async, in a thread or
     through an executor) and inherited by the tasks that backward starts: a model
     call can tell which node it belongs to (``asyncgraph.observe`` uses it).
+
+    Example::
+
+        class Logged(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return Variable(x.data)
+
+            @staticmethod
+            def backward(ctx, grad):
+                print("in", current_node().name)    # in Logged
+                return grad
     """
     cell = _CURRENT_NODE.get()
     return None if cell is None else cell[0]

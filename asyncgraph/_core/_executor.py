@@ -21,6 +21,19 @@ class Executor(Protocol):
     ``run_backward(node, grad_outputs)``: run it (async, threaded, remote...)
     and return what the Function's backward returned: one gradient or a tuple,
     one per forward input. Raising fails the pass; the engine names the node.
+
+    Example::
+
+        class Threaded:  # runs every (synchronous) backward in a worker thread
+            def inline(self, node):
+                return False
+
+            async def run_backward(self, node, grad_outputs):
+                return await anyio.to_thread.run_sync(
+                    lambda: node.function.backward(node.ctx, *grad_outputs)
+                )
+
+        await loss.backward(executor=Threaded())
     """
 
     def inline(self, node: Node) -> bool: ...
@@ -66,7 +79,13 @@ def current_executor() -> Executor:
 
 @contextmanager
 def use_executor(executor: Executor) -> Iterator[Executor]:
-    """Make ``executor`` the default of ``backward()`` inside the block (this task only)."""
+    """Make ``executor`` the default of ``backward()`` inside the block (this task only).
+
+    Example::
+
+        with use_executor(LocalExecutor(max_concurrency=8)):
+            await loss.backward()          # at most 8 backwards at once
+    """
     if not isinstance(executor, Executor):
         raise TypeError(
             f"use_executor expects an Executor (methods inline and run_backward), got {executor!r}"

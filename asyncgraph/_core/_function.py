@@ -23,6 +23,19 @@ class FunctionCtx:
     (``ctx.saved_variables``; freed after a backward without
     ``retain_graph=True``). ``ctx.needs_input_grad[i]`` tells whether input
     ``i`` needs a gradient. Any other attribute may be set freely.
+
+    Example::
+
+        class Square(Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return Variable(x.data * x.data)
+
+            @staticmethod
+            def backward(ctx, grad):
+                (x,) = ctx.saved_variables
+                return Variable(2 * x.data * grad.data)
     """
 
     def __init__(self) -> None:

@@ -71,6 +71,13 @@ class GradManager:
       ``RuntimeError``); accumulates into the ``.grad`` of attached variables
       only, then releases. ``y=None`` only releases.
     - ``gm1 | gm2`` makes a :class:`GradManagerGroup` that records together.
+
+    Example::
+
+        gm = GradManager().attach([w])
+        with gm:                    # record the forward ...
+            y = Double.apply(w)
+            await gm.backward(y)    # ... then backward into w.grad only, and release
     """
 
     def __init__(
@@ -231,7 +238,16 @@ class GradManager:
 
 
 class GradManagerGroup:
-    """Several GradManagers that record and release together: ``with gm1 | gm2:``."""
+    """Several GradManagers that record and release together: ``with gm1 | gm2:``.
+
+    Example::
+
+        with gm1 | gm2:             # a GradManagerGroup: both record this forward
+            y = Double.apply(w1)
+            z = Double.apply(w2)
+            await gm1.backward(y)
+            await gm2.backward(z)
+    """
 
     def __init__(self, managers: Iterable[GradManager] = ()) -> None:
         self._managers: list[GradManager] = []

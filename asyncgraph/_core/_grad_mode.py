@@ -26,7 +26,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def is_grad_enabled() -> bool:
-    """Return True when Functions applied in the current task are recorded."""
+    """Return True when Functions applied in the current task are recorded.
+
+    Example::
+
+        print(is_grad_enabled())        # True
+        with no_grad():
+            print(is_grad_enabled())    # False
+    """
     return _GRAD_ENABLED.get()
 
 
@@ -193,7 +200,14 @@ class no_grad(_BareDecorator):
 
 
 class enable_grad(_BareDecorator):
-    """Enable recording inside a ``no_grad`` region."""
+    """Enable recording inside a ``no_grad`` region.
+
+    Example::
+
+        with no_grad():
+            with enable_grad():
+                y = Double.apply(x)     # recorded: y.grad_fn is a Node
+    """
 
     _mode = True
 
@@ -204,6 +218,12 @@ class set_grad_enabled(_GradModeBase):
     ``set_grad_enabled(False)`` on its own switches the mode for the rest of the
     current task (context); used with ``with`` it restores, on exit, the mode
     from before the call (and sets ``mode`` again on every entry).
+
+    Example::
+
+        with set_grad_enabled(False):
+            y = Double.apply(x)         # not recorded
+        set_grad_enabled(False)         # alone: for the rest of this task
     """
 
     def __init__(self, mode: bool) -> None:

@@ -117,7 +117,14 @@ def new_hook_dict() -> dict[int, Hook]:
 
 
 class Node:
-    """One recorded Function application (the ``grad_fn`` of its outputs)."""
+    """One recorded Function application (the ``grad_fn`` of its outputs).
+
+    Example::
+
+        y = Double.apply(Parameter(3.0, role="x"))
+        node = y.grad_fn            # a Node
+        print(node.name, node.describe())    # Double Double(inputs: 'x' -> outputs: '')
+    """
 
     __slots__ = (
         "__weakref__",

@@ -25,6 +25,10 @@ class LocalExecutor:
 
     ``max_concurrency`` bounds how many async or threaded backwards run at once
     (None: unbounded). Inline nodes are not counted.
+
+    Example::
+
+        await loss.backward(executor=LocalExecutor(max_concurrency=4))
     """
 
     def __init__(self, max_concurrency: int | None = None) -> None:

@@ -295,6 +295,13 @@ class Parameter(Variable):
     """A leaf that requires grad: what an optimizer updates.
 
     Not affected by ``no_grad()``, like creating any leaf.
+
+    Example::
+
+        prompt = Parameter("Answer concisely.", role="system prompt")
+        answer = await llm_call(prompt, question, model="simulated")
+        await TextLoss("Is the answer right?", model="simulated")(answer)   # then backward
+        print(prompt.requires_grad, prompt.is_leaf)     # True True
     """
 
     __slots__ = ()

@@ -532,6 +532,11 @@ def load_parameters(job: Job, path: str | Path) -> dict[str, Any]:
 
     Raises CheckpointError when the file is missing, not one of these, or holds other
     parameters than the job's (nothing is changed then).
+
+    Example::
+
+        load_parameters(job, "runs/arith/best.json")
+        print(await evaluate(job, job.test_set))
     """
     source = Path(path)
     try:

@@ -29,6 +29,13 @@ class Evaluation:
 
     ``loss`` is where backward starts (text feedback from a judge, or a number);
     ``score`` is the metric in [0, 1] (e.g. exact match), never differentiated.
+
+    Example::
+
+        async def forward(example):
+            answer = await program(Variable(example["question"], role="question"))
+            loss = await TextLoss("Is the answer right?", model="simulated")(answer)
+            return Evaluation(loss=loss, score=float(answer.data == example["answer"]))
     """
 
     loss: Variable
@@ -82,6 +89,18 @@ class Job:
     Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
     a positive int (a bool is not one), a ``config`` that is not JSON, or ``keep_best``
     / ``patience`` without a ``val_set``.
+
+    Example::
+
+        prompt = Parameter("Answer with a number.", role="system prompt")
+
+        async def forward(example):
+            answer = await llm_call(prompt, example["question"], model="simulated")
+            loss = await TextLoss("Is the answer right?", model="simulated")(answer)
+            return Evaluation(loss=loss, score=float(example["answer"] in answer.data))
+
+        job = Job(name="arith", parameters=[prompt], optimizer=TGD([prompt], model="simulated"),
+                  forward=forward, train_set=train, val_set=val, batch_size=4)
     """
 
     name: str
@@ -209,6 +228,12 @@ class JobResult:
     ``plot_path`` is where ``metrics.png`` was written, None when it was not
     (matplotlib is not installed, or drawing failed). ``already_finished`` is True
     when a resume found every step done: nothing ran and nothing was rewritten.
+
+    Example::
+
+        result = await run_job(job, "runs/arith")     # a JobResult
+        print(result.steps_done, result.initial_val_score, result.final_val_score)
+        print(result.best_path)                       # runs/arith/best.json
     """
 
     history: list[dict[str, Any]]

@@ -75,7 +75,12 @@ async def _map_bounded(
 
 
 async def evaluate(job: Job, examples: Sequence[Mapping[str, Any]]) -> float:
-    """Mean score of ``examples`` under no_grad (no graph is recorded)."""
+    """Mean score of ``examples`` under no_grad (no graph is recorded).
+
+    Example::
+
+        score = await evaluate(job, job.val_set)      # the mean of the examples' scores
+    """
     if not examples:
         return float("nan")
     with no_grad():
@@ -129,6 +134,11 @@ async def run_job(
     and feedback; ``trace=True`` writes a Chrome / Perfetto timeline per step
     (``traces/step-NNNN.json``), ``log_calls=PATH`` appends every model call to that
     JSON-lines file, labelled with its step and phase (see ``asyncgraph.jobs._record``).
+
+    Example::
+
+        result = await run_job(job, "runs/arith", handle_sigint=True)
+        result = await run_job(job, "runs/arith", resume=True)   # after a stop: go on
     """
     out = Path(out_dir)
     ckpt_path = out / CHECKPOINT_FILE

@@ -66,6 +66,14 @@ class AzureOpenAIChat(HttpChatModel):
     timeouts, rate limit, cache, usage with cached prompt tokens, redaction of the key)
     is ``OpenAIChat``'s. A deployment has no price in the shipped table (its name is the
     owner's): give ``pricing=`` or ``ASYNCGRAPH_MODEL_PRICES=DEPLOYMENT=IN/OUT/CACHED``.
+
+    Example::
+
+        async with AzureOpenAIChat(
+            "my-gpt4o", endpoint="https://RESOURCE.openai.azure.com",
+            pricing=Pricing(input_usd_per_1m=2.5, output_usd_per_1m=10),
+        ) as model:
+            answer = await model.complete([{"role": "user", "content": "Hi"}])
     """
 
     _status_hints = _STATUS_HINTS

@@ -78,6 +78,13 @@ class Cache(Protocol):
     completion)`` stores it; ``await delete(key)`` removes it (no error if absent);
     ``await aclose()`` releases connections (the cache stays usable). Backend failures
     raise ``ModelBackendError``.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", cache=DiskCache(".cache/models"))
+        first = await model.complete(messages)
+        again = await model.complete(messages)    # same messages and params
+        print(again.cached)                       # True: no request was sent
     """
 
     async def get(self, key: str) -> Completion | None: ...
@@ -90,7 +97,14 @@ class Cache(Protocol):
 
 
 class MemoryCache:
-    """An in-process cache; with ``max_entries`` it evicts the least recently used entry."""
+    """An in-process cache; with ``max_entries`` it evicts the least recently used entry.
+
+    Example::
+
+        model = SimulatedModel(cache=MemoryCache(max_entries=10_000))
+        await model.complete(messages)
+        print((await model.complete(messages)).cached)    # True
+    """
 
     def __init__(self, max_entries: int | None = None) -> None:
         if max_entries is not None and max_entries < 1:
@@ -132,6 +146,10 @@ class DiskCache:
     ``os.replace``), so concurrent processes sharing the directory never read a
     half-written entry. File I/O runs in a worker thread. Entries never expire: delete
     the directory to clear it.
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", cache=DiskCache(".cache/models"))
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
@@ -198,6 +216,11 @@ class RedisCache:
 
     Shared by every process using the same Redis. Each call times out after
     ``timeout_s`` and raises ``ModelBackendError`` when Redis fails.
+
+    Example::
+
+        cache = RedisCache("redis://127.0.0.1:6379/0", ttl_s=24 * 3600)
+        model = OpenAIChat("gpt-4o-mini", cache=cache)    # shared by every worker
     """
 
     def __init__(

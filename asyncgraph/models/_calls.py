@@ -44,6 +44,13 @@ class ModelCall:
     ``attempts - 1``. ``cost_usd`` is None when the model has no ``Pricing``.
     ``cache_read_tokens`` / ``cache_write_tokens``: the part of ``prompt_tokens`` the
     provider read from / wrote to its prompt cache (see ``Completion``).
+
+    Example::
+
+        calls = []
+        with observe_calls(calls.append):
+            await model.complete([{"role": "user", "content": "Hi"}])
+        print(calls[0].model, calls[0].latency_s, calls[0].attempts, calls[0].cost_usd)
     """
 
     model: str

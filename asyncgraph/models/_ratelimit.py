@@ -64,6 +64,13 @@ class RateLimit:
 
     Tokens are booked before the call from an estimate (prompt length / 4 plus
     ``max_tokens``) and corrected with the usage the server reports; requests are exact.
+
+    Example::
+
+        model = OpenAIChat(
+            "gpt-4o-mini", rate_limit=RateLimit(requests_per_minute=500, tokens_per_minute=200_000)
+        )
+        print(RateLimit(requests_per_minute=60).describe())    # 60 requests/min
     """
 
     requests_per_minute: float | None = None
@@ -151,6 +158,12 @@ class RateLimiter(Protocol):
     token budget once the real usage is known. ``await aclose()`` releases connections
     (the limiter stays usable). A caller cancelled while waiting loses its slot: the
     budget is never exceeded because of it, only under-used.
+
+    Example::
+
+        waited_s = await limiter.acquire(tokens=1200)    # books the slot, returns the wait
+        ...                                              # the call, which used 900 tokens
+        await limiter.settle(1200, 900)
     """
 
     async def acquire(self, tokens: int = 0) -> float: ...
@@ -201,6 +214,12 @@ class LocalRateLimiter:
 
     Works on asyncio and trio, and across threads (booking takes a lock for a few
     microseconds; waiting is ``anyio.sleep``).
+
+    Example::
+
+        shared = LocalRateLimiter(RateLimit(requests_per_minute=500))
+        fast = OpenAIChat("gpt-4o-mini", rate_limit=shared)
+        careful = OpenAIChat("gpt-4o-mini", default_params={"temperature": 0}, rate_limit=shared)
     """
 
     def __init__(
@@ -325,6 +344,13 @@ class RedisRateLimiter:
     A call whose connection is lost is sent again, and still books (or corrects) once
     (see NOTE [Limiter calls sent twice]). Every process must use the same ``RateLimit``
     numbers for one ``name``.
+
+    Example::
+
+        limiter = RedisRateLimiter(
+            RateLimit(requests_per_minute=500), name="openai", redis_url="redis://127.0.0.1:6379/0"
+        )
+        model = OpenAIChat("gpt-4o-mini", rate_limit=limiter)   # one budget for every process
     """
 
     def __init__(self, limit: RateLimit, *, name: str, redis_url: str | None = None) -> None:

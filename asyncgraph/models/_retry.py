@@ -27,6 +27,11 @@ class Retry:
     instant. After ``max_attempts`` attempts the call raises ``ModelRetryError`` chaining
     the last error. ``Retry(max_attempts=1)`` disables retries. ``rng`` draws the
     jitter (pass ``random.Random(seed)`` for reproducible delays).
+
+    Example::
+
+        model = OpenAIChat("gpt-4o-mini", retry=Retry(max_attempts=6, backoff_max_s=30))
+        print(Retry(rng=random.Random(0)).backoff_s(1))     # between 0.25 and 0.5
     """
 
     max_attempts: int = 4

@@ -286,7 +286,14 @@ def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
 
 
 def check_base_url(base_url: str | None) -> None:
-    """Raise ``ModelConfigError`` if this process is restricted and ``base_url`` is not allowed."""
+    """Raise ``ModelConfigError`` if this process is restricted and ``base_url`` is not allowed.
+
+    Example::
+
+        # On a worker started with --allow-base-url http://vllm:8000/v1:
+        check_base_url("http://vllm:8000/v1")           # allowed: returns None
+        check_base_url("http://elsewhere:8000/v1")      # ModelConfigError naming the URL
+    """
     if base_url is None:
         return
     with _lock:
@@ -373,6 +380,12 @@ def parse_model_spec(
     ``gpt-4o-mini`` or ``claude-...`` names the spec to write) and ``ModelConfigError``
     (also a ``ValueError``) for an invalid environment setting or a ``base_url`` this
     process does not allow.
+
+    Example::
+
+        model = parse_model_spec("simulated:0.05")      # SimulatedModel(latency_s=0.05)
+        model = parse_model_spec("openai:llama3", base_url="http://127.0.0.1:8000/v1")
+        model = parse_model_spec("anthropic/claude-sonnet-4-20250514", rate_limit=RateLimit(50))
     """
     provider, name = split_model_spec(spec)
     has_model = provider != spec.strip().lower() or bool(name)

@@ -24,6 +24,11 @@ class Completion:
     ``prompt_tokens_details.cached_tokens``; Anthropic's ``cache_read_input_tokens`` /
     ``cache_creation_input_tokens``), which ``Pricing`` bills at their own rates; 0 when
     the provider reported none. ``prompt_tokens`` counts every input token, these included.
+
+    Example::
+
+        answer = await model.complete([{"role": "user", "content": "Hi"}])
+        print(answer.text, answer.model, answer.total_tokens, answer.cached)
     """
 
     text: str

@@ -26,6 +26,11 @@ class Pricing:
     unknown cost (``Usage.unpriced_requests``), except models built from a spec
     (``parse_model_spec``), which take the dated price table of ``asyncgraph.models``
     (``PRICES``, overridable through ``ASYNCGRAPH_MODEL_PRICES``) when it names them.
+
+    Example::
+
+        model = OpenAIChat("my-model", pricing=Pricing(input_usd_per_1m=0.15, output_usd_per_1m=0.60))
+        print(Pricing(0.15, 0.60).cost_usd(1_000_000, 1_000_000))    # 0.75
     """
 
     input_usd_per_1m: float
@@ -98,6 +103,11 @@ class Usage:
     ``asyncgraph.models._journal``): the model billed them once, on the lost delivery,
     and their tokens and cost are counted here, once, since that delivery's reply never
     reached anyone.
+
+    Example::
+
+        usage = model.usage.snapshot()      # a Usage
+        print(usage.requests, usage.total_tokens, usage.cost_text)
     """
 
     requests: int = 0
@@ -154,6 +164,14 @@ class UsageMeter:
 
     Every model owns one (``model.usage``); pass the same ``UsageMeter`` to several
     models to add their usage together.
+
+    Example::
+
+        meter = UsageMeter()
+        a = OpenAIChat("gpt-4o-mini", usage=meter)
+        b = AnthropicChat("claude-sonnet-4-20250514", usage=meter)
+        ...                                   # calls to a and b
+        print(meter.snapshot().cost_text)     # both models' cost
     """
 
     def __init__(self) -> None:
@@ -224,6 +242,12 @@ def format_cost(cost_usd: float, unpriced_requests: int = 0) -> str:
     ``"$0"`` (nothing spent, every call priced: e.g. the free simulated model),
     ``"$0.0123"`` (``"$12.35"`` from one dollar), ``"$0.0123 + unknown"`` (some calls
     came from models without a price), ``"cost unknown"`` (none had one).
+
+    Example::
+
+        print(format_cost(0.0123))          # $0.0123
+        print(format_cost(0.0123, 2))       # $0.0123 + unknown
+        print(format_cost(0.0, 3))          # cost unknown
     """
     if cost_usd == 0:
         known = "$0"

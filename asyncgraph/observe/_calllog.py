@@ -36,7 +36,13 @@ __all__ = ["CallLog", "call_record", "log_calls", "read_call_log"]
 
 
 def call_record(call: ModelCall) -> dict[str, Any]:
-    """The JSON-ready line of ``call``, with its node, trace and labels from this context."""
+    """The JSON-ready line of ``call``, with its node, trace and labels from this context.
+
+    Example::
+
+        with observe_calls(lambda call: print(call_record(call)["latency_s"])):
+            await model.complete([{"role": "user", "content": "Hi"}])
+    """
     timeline = current_timeline()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(call.started_at))
@@ -68,6 +74,13 @@ class CallLog:
     ``with call_log.recording():`` logs the calls made in the block (this task and the
     tasks it starts); ``close()`` closes the file. Lines are written and flushed as
     calls finish, so a reader (``asyncgraph ui``) sees them live. Thread-safe.
+
+    Example::
+
+        call_log = CallLog("calls.jsonl")
+        with call_log.recording():
+            await loss.backward()
+        call_log.close()
     """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
@@ -164,7 +177,15 @@ class log_calls:  # a context manager used like a function, as open() is
 
 
 def read_call_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a call log; a line cut short (a file being written) is skipped."""
+    """The records of a call log; a line cut short (a file being written) is skipped.
+
+    Example::
+
+        with log_calls("calls.jsonl"):
+            await loss.backward()
+        for record in read_call_log("calls.jsonl"):
+            print(record["model"], record["latency_s"], record["cost_usd"])
+    """
     records: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8")

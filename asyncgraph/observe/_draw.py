@@ -63,6 +63,12 @@ class GraphPicture:
     ``to_dot()`` / ``to_mermaid()`` give the text; ``render(path)`` writes SVG or PNG
     through Graphviz's ``dot`` (``RuntimeError`` saying how to install it when it is not
     on PATH).
+
+    Example::
+
+        picture = draw_graph(loss)            # a GraphPicture
+        print(picture.to_mermaid())
+        picture.render("graph.svg")           # needs Graphviz's dot on PATH
     """
 
     boxes: list[PictureBox]

@@ -62,6 +62,13 @@ class Span:
     ``"phase"``. ``process`` names where it ran (``PROCESS`` for this one, a worker's
     name for a remote node's work). ``end_s`` is None while it runs. ``status``:
     ``"ok"``, ``"failed"`` or ``"cancelled"`` (still running when the timeline closed).
+
+    Example::
+
+        async with trace_pass() as timeline:
+            await loss.backward()
+        for span in timeline.spans:
+            print(span.kind, span.name, span.status, span.end_s - span.start_s)
     """
 
     kind: SpanKind
@@ -140,6 +147,13 @@ class Timeline:
     reporting a worker's timings) call ``add_span``. ``write(path)`` saves the trace.
     Listeners and observers are called on the event loop; the span list is only
     appended to, so recording from a thread is safe too.
+
+    Example::
+
+        timeline = Timeline()
+        with timeline.recording():
+            await loss.backward()
+        timeline.write("pass.json")           # open it at https://ui.perfetto.dev
     """
 
     def __init__(self, *, name: str = "asyncgraph", trace_id: str | None = None) -> None:

@@ -63,7 +63,13 @@ _OPEN: contextvars.ContextVar[dict[int, tuple[Any, Any, int]] | None] = contextv
 
 
 class OTelTracing:
-    """The tracer, listeners and task hook behind ``otel_tracing`` (one per provider)."""
+    """The tracer, listeners and task hook behind ``otel_tracing`` (one per provider).
+
+    Example::
+
+        with otel_tracing() as tracing:       # an OTelTracing
+            await loss.backward(executor=redis_executor)
+    """
 
     name = HOOK_NAME
 
@@ -290,6 +296,11 @@ def setup_worker_from_env(environ: dict[str, str] | None = None) -> OTelTracing 
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, batched,
     flushed at exit; ``OTEL_SERVICE_NAME`` (default ``asyncgraph-worker``) names the
     service. ``ASYNCGRAPH_OTEL=0`` turns it off.
+
+    Example::
+
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://collector:4318"
+        tracing = setup_worker_from_env()     # an OTelTracing; None when nothing is asked for
     """
     env = os.environ if environ is None else environ
     wanted = env.get("ASYNCGRAPH_OTEL", "").strip().lower()

@@ -28,7 +28,14 @@ __all__ = [
 class Candidate:
     """One point of the search: ``values`` (the Module's ``state_dict()``), where it came
     from (``origin``: ``"seed"``, ``"proposal"`` or ``"merge"``; ``parents`` ids; the
-    ``round`` that made it) and its ``scores``, one per example of the Pareto set."""
+    ``round`` that made it) and its ``scores``, one per example of the Pareto set.
+
+    Example::
+
+        result = await ParetoSearch(program, train, val, model="simulated").run()
+        best = result.best                  # a Candidate
+        print(best.id, best.origin, best.round, best.mean, best.values)
+    """
 
     id: int
     values: dict[str, Any]

@@ -48,6 +48,20 @@ class Optimizer:
 
     Raises ``ValueError`` for a parameter given twice, a non-leaf parameter or an
     empty parameter list, ``TypeError`` for a non-Variable.
+
+    Example::
+
+        class Reset(Optimizer):  # puts every parameter that got feedback back to its first value
+            def __init__(self, params):
+                super().__init__(params, defaults={})
+                self.first = {id(p): p.data for p in self.params}
+
+            async def step(self, closure=None):
+                loss = await self._run_closure(closure)
+                for p in self.params:
+                    if p.grad is not None:
+                        p.data = self.first[id(p)]
+                return loss
     """
 
     def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:

@@ -76,7 +76,13 @@ candidate's values) on one example; returns an object with ``.loss`` (a Variable
 @dataclass
 class SearchResult:
     """How a search ended: the best candidate (loaded into the Module), the model calls,
-    tokens and US dollars it spent, and one row per round in ``history``."""
+    tokens and US dollars it spent, and one row per round in ``history``.
+
+    Example::
+
+        result = await ParetoSearch(program, train, val, model="simulated", max_calls=500).run()
+        print(result.best_score, result.rounds, result.calls, result.cost_usd)
+    """
 
     best: Candidate
     rounds: int

@@ -77,7 +77,15 @@ def _check_budget(tokens: Any, where: str) -> int | None:
 @contextmanager
 def use_feedback_budget(tokens: int | None) -> Iterator[None]:
     """Within the block (this task and the tasks it starts), text Functions applied
-    without ``feedback_budget=`` use ``tokens`` (None: never condense)."""
+    without ``feedback_budget=`` use ``tokens`` (None: never condense).
+
+    Example::
+
+        with use_feedback_budget(1000):
+            answer = await llm_call(prompt, question, model="simulated")
+            loss = await TextLoss("Is it right?", model="simulated")(answer)
+        await loss.backward()       # each node's feedback condensed to 1000 tokens
+    """
     token = _scoped_budget.set(_check_budget(tokens, "use_feedback_budget"))
     try:
         yield
@@ -86,7 +94,13 @@ def use_feedback_budget(tokens: int | None) -> Iterator[None]:
 
 
 def set_feedback_budget(tokens: int | None) -> None:
-    """The process default feedback budget (under any ``use_feedback_budget`` block)."""
+    """The process default feedback budget (under any ``use_feedback_budget`` block).
+
+    Example::
+
+        set_feedback_budget(2000)     # condense a backward's feedback beyond 2000 tokens
+        set_feedback_budget(None)     # never condense
+    """
     global _process_budget
     _process_budget = _check_budget(tokens, "set_feedback_budget")
 
@@ -104,7 +118,12 @@ def current_feedback_budget(given: int | Any | None = _UNSET, *, where: str = ""
 
 
 def truncate_to_tokens(text: str, tokens: int, marker: str) -> str:
-    """``text`` within ``tokens`` (``approx_tokens``), ending with ``marker`` if it was cut."""
+    """``text`` within ``tokens`` (``approx_tokens``), ending with ``marker`` if it was cut.
+
+    Example::
+
+        print(truncate_to_tokens("word " * 100, 10, " [cut]"))    # word word ... word [cut]
+    """
     limit = tokens * 4
     if len(text) <= limit:
         return text
@@ -159,6 +178,15 @@ async def condense_feedback(
     Intermediate summaries are asked for (and cut to) a fraction of the budget small
     enough that every round shrinks the feedback several times over; the final one is
     cut to ``budget`` (ending with ``marker``) if the model wrote more.
+
+    Example::
+
+        async def ask(messages):
+            return (await model.complete(messages)).text
+
+        short = await condense_feedback(
+            feedback_entries(prompt.grad), budget=500, role="system prompt", ask=ask
+        )
     """
     pieces = [part for entry in entries for part in _split(entry, budget)]
     summaries = False

@@ -16,6 +16,15 @@ async def run_all(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
     with the lowest index is re-raised as is (not inside an ``ExceptionGroup``),
     so callers and the engine see e.g. the ``ModelError`` itself. Cancellation
     of the caller propagates untouched.
+
+    Example::
+
+        answers = [None] * len(questions)
+
+        async def ask(i):
+            answers[i] = await llm_call(prompt, questions[i], model="simulated")
+
+        await run_all([functools.partial(ask, i) for i in range(len(questions))])
     """
     if len(jobs) == 1:
         await jobs[0]()

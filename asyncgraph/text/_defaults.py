@@ -192,7 +192,14 @@ def set_default_models(
 
 def current_models() -> ModelDefaults:
     """The defaults in effect here: each option from the innermost ``use_models`` that
-    sets it, else from ``set_default_models``, else None."""
+    sets it, else from ``set_default_models``, else None.
+
+    Example::
+
+        with use_models("openai:gpt-4o-mini", feedback_model="openai:gpt-4o"):
+            defaults = current_models()
+            print(defaults.model, defaults.feedback_model)    # openai:gpt-4o-mini openai:gpt-4o
+    """
     with _process_lock:
         process = _process
     return _SCOPE.get().over(process)
@@ -239,6 +246,14 @@ def feedback_defaults(
     if given, else the default's (``current_models().for_feedback()``); params
     likewise. Call it in forward and keep the result in the ctx. Raises
     ``TypeError`` naming ``function`` when no model is given or set.
+
+    Example::
+
+        class Critique(Function):
+            @staticmethod
+            def forward(ctx, text, feedback_model=None):
+                ctx.model, ctx.base_url, ctx.params = feedback_defaults("Critique", feedback_model)
+                return Variable(text.data)
     """
     model, base_url, params = current_models().for_feedback()
     if feedback_model is not None:

@@ -24,6 +24,13 @@ def feedback_entries(grad: Variable | str | Sequence[Any] | None) -> list[str]:
     strings) or None. Empty entries (``""``, "no specific feedback") are
     dropped; other data is converted with ``str()``. Entries are stripped of
     surrounding whitespace.
+
+    Example::
+
+        await loss.backward()
+        for entry in feedback_entries(prompt.grad):
+            print("-", entry)
+        print(feedback_entries(["too long ", "", " vague"]))    # ['too long', 'vague']
     """
     data: Any = grad.data if isinstance(grad, Variable) else grad
     if data is None:
@@ -71,5 +78,9 @@ def approx_tokens(text: str) -> int:
     rate limiter estimates the same way). It needs no tokenizer and is
     deterministic; it overestimates for plain prose, underestimates for dense
     code or non-Latin scripts, so leave some margin below a context window.
+
+    Example::
+
+        print(approx_tokens("abcdefghi"))     # 3
     """
     return math.ceil(len(text) / 4)

@@ -624,6 +624,12 @@ async def llm_call(
 
     ``response_format``: a JSON schema, dataclass or TypedDict; the output is then the
     reply parsed into data (see ``asyncgraph.text.StructuredOutputError``).
+
+    Example::
+
+        prompt = Parameter("Answer concisely.", role="system prompt")
+        answer = await llm_call(prompt, Variable("What is 6 * 7?", role="question"), model="simulated")
+        print(answer.data)
     """
     options = _given(
         model=model,
@@ -651,7 +657,17 @@ async def formatted_llm_call(
     role: str = OUTPUT_ROLE,
     response_format: Any = None,
 ) -> Variable:
-    """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there."""
+    """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there.
+
+    Example::
+
+        draft = await formatted_llm_call(
+            "Question: {question} Notes: {notes}",
+            {"question": question, "notes": notes},
+            system_prompt=instructions,
+            model="simulated",
+        )
+    """
     clash = sorted((LLMOptions.KEYWORDS | {"system_prompt"}) & set(fields))
     if clash:
         raise ValueError(
@@ -682,7 +698,16 @@ async def chat_call(
     role: str = OUTPUT_ROLE,
     response_format: Any = None,
 ) -> Variable:
-    """``await ChatCall.apply(...)`` from ``[{"role": ..., "content": str | Variable}]``."""
+    """``await ChatCall.apply(...)`` from ``[{"role": ..., "content": str | Variable}]``.
+
+    Example::
+
+        reply = await chat_call(
+            [{"role": "system", "content": Parameter("Be terse.", role="system prompt")},
+             {"role": "user", "content": "2 + 2?"}],
+            model="simulated",
+        )
+    """
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
             raise TypeError(
@@ -704,7 +729,13 @@ async def chat_call(
 
 
 def concat(*texts: Variable | str, separator: str = "\n\n", role: str | None = None) -> Variable:
-    """``Concat.apply(...)`` with a typed signature; see :class:`Concat`."""
+    """``Concat.apply(...)`` with a typed signature; see :class:`Concat`.
+
+    Example::
+
+        transcript = concat("Q: capital of France?", answer, role="transcript")
+        print(transcript.data)      # the two texts, a blank line between them
+    """
     out: Variable = Concat.apply(*texts, separator=separator, role=role)
     return out
 
@@ -712,6 +743,12 @@ def concat(*texts: Variable | str, separator: str = "\n\n", role: str | None = N
 def exact_match(
     prediction: Variable | str, target: Variable | str, *, ignore_case: bool = False
 ) -> Variable:
-    """``ExactMatch.apply(...)`` with a typed signature; see :class:`ExactMatch`."""
+    """``ExactMatch.apply(...)`` with a typed signature; see :class:`ExactMatch`.
+
+    Example::
+
+        score = exact_match(answer, "Paris", ignore_case=True)
+        print(score.data)           # 1.0 when the answer is "paris", else 0.0
+    """
     out: Variable = ExactMatch.apply(prediction, target, ignore_case=ignore_case)
     return out

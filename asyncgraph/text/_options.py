@@ -171,6 +171,11 @@ class LLMOptions(_CtxRecord):
     ``where`` names the caller in error messages. ``LLMOptions.from_kwargs(function,
     kwargs)`` builds one from a call's keyword options (``KEYWORDS``), with the defaults.
     Raises ``TypeError`` / ``ValueError`` naming the option that is wrong.
+
+    Example::
+
+        options = LLMOptions.from_kwargs("llm_call", {"model": "simulated", "params": {"temperature": 0}})
+        print(options.model.spec, options.params, options.feedback_budget)   # simulated {'temperature': 0} 4000
     """
 
     model: ModelRef

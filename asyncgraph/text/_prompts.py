@@ -53,7 +53,13 @@ _NO_FEEDBACK = (
 
 
 def describe(role: str, fallback: str) -> str:
-    """``role`` as a noun phrase for prompts ("the system prompt"), ``fallback`` when empty."""
+    """``role`` as a noun phrase for prompts ("the system prompt"), ``fallback`` when empty.
+
+    Example::
+
+        print(describe("system prompt", "the variable"))    # the system prompt
+        print(describe("", "the variable"))                 # the variable
+    """
     text = " ".join(role.split()) or fallback
     lowered = text.lower()
     if lowered.startswith(("the ", "a ", "an ", "this ", "these ", "each ")):

@@ -299,7 +299,19 @@ async def python_call(
     feedback_params: Mapping[str, Any] | None = None,
     **named: Variable | Any,
 ) -> Variable:
-    """``await PythonCall.apply(...)`` with a typed signature; see :class:`PythonCall`."""
+    """``await PythonCall.apply(...)`` with a typed signature; see :class:`PythonCall`.
+
+    Example::
+
+        count = await python_call(
+            lambda text: len(text.split()),
+            answer,
+            purpose="Counts the words.",
+            role="word count",
+            feedback_model="simulated",
+        )
+        print(count.data)
+    """
     options: dict[str, Any] = {"purpose": purpose}
     for key, value in (
         ("role", role),
@@ -315,6 +327,15 @@ async def python_call(
 async def deterministic_evaluator(
     fn: Callable[..., Any], *inputs: Variable | Any, role: str | None = None
 ) -> tuple[Variable, Variable]:
-    """``await DeterministicEvaluator.apply(...)`` typed; see :class:`DeterministicEvaluator`."""
+    """``await DeterministicEvaluator.apply(...)`` typed; see :class:`DeterministicEvaluator`.
+
+    Example::
+
+        def check(prediction, target):
+            return (1.0, "") if prediction == target else (0.0, f"It should be {target!r}.")
+
+        score, loss = await deterministic_evaluator(check, answer, "4")
+        await loss.backward()       # answer.grad: "It should be '4'."
+    """
     score, explanation = await DeterministicEvaluator.apply(fn, *inputs, role=role)
     return score, explanation

@@ -154,6 +154,11 @@ def register_model(name: str, model: ChatModel) -> str:
     OpenAIChat("gpt-4o-mini", cache=RedisCache(url), rate_limit=...))``.
     Raises ``TypeError`` if ``model`` is not a ChatModel, ``ValueError`` for an
     empty name.
+
+    Example::
+
+        register_model("house-model", OpenAIChat("gpt-4o-mini", cache=DiskCache(".cache")))
+        answer = await llm_call(prompt, question, model="house-model")
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"register_model needs a non-empty str name, got {name!r}")
@@ -169,6 +174,12 @@ def unregister_model(name: str, base_url: str | None = None) -> ChatModel | None
     ``name`` may be a registered name, a generated instance name, or a spec this
     process built a model for (with the ``base_url`` it was resolved with); the
     next ``resolve_model`` of a forgotten spec builds a new model.
+
+    Example::
+
+        register_model("house-model", SimulatedModel())
+        model = unregister_model("house-model")     # the SimulatedModel; the name is free again
+        await model.aclose()
     """
     with _lock:
         for table in (_named, _instances, _unweakrefable):
@@ -185,6 +196,11 @@ def resolve_model(spec: str, base_url: str | None = None) -> ChatModel:
     ``parse_model_spec`` understands, or names a model instance of another process;
     ``asyncgraph.models.ModelConfigError`` when the environment's model settings
     (``ASYNCGRAPH_MODEL_*``) are invalid.
+
+    Example::
+
+        model = resolve_model("simulated")          # a SimulatedModel, built once per process
+        print(resolve_model("simulated") is model)    # True
     """
     if not isinstance(spec, str):
         raise TypeError(f"a model spec is a str, got {type(spec).__name__} ({spec!r:.80})")

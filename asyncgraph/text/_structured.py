@@ -75,7 +75,17 @@ def _is_typeddict(cls: type) -> bool:
 def json_schema_of(spec: Any) -> dict[str, Any]:
     """The JSON schema ``response_format`` stands for: a schema dict as is (checked to be
     JSON), or the object schema of a dataclass or TypedDict (every field, required unless
-    it has a default / is ``NotRequired``; no other properties)."""
+    it has a default / is ``NotRequired``; no other properties).
+
+    Example::
+
+        @dataclass
+        class Answer:
+            value: int
+            reason: str = ""
+
+        print(json_schema_of(Answer)["required"])    # ['value']
+    """
     if isinstance(spec, Mapping):
         try:
             schema: dict[str, Any] = json.loads(json.dumps(dict(spec)))

@@ -100,7 +100,13 @@ _CLIENT_RE = re.compile(r"[0-9a-f]{32}")
 
 
 def check_queue_name(queue: str) -> str:
-    """Return ``queue`` if it is a valid queue name (1-64 of ``A-Za-z0-9_.-``), else raise."""
+    """Return ``queue`` if it is a valid queue name (1-64 of ``A-Za-z0-9_.-``), else raise.
+
+    Example::
+
+        check_queue_name("grads")           # 'grads'
+        check_queue_name("my queue")        # ValueError: not a valid queue name
+    """
     if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
         raise ValueError(
             f"queue name must be 1 to 64 characters among A-Z a-z 0-9 _ . -, got {queue!r}"

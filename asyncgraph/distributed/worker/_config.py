@@ -187,6 +187,12 @@ class WorkerConfig:
     ``imports``, ``processes``, ``backend`` and ``log_level`` concern the command (which
     modules, how many processes, which event loop, how loud); a ``Worker`` object uses
     the rest. A wrong value raises ``ConfigError`` (a ``ValueError``) naming the setting.
+
+    Example::
+
+        config = WorkerConfig(redis_url="redis://127.0.0.1:6379/0", imports=("myfunctions",))
+        print(config.to_args())               # ['--import', 'myfunctions']
+        config = WorkerConfig.from_env()      # ASYNCGRAPH_REDIS_URL, ASYNCGRAPH_CONCURRENCY, ...
     """
 
     redis_url: str

@@ -31,6 +31,13 @@ class RegisteredFunction:
 
 
 Registry = dict[str, RegisteredFunction]
+"""What a ``Worker`` serves: each remote Function under its remote name.
+
+Example::
+
+    registry = build_registry(["myfunctions"])     # a Registry
+    worker = Worker(WorkerConfig(redis_url=url), registry)
+"""
 
 
 def _subclasses(cls: type[Function]) -> Iterable[type[Function]]:
@@ -52,6 +59,11 @@ def build_registry(modules: Iterable[str]) -> Registry:
     that imports a remote Function from elsewhere does not serve it twice.
     Raises ``ImportError`` for a module that cannot be imported and
     ``ValueError`` when two functions share a name or a module serves none.
+
+    Example::
+
+        registry = build_registry(["asyncgraph.text"])
+        print(sorted(registry))     # ['asyncgraph.text.ChatCall', 'asyncgraph.text.FormattedLLMCall', ...]
     """
     names = list(dict.fromkeys(modules))
     for module_name in names:

@@ -47,7 +47,15 @@ _REPORT_MAX_AGE_S = 5.0  # a child's health report older than this counts as not
 
 
 class Supervisor:
-    """Runs ``processes`` copies of ``child_argv`` (plus ``--metrics-dir``) until signalled."""
+    """Runs ``processes`` copies of ``child_argv`` (plus ``--metrics-dir``) until signalled.
+
+    Example::
+
+        supervisor = Supervisor(
+            [sys.executable, "-m", "asyncgraph", "worker", "--import", "myfunctions"], processes=4
+        )
+        exit_code = await supervisor.run()    # until SIGTERM / SIGINT, then drains the children
+    """
 
     def __init__(
         self,

@@ -94,6 +94,15 @@ class Worker:
     and lets the ones held finish (at most ``drain_timeout_s``). ``needs_replacing``
     after ``serve`` returns: it drained because of too many abandoned calls (NOTE
     [Abandoned calls]); ``asyncgraph worker`` then exits with ``EXIT_REPLACE``.
+
+    Example::
+
+        config = WorkerConfig(redis_url="redis://127.0.0.1:6379/0", queue="grads")
+        worker = Worker(config, build_registry(["myfunctions"]))
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.serve)      # returns once it serves
+            ...
+            worker.drain()                    # stop taking tasks; serve returns when done
     """
 
     def __init__(self, config: WorkerConfig, registry: Registry) -> None:
