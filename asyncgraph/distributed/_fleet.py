@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import anyio
 
 from asyncgraph import RemoteConnectionError
-from asyncgraph._exceptions import FleetError
+from asyncgraph._exceptions import ConfigError, FleetError
 from asyncgraph.distributed._liveness import live_consumers
 from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire import _keys as keys
@@ -214,10 +214,15 @@ def _stop_supervisor(proc: subprocess.Popen[bytes], drain_s: float) -> None:
         raise
 
 
-def _variable(field: str) -> str:
-    """The value of ``field``'s variable (``ASYNCGRAPH_SECRET`` for ``secret``), or ""."""
+def _variable_name(field: str) -> str:
+    """The environment variable of ``field`` (``ASYNCGRAPH_SECRET`` for ``secret``)."""
     (variable,) = (setting.variable for setting in SETTINGS if setting.field == field)
-    return os.environ.get(variable, "").strip()
+    return variable
+
+
+def _variable(field: str) -> str:
+    """The value of ``field``'s variable, or ""."""
+    return os.environ.get(_variable_name(field), "").strip()
 
 
 def _base_urls(given: Sequence[str]) -> tuple[str, ...]:
@@ -262,17 +267,23 @@ def local_fleet(
                 await loss.backward(executor=ex)
     """
     keys.check_queue_name(queue)
+    secret_from_env = secret is None
     if secret is None:
         secret = _variable("secret")
-    config = WorkerConfig(  # checked before any process starts; the URL comes below
-        redis_url=redis_url or "redis://127.0.0.1:6379/0",
-        queue=queue,
-        imports=tuple(imports),
-        processes=processes,
-        concurrency=concurrency,
-        secret=secret or None,
-        allowed_base_urls=_base_urls(allowed_base_urls),
-    )
+    try:
+        config = WorkerConfig(  # checked before any process starts; the URL comes below
+            redis_url=redis_url or "redis://127.0.0.1:6379/0",
+            queue=queue,
+            imports=tuple(imports),
+            processes=processes,
+            concurrency=concurrency,
+            secret=secret or None,
+            allowed_base_urls=_base_urls(allowed_base_urls),
+        )
+    except ConfigError as exc:
+        if exc.field == "secret" and secret_from_env:  # name what the user wrote
+            raise exc.with_name(_variable_name("secret")) from None
+        raise
     with ExitStack() as stack:
         if redis_url is None:
             try:

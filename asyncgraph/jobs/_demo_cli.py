@@ -251,6 +251,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
             parse_model_spec(args.model, base_url=args.base_url)
         except ValueError as exc:
             return str(exc)
+    if args.workers and len(os.environ.get(SECRET_ENV, "").strip().encode()) in range(1, 16):
+        return (
+            f"{SECRET_ENV} must be at least 16 bytes long (the demo's workers sign with it); "
+            "generate one with `python -c 'import secrets; print(secrets.token_hex(32))'`"
+        )
     if args.resume and not args.out:
         return (
             "--resume needs --out DIR: without --out the demo writes to a temporary "

@@ -14,7 +14,12 @@ import redis
 from agdist_helpers import SECRET, wait_until
 
 from asyncgraph import Parameter, RemoteTimeoutError, Variable
-from asyncgraph.distributed import RedisServer, local_fleet, open_redis_executor
+from asyncgraph.distributed import (
+    ConfigError,
+    RedisServer,
+    local_fleet,
+    open_redis_executor,
+)
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer
@@ -41,6 +46,18 @@ def test_a_redis_server_password_must_need_no_escaping() -> None:
     for bad in ("", "with space", "a@b", "x:y", "p/q"):
         with pytest.raises(ValueError, match="letters, digits"):
             RedisServer(password=bad)
+
+
+def test_a_bad_secret_in_the_environment_is_named_before_the_fleet_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASYNCGRAPH_SECRET", "too-short")
+    with pytest.raises(ConfigError, match=r"^ASYNCGRAPH_SECRET must be at least 16 bytes"):
+        with local_fleet(1, ["asyncgraph.text"], queue=_queue()):
+            pass
+    with pytest.raises(ConfigError, match=r"^secret must be at least 16 bytes"):
+        with local_fleet(1, ["asyncgraph.text"], queue=_queue(), secret="short"):
+            pass
 
 
 def test_a_redis_server_with_a_password_refuses_clients_without_it(

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
+from asyncgraph.jobs._demo_cli import _usage_problem
 from asyncgraph.jobs.demo import demo_responder
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 from .jobs_helpers import REPO, cli_env, describe, run_cli
-
-pytestmark = pytest.mark.slow
 
 API_KEY = "sk-demo-fleet-key"
 USER_SECRET = "the-user-s-own-secret-0123456789"
@@ -32,6 +31,21 @@ def _answer(body: Any) -> Reply:
     return Reply(text=demo_responder(body["messages"]))
 
 
+def test_a_short_secret_of_the_user_is_a_usage_error_before_the_fleet_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asyncgraph.cli import build_parser
+
+    monkeypatch.setenv("ASYNCGRAPH_SECRET", "too-short")
+    args = build_parser("demo").parse_args(["demo", "--workers", "2"])
+    problem = _usage_problem(args)
+    assert problem is not None and problem.startswith(
+        "ASYNCGRAPH_SECRET must be at least 16 bytes long (the demo's workers sign with it)"
+    )
+    assert _usage_problem(build_parser("demo").parse_args(["demo"])) is None  # no workers: unused
+
+
+@pytest.mark.slow
 def test_the_demo_s_workers_call_the_base_url_it_was_given(
     tmp_path: Path, redis_server_binary: None
 ) -> None:
@@ -68,6 +82,7 @@ def _worker_environment(queue: str) -> dict[str, str] | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("user_secret", [None, USER_SECRET], ids=["random", "the user's"])
 def test_the_demo_s_fleet_has_a_password_and_a_secret(
