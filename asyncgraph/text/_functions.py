@@ -176,7 +176,8 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
         ask=functools.partial(_complete, ref, params=params),
     )
     images: list[dict[str, Any]] = ctx.images
-    mark = not images and marks_shared_prefix(ref.resolve())
+    asked = [slot for slot in ctx.slots if needs[slot["index"]]]
+    mark = bool(asked) and not images and marks_shared_prefix(ref.resolve())
 
     async def ask(slot: dict[str, Any]) -> None:
         messages = llm_feedback_messages(
@@ -196,7 +197,7 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
             text = f"{note}\n{text}"
         grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")
 
-    await run_all([functools.partial(ask, slot) for slot in ctx.slots if needs[slot["index"]]])
+    await run_all([functools.partial(ask, slot) for slot in asked])
     return tuple(grads)
 
 
