@@ -205,11 +205,29 @@ class WireError(AsyncGraphError, ValueError):
 
 
 class RedisConnectionLost(AsyncGraphError, ConnectionError):
-    """Redis could not be reached, went away mid-call, or did not answer in time."""
+    """Redis could not be reached, went away mid-call, or did not answer in time.
+
+    Example::
+
+        pool = Pool(parse_redis_url("redis://127.0.0.1:9/0"), timeout_s=1.0)
+        try:
+            await pool.execute("PING")
+        except RedisConnectionLost as e:     # nothing listens on port 9
+            print(e)                         # cannot connect to Redis at redis://127.0.0.1:9/0: ...
+    """
 
 
 class ReplyError(AsyncGraphError):
-    """An error reply of the Redis server (``-ERR ...``, ``-NOGROUP ...``)."""
+    """An error reply of the Redis server (``-ERR ...``, ``-NOGROUP ...``).
+
+    Example::
+
+        await pool.execute("SET", "greeting", "hello")
+        try:
+            await pool.execute("INCR", "greeting")
+        except ReplyError as e:
+            print(e.code)                    # ERR (value is not an integer or out of range)
+    """
 
     @property
     def code(self) -> str:

@@ -63,6 +63,10 @@ def redact_url(url: str) -> str:
     ``redis://default:pw@host:6379/0?password=pw2`` becomes
     ``redis://default:***@host:6379/0?password=***``; a URL with nothing secret is
     returned unchanged, and text that is not a URL is returned as it is.
+
+    Example::
+
+        print(redact_url("redis://default:pw@host:6379/0"))    # redis://default:***@host:6379/0
     """
     try:
         parts = urlsplit(url)

@@ -36,6 +36,12 @@ from ._job import Evaluation, Job
 __all__ = ["DEMO_MODEL", "build_demo_job", "make_demo_model"]
 
 DEMO_MODEL = "demo"
+"""The model name the demo registers (its simulated model) and uses by default.
+
+Example::
+
+    answer = await llm_call(prompt, question, model=DEMO_MODEL)
+"""
 INITIAL_PROMPT = "You are a helpful assistant."
 INSTRUCTIONS = {
     "concise": "Answer with the final answer only, no extra words.",
@@ -135,7 +141,13 @@ LATENCY_ENV = "ASYNCGRAPH_DEMO_LATENCY_MS"
 
 
 def make_demo_model(latency_s: float | None = None) -> SimulatedModel:
-    """The demo's simulated model; latency from ``$ASYNCGRAPH_DEMO_LATENCY_MS`` (default 100 ms)."""
+    """The demo's simulated model; latency from ``$ASYNCGRAPH_DEMO_LATENCY_MS`` (default 100 ms).
+
+    Example::
+
+        model = make_demo_model(latency_s=0)
+        answer = await model.complete([{"role": "user", "content": "Label the number 7."}])
+    """
     if latency_s is None:
         latency_s = float(os.environ.get(LATENCY_ENV, "100")) / 1000
     return SimulatedModel(latency_s=latency_s, responder=demo_responder, tag_replies=False)
@@ -206,6 +218,12 @@ def build_demo_job(
     Its ``config`` (part of what a checkpoint must match to be resumed) holds
     the model spec, ``base_url`` (redacted), the simulated model's ``latency_ms`` (None for
     a real model), epochs, batch size and the optimizer's settings.
+
+    Example::
+
+        job, prompt = build_demo_job(epochs=1)
+        result = await run_job(job, "runs/demo", progress=False)
+        print(prompt.data, result.final_val_score)
     """
     data = load_dataset()
     program = DemoProgram(model, base_url)

@@ -102,7 +102,13 @@ def parse_redis_url(url: str) -> RedisAddress:
     ``unix:///path?db=N``, ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]``
     (``?sentinel_password=``; the password is the master's), or
     ``redis+cluster://[user:pass@]host:port[,host:port...]`` (``rediss+cluster://`` with the
-    TLS options above): some nodes of a Redis Cluster; raise ``ValueError`` for anything else."""
+    TLS options above): some nodes of a Redis Cluster; raise ``ValueError`` for anything else.
+
+    Example::
+
+        address = parse_redis_url("redis://:secret@127.0.0.1:6380/2")
+        print(address.host, address.port, address.db, address.display)   # 127.0.0.1 6380 2 redis://:***@...
+    """
     if url.startswith("redis+sentinel://"):
         return _parse_sentinel_url(url)
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
@@ -245,14 +251,26 @@ def _encode(args: Sequence[Arg], out: list[bytes]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Oversize:
-    """Stands for a bulk string longer than the call's ``max_bulk``: skipped, never read."""
+    """Stands for a bulk string longer than the call's ``max_bulk``: skipped, never read.
+
+    Example::
+
+        await pool.execute("SET", "greeting", "hello " * 100)
+        print(await pool.execute("GET", "greeting", max_bulk=16))    # Oversize(size=600)
+    """
 
     size: int
 
 
 @dataclass(frozen=True, slots=True)
 class Wide:
-    """Stands for an array of more than the call's ``max_items`` items: skipped, never built."""
+    """Stands for an array of more than the call's ``max_items`` items: skipped, never built.
+
+    Example::
+
+        await pool.execute("RPUSH", "items", *range(10))
+        print(await pool.execute("LRANGE", "items", 0, -1, max_items=5))    # Wide(count=10)
+    """
 
     count: int
 
@@ -558,7 +576,14 @@ async def _connect(address: RedisAddress) -> anyio.abc.ByteStream:
 
 
 class Connection:
-    """One connection. Not shared between tasks; ``Pool`` hands them out."""
+    """One connection. Not shared between tasks; ``Pool`` hands them out.
+
+    Example::
+
+        async with pool.connection() as conn:          # a Connection, this task's alone
+            print(await conn.execute("PING"))          # b'PONG'
+            print(await conn.pipeline([["SET", "a", 1], ["GET", "a"]]))   # [b'OK', b'1']
+    """
 
     def __init__(self, address: RedisAddress, stream: anyio.abc.ByteStream) -> None:
         self.address = address
@@ -726,7 +751,14 @@ class Connection:
 
 
 class Pool:
-    """Idle connections to one Redis, handed to one task at a time, with a deadline per call."""
+    """Idle connections to one Redis, handed to one task at a time, with a deadline per call.
+
+    Example::
+
+        pool = Pool(parse_redis_url("redis://127.0.0.1:6379/0"), timeout_s=5.0)
+        print(await pool.execute("PING"))     # b'PONG'
+        await pool.aclose()
+    """
 
     def __init__(self, address: RedisAddress, *, timeout_s: float, max_idle: int = 8) -> None:
         if timeout_s <= 0:

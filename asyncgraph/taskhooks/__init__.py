@@ -37,7 +37,15 @@ __all__ = ["TaskHook", "TaskInfo", "install_task_hook", "task_hooks", "uninstall
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """What a worker's hooks learn of the task they run around."""
+    """What a worker's hooks learn of the task they run around.
+
+    Example::
+
+        @contextmanager
+        def around_task(self, metadata, info):        # a TaskHook's, on the worker
+            print(info.function, info.op, info.queue, info.delivery, info.queued_s)
+            yield lambda: None
+    """
 
     function: str  # the registered name
     op: str  # "backward" or "forward"
@@ -62,6 +70,27 @@ class TaskHook(Protocol):
     returns plain data that travels with it; ``around_task(metadata, info)`` wraps the
     task's run on the worker and yields a function whose result travels back with the
     reply; ``on_reply(metadata)`` receives it on the client.
+
+    Example::
+
+        class Timing:  # how long each remote task ran, reported back to the client
+            name = "timing"
+
+            def serving(self, settings):
+                return lambda: None
+
+            def task_metadata(self):
+                return None
+
+            @contextmanager
+            def around_task(self, metadata, info):
+                start = time.perf_counter()
+                yield lambda: time.perf_counter() - start
+
+            def on_reply(self, metadata):
+                print(f"the task ran {metadata:.3f}s")
+
+        install_task_hook(Timing())     # in the client and in a module the workers import
     """
 
     name: str
@@ -84,7 +113,12 @@ _hooks: Mapping[str, TaskHook] = MappingProxyType({})
 
 
 def install_task_hook(hook: TaskHook) -> None:
-    """Install ``hook`` under ``hook.name`` (replacing one of the same name)."""
+    """Install ``hook`` under ``hook.name`` (replacing one of the same name).
+
+    Example::
+
+        install_task_hook(Timing())           # replaces a hook named "timing", if any
+    """
     global _hooks
     name = getattr(hook, "name", None)
     if not isinstance(name, str) or not 0 < len(name) <= 32:
@@ -94,7 +128,12 @@ def install_task_hook(hook: TaskHook) -> None:
 
 
 def uninstall_task_hook(name: str) -> None:
-    """Remove the hook installed under ``name`` (nothing happens if there is none)."""
+    """Remove the hook installed under ``name`` (nothing happens if there is none).
+
+    Example::
+
+        uninstall_task_hook("timing")
+    """
     global _hooks
     with _lock:
         if name in _hooks:
@@ -102,5 +141,10 @@ def uninstall_task_hook(name: str) -> None:
 
 
 def task_hooks() -> Mapping[str, TaskHook]:
-    """The installed hooks by name: a read-only snapshot (later installs do not change it)."""
+    """The installed hooks by name: a read-only snapshot (later installs do not change it).
+
+    Example::
+
+        print(sorted(task_hooks()))           # e.g. ['models', 'timing']
+    """
     return _hooks

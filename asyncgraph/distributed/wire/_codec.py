@@ -55,7 +55,13 @@ _CONTAINERS = frozenset({dict, list, tuple})
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Size limits applied to every message received (and checked when sending)."""
+    """Size limits applied to every message received (and checked when sending).
+
+    Example::
+
+        config = WorkerConfig(redis_url=url, limits=Limits(max_message_bytes=32 * 2**20))
+        print(DEFAULT_LIMITS.max_message_bytes)    # 8388608
+    """
 
     max_message_bytes: int = 8 * 1024 * 1024
     max_str_len: int = 4 * 1024 * 1024
@@ -79,6 +85,12 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+"""The limits a worker applies unless told others (``--max-message-bytes``).
+
+Example::
+
+    print(DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth)   # 8388608 64
+"""
 
 
 def _numpy() -> Any:

@@ -46,6 +46,12 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+"""The version every message carries; a message of another version is refused.
+
+Example::
+
+    print(PROTOCOL_VERSION)     # 1: clients and workers must run the same asyncgraph
+"""
 PREFIX = "asyncgraph"
 GROUP = "workers"
 

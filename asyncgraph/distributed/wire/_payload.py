@@ -45,7 +45,12 @@ _CTX_RESERVED = frozenset(dir(FunctionCtx)) | {"needs_input_grad"}
 
 
 def remote_name(fn: type[Function]) -> str:
-    """The name a worker registry knows ``fn`` by: its own ``remote_name`` or ``module:QualName``."""
+    """The name a worker registry knows ``fn`` by: its own ``remote_name`` or ``module:QualName``.
+
+    Example::
+
+        print(remote_name(LLMCall))           # asyncgraph.text.LLMCall
+    """
     explicit = fn.__dict__.get("remote_name")
     if explicit is not None:
         if not isinstance(explicit, str) or not explicit or len(explicit) > 256:
@@ -57,7 +62,12 @@ def remote_name(fn: type[Function]) -> str:
 
 
 def fingerprint(fn: type[Function]) -> str:
-    """sha256 of the source of forward / setup_context / backward (bytecode if no source), 16 hex."""
+    """sha256 of the source of forward / setup_context / backward (bytecode if no source), 16 hex.
+
+    Example::
+
+        print(fingerprint(LLMCall))           # 16 hex digits; changes when its code does
+    """
     cached = _FINGERPRINTS.get(fn)
     if cached is not None:
         return cached
