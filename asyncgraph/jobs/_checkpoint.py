@@ -536,7 +536,7 @@ def load_parameters(job: Job, path: str | Path) -> dict[str, Any]:
     Example::
 
         load_parameters(job, "runs/arith/best.json")
-        print(await evaluate(job, job.test_set))
+        print(await evaluate(job, job.test_set))    # a Job given a test_set
     """
     source = Path(path)
     try:
