@@ -17,6 +17,8 @@ Streams of queue ``q``::
     asyncgraph:{q}:client:<id>    a live client's heartbeat: a string that expires unless renewed
     asyncgraph:{q}:calls:<client>:<task id>
                                   hash: the model calls a task made, kept while it can be rerun
+    asyncgraph:{q}:ran:<client>:<task id>
+                                  string: the entry id of the task's first run, until its expiry
 """
 
 from __future__ import annotations
@@ -40,17 +42,21 @@ __all__ = [
     "check_queue_name",
     "client_key",
     "dead_stream",
+    "ran_key",
     "reply_stream",
     "task_stream",
     "workers_hash",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """The version every message carries; a message of another version is refused.
+
+Version 2 added a task's signed expiry (``exp``): a worker of version 2 does not run a
+task without one, so version 1 clients and workers do not interoperate with it.
 
 Example::
 
-    print(PROTOCOL_VERSION)     # 1: clients and workers must run the same asyncgraph
+    print(PROTOCOL_VERSION)     # 2: clients and workers must run the same asyncgraph
 """
 PREFIX = "asyncgraph"
 GROUP = "workers"
@@ -83,6 +89,8 @@ REASON_MALFORMED = "malformed"  # failed decoding or validation
 REASON_OVERSIZE = "oversize"  # larger than the worker's max_message_bytes: not read
 REASON_MAX_ATTEMPTS = "max_attempts"
 REASON_ERROR = "error"  # the function raised (a copy; the client got the error)
+REASON_EXPIRED = "expired"  # read after its signed expiry (late, or replayed): not run
+REASON_REPLAYED = "replayed"  # another entry of a task that already ran: not run again
 
 # Bulk strings read from a stream may exceed max_message_bytes by this much (field
 # names, signature): anything longer is skipped unread (see wire._resp.Oversize).
@@ -165,13 +173,6 @@ def client_key(queue: str, client: str) -> str:
     return f"{_base(queue)}:client:{client}"
 
 
-def clients_hash(queue: str) -> str:
-    """Client id -> heartbeat expiry (Redis ms): what clients before ``client_key`` wrote.
-
-    No longer written; nothing decides on it (a worker's membership still reads it)."""
-    return f"{_base(queue)}:clients"
-
-
 def calls_key(queue: str, client: str, task_id: str) -> str:
     """The call journal of one task (a hash: call -> its answer), which a rerun of the task
     after a crash replays instead of paying for the calls again (``TaskInfo.journal_key``;
@@ -179,3 +180,12 @@ def calls_key(queue: str, client: str, task_id: str) -> str:
     if not is_client_id(client):
         raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
     return f"{_base(queue)}:calls:{client}:{task_id}"
+
+
+def ran_key(queue: str, client: str, task_id: str) -> str:
+    """The replay memory of one task: the id of the stream entry that first ran it, kept
+    until the task's expiry, so another entry carrying the same task does not run it again
+    (NOTE [Replays] in ``worker._admission``; ``client``: a validated 32-hex-digit id)."""
+    if not is_client_id(client):
+        raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
+    return f"{_base(queue)}:ran:{client}:{task_id}"

@@ -70,9 +70,7 @@ class Membership:
         self._tasks = keys.task_stream(ctx.config.queue)
         self._workers = keys.workers_hash(ctx.config.queue)
         self._infos = keys.workers_info_hash(ctx.config.queue)
-        self._clients_key = keys.clients_hash(ctx.config.queue)
         self.clock_offset_ms = 0.0
-        self._clients: dict[str, int] = {}  # client id -> heartbeat expiry (Redis ms)
         self.connected = False
         self.beat_s = min(ctx.config.lease_ms / 3000, 5.0)
         self._started_at = time.time()
@@ -168,21 +166,15 @@ class Membership:
                 self._health.ok()
 
     async def beat(self) -> None:
-        """One heartbeat: the expiry, and what ``asyncgraph status`` shows; read the clients'."""
+        """One heartbeat: the expiry, and what ``asyncgraph status`` shows."""
         await self.sync_clock()
         expiry = int(self.redis_now_ms() + 3 * self.beat_s * 1000 + 1000)
-        *_, clients = await self._pool.pipeline(
+        await self._pool.pipeline(
             [
                 ["HSET", self._workers, self.consumer, expiry],
                 ["HSET", self._infos, self.consumer, self.info_json()],
-                ["HGETALL", self._clients_key],
             ]
         )
-        if isinstance(clients, list):
-            self._clients = {
-                bytes(clients[i]).decode(errors="replace"): int(clients[i + 1])
-                for i in range(0, len(clients), 2)
-            }
         self._health.ok()
 
     def info_json(self) -> str:
@@ -201,15 +193,6 @@ class Membership:
                 "started": self._started_at,
             }
         )
-
-    def client_gone(self, client: str) -> bool:
-        """The client's heartbeat expired: it died, and nobody would read the reply.
-
-        A client never seen (it opened after the last beat, or predates heartbeats) is
-        taken as alive.
-        """
-        expiry = self._clients.get(client)
-        return expiry is not None and expiry < self.redis_now_ms()
 
     def housekeeping_every_s(self) -> float:
         return min(30.0, 3 * CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000)
