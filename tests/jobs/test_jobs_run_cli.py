@@ -622,4 +622,4 @@ def test_verbose_shows_model_retries(tmp_path: Path, flags: tuple[str, ...], sho
 def test_a_bad_log_level_is_a_usage_error() -> None:
     proc = run_cli("demo", "--log-level", "LOUD")
     assert proc.returncode == 2
-    assert "usage: asyncgraph demo" in proc.stderr and "got 'LOUD'" in proc.stderr
+    assert "usage: asyncgraph demo" in proc.stderr and "invalid choice: 'LOUD'" in proc.stderr
