@@ -21,6 +21,7 @@ from asyncgraph.distributed._fleet import (
     wait_for_workers,
 )
 from asyncgraph.distributed._redis_server import RedisServer
+from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._keys import check_queue_name
 from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
 from asyncgraph.distributed.worker._registry import Registry, build_registry
@@ -30,6 +31,7 @@ from asyncgraph.distributed.worker._worker import Worker
 __all__ = [
     "ConfigError",
     "FleetError",
+    "Limits",
     "RedisExecutor",
     "RedisServer",
     "Registry",

@@ -330,7 +330,7 @@ async def test_a_task_the_workers_refuse_fails_at_once_not_at_the_timeout(
 async def test_a_reply_the_client_rejects_fails_its_task_at_once(
     redis_server_url: str, shared_fleet: str
 ) -> None:
-    from asyncgraph.distributed.wire import Limits
+    from asyncgraph.distributed import Limits
 
     x = Parameter("ab", role="x")
     # Unsigned workers answer unsigned replies; a client with a secret rejects them.

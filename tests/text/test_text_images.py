@@ -11,8 +11,7 @@ import pytest
 from text_helpers import Recorder
 
 from asyncgraph import Parameter, Variable
-from asyncgraph.distributed import Worker, WorkerConfig, build_registry, open_redis_executor
-from asyncgraph.distributed.wire import Limits
+from asyncgraph.distributed import Limits, Worker, WorkerConfig, build_registry, open_redis_executor
 from asyncgraph.models import SimulatedModel
 from asyncgraph.models._simulated import content_text
 from asyncgraph.optim import TGD

@@ -13,8 +13,5 @@ and ``asyncgraph.distributed.worker`` (the server):
 - ``_payload``: a Function's remote identity and how its ctx and gradients travel.
 """
 
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
-from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION
-from asyncgraph.distributed.wire._payload import fingerprint, remote_name
-
-__all__ = ["DEFAULT_LIMITS", "Limits", "PROTOCOL_VERSION", "fingerprint", "remote_name"]
+__all__: list[str] = []  # the fleet's insides: ``Limits``, its one user-facing type, is
+# exported by ``asyncgraph.distributed``
