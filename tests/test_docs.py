@@ -467,10 +467,8 @@ RUN_AS_WRITTEN = [
     *("asyncgraph.distributed.build_registry", "asyncgraph.resp.RedisConnectionLost"),
     *("asyncgraph.resp.parse_redis_url", "asyncgraph.resp.redact_url"),
     *("asyncgraph.taskhooks.TaskInfo", "asyncgraph.taskhooks.task_hooks"),
-    *("asyncgraph.taskhooks.uninstall_task_hook", "asyncgraph.distributed.wire.DEFAULT_LIMITS"),
-    *("asyncgraph.distributed.wire.PROTOCOL_VERSION", "asyncgraph.distributed.wire.fingerprint"),
-    *("asyncgraph.distributed.wire.remote_name", "asyncgraph.jobs.demo.DEMO_MODEL"),
-    "asyncgraph.jobs.demo.make_demo_model",
+    *("asyncgraph.taskhooks.uninstall_task_hook", "asyncgraph.jobs.demo.DEMO_MODEL"),
+    *("asyncgraph.jobs.demo.make_demo_model", "asyncgraph.distributed.Limits"),
 ]
 
 

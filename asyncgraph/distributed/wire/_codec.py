@@ -59,8 +59,10 @@ class Limits:
 
     Example::
 
-        config = WorkerConfig(redis_url=url, limits=Limits(max_message_bytes=32 * 2**20))
-        print(DEFAULT_LIMITS.max_message_bytes)    # 8388608
+        config = WorkerConfig(
+            redis_url="redis://127.0.0.1:6379/0", limits=Limits(max_message_bytes=32 * 2**20)
+        )
+        print(Limits().max_message_bytes)    # 8388608, the default
     """
 
     max_message_bytes: int = 8 * 1024 * 1024
