@@ -24,8 +24,7 @@ from asyncgraph.distributed._redis_server import RedisServer
 from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._keys import check_queue_name
 from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
-from asyncgraph.distributed.worker._registry import Registry, build_registry
-from asyncgraph.distributed.worker._supervisor import Supervisor
+from asyncgraph.distributed.worker._registry import build_registry
 from asyncgraph.distributed.worker._worker import Worker
 
 __all__ = [
@@ -34,8 +33,6 @@ __all__ = [
     "Limits",
     "RedisExecutor",
     "RedisServer",
-    "Registry",
-    "Supervisor",
     "Worker",
     "WorkerConfig",
     "build_registry",

@@ -50,7 +50,7 @@ from asyncgraph._exceptions import (
 from asyncgraph.models._anthropic import AnthropicChat
 from asyncgraph.models._azure import AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
-from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
+from asyncgraph.models._cache import DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._calls import ModelCall, observe_calls
 
 # Not a public name: how asyncgraph.optim bounds every model call of a search.
@@ -63,7 +63,6 @@ from asyncgraph.models import _policy  # noqa: F401  # isort: skip
 from asyncgraph.models._ratelimit import (
     LocalRateLimiter,
     RateLimit,
-    RateLimiter,
     RedisRateLimiter,
 )
 from asyncgraph.models._retry import Retry
@@ -87,7 +86,6 @@ __all__ = [
     "AnthropicChat",
     "AzureOpenAIChat",
     "BaseChatModel",
-    "Cache",
     "ChatModel",
     "Completion",
     "DiskCache",
@@ -110,7 +108,6 @@ __all__ = [
     "Pricing",
     "RateLimit",
     "RateLimitWaitError",
-    "RateLimiter",
     "RedisCache",
     "RedisRateLimiter",
     "Retry",

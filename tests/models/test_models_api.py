@@ -10,7 +10,6 @@ import asyncgraph.models as models
 from asyncgraph import AsyncGraphError
 from asyncgraph.models import (
     BaseChatModel,
-    Cache,
     ChatModel,
     Completion,
     DiskCache,
@@ -19,12 +18,13 @@ from asyncgraph.models import (
     ModelError,
     OpenAIChat,
     RateLimit,
-    RateLimiter,
     RedisCache,
     RedisRateLimiter,
     SimulatedModel,
     parse_model_spec,
 )
+from asyncgraph.models._cache import Cache
+from asyncgraph.models._ratelimit import RateLimiter
 
 
 def test_all_is_sorted_and_every_name_is_importable_and_documented() -> None:

@@ -13,7 +13,6 @@ import redis
 
 from asyncgraph.distributed._redis_server import free_port
 from asyncgraph.models import (
-    Cache,
     Completion,
     DiskCache,
     MemoryCache,
@@ -22,7 +21,7 @@ from asyncgraph.models import (
     RedisCache,
     SimulatedModel,
 )
-from asyncgraph.models._cache import request_key
+from asyncgraph.models._cache import Cache, request_key
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 pytestmark = pytest.mark.anyio
