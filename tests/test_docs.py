@@ -552,7 +552,9 @@ async def test_an_example_of_a_public_docstring_runs_as_written(
 
     monkeypatch.chdir(tmp_path)  # examples write program.json, calls.jsonl, pass.json ...
     monkeypatch.setenv("OPENAI_API_KEY", "sk-not-used")  # models are built, never called
-    monkeypatch.delenv("ASYNCGRAPH_MODEL_RPM", raising=False)  # restored after the test
+    # The ModelConfigError example sets ASYNCGRAPH_MODEL_RPM: set first, so it is undone.
+    monkeypatch.setenv("ASYNCGRAPH_MODEL_RPM", "600")
+    monkeypatch.delenv("ASYNCGRAPH_MODEL_RPM")
     blocks = [
         code
         for _, code in _literal_blocks(_public_docstrings()[name])
@@ -563,5 +565,8 @@ async def test_an_example_of_a_public_docstring_runs_as_written(
         names = _given_names()
         source = "async def example():\n" + "".join(f"    {line}\n" for line in code.split("\n"))
         exec(compile(source, f"<example of {name}>", "exec"), names)
+        # In a task of its own: what an example sets in its context (set_grad_enabled,
+        # use_models ...) ends with it, as the examples' own async def would.
         with anyio.fail_after(30):
-            await names["example"]()  # type: ignore[operator]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(names["example"])  # type: ignore[arg-type]
