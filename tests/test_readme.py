@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 @pytest.mark.slow
@@ -118,3 +119,14 @@ def test_every_python_block_runs_in_the_suite_or_says_it_is_a_fragment() -> None
             f"README line {text[: match.start()].count(chr(10)) + 1}: a python block that "
             f"no test runs; add <!-- readme-test: NAME --> or <!-- fragment: why -->"
         )
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    # The README's two commands (set up, then test) are what CI runs on a fresh machine.
+    readme = (ROOT / "README.md").read_text()
+    setup, test = 'python3 -m pip install -e ".[test]"', "python3 -m pytest"
+    assert f"```\n{setup}\n{test}\n```" in readme
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert setup in ci and test in ci
+    contributing = (ROOT / "docs" / "contributing.md").read_text()
+    assert f"```bash\n{setup}\n{test}\n```" in contributing
