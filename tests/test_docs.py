@@ -204,6 +204,33 @@ def test_the_job_tutorial_runs_on_a_fleet_of_real_workers(
 CLI = ["demo", "run", "eval", "worker", "status", "ui"]
 
 
+def cli_usage(command: str) -> str:
+    """The usage lines ``asyncgraph COMMAND -h`` prints, at a fixed width."""
+    from asyncgraph.cli import build_parser
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"  # argparse wraps usage lines to the terminal's width
+    try:
+        return str(sub.choices[command].format_usage()).removeprefix("usage: ")
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+@pytest.mark.parametrize("command", CLI)
+def test_each_command_page_shows_the_usage_the_command_prints(command: str) -> None:
+    page = (DOCS / "cli" / f"{command}.md").read_text()
+    shown = re.search(r"```text\n(asyncgraph " + command + r" .*?)```", page, re.DOTALL)
+    assert shown is not None, f"docs/cli/{command}.md shows no usage block"
+    assert " ".join(shown[1].split()) == " ".join(cli_usage(command).split()), (
+        f"docs/cli/{command}.md's usage is stale: regenerate it from `asyncgraph {command} -h`"
+    )
+
+
 @pytest.mark.parametrize("command", CLI)
 def test_each_command_has_a_page_listing_all_its_flags(command: str) -> None:
     from asyncgraph.cli import build_parser
