@@ -8,7 +8,7 @@ fleet, and joins the gradients into the leaves exactly as a sequential run would
 from ._core._accumulate import register_accumulator
 from ._core._autodiff import backward, grad
 from ._core._engine import NodeEvent, PassInfo, current_node, observe_nodes, observe_passes
-from ._core._executor import Executor, use_executor
+from ._core._executor import Executor, remote_forwards, use_executor
 from ._core._function import Function, FunctionCtx
 from ._core._grad_manager import GradManager, GradManagerGroup
 from ._core._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -58,6 +58,7 @@ __all__ = [
     "observe_nodes",
     "observe_passes",
     "register_accumulator",
+    "remote_forwards",
     "set_grad_enabled",
     "use_executor",
 ]

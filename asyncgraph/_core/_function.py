@@ -9,8 +9,9 @@ from typing import Any, ClassVar, Literal
 
 from asyncgraph._exceptions import GraphError
 
+from ._executor import ForwardExecutor, current_forward_executor
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Node, Seq, next_seq
+from ._graph import _ORDER, Edge, Node, Seq, next_seq
 from ._variable import Variable
 
 __all__ = ["Function", "FunctionCtx"]
@@ -101,7 +102,8 @@ class Function:
     Forward runs with grad disabled. Class attributes tune where backward runs:
     ``blocking = True`` runs a synchronous backward in a worker thread (sync I/O,
     heavy CPU); ``dispatch = "remote"`` lets a distributed executor send it to a
-    worker. ``ctx_types = {"options": MyOptions}`` declares ctx attributes that hold
+    worker, and the forward too when it is async and applied inside
+    ``remote_forwards(executor)``. ``ctx_types = {"options": MyOptions}`` declares ctx attributes that hold
     a typed record instead of plain data: one travels to a worker as
     ``value.to_data()`` and is rebuilt there with ``MyOptions.from_data(data)``, the
     class coming from this declaration, never from the message.
@@ -220,9 +222,17 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        """Run forward and, when grad mode is on and an input requires grad, record it."""
+        """Run forward and, when grad mode is on and an input requires grad, record it.
+
+        Inside ``remote_forwards(executor)``, a ``dispatch = "remote"`` Function's async
+        forward runs through ``executor.apply`` (a synchronous one raises ``TypeError``).
+        """
         if cls is Function:
             raise TypeError("Function.apply is called on a subclass: MyFunction.apply(...)")
+        if cls.dispatch == "remote":
+            executor = current_forward_executor()
+            if executor is not None:
+                return cls._apply_remote(executor, args, kwargs)
         inputs = cls._inputs(args, kwargs)
         # Grad mode is read here, when apply is called, even if the result is awaited later.
         ctx, record = cls._prepare(inputs)
@@ -254,6 +264,25 @@ class Function:
         finally:
             _GRAD_ENABLED.reset(token)
         return cls._record(ctx, inputs, output, record)
+
+    @classmethod
+    def _apply_remote(
+        cls, executor: ForwardExecutor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``executor.apply(cls, ...)`` as an awaitable, with what ``apply`` reads at call time.
+
+        Grad mode and the node's place in graph order are those of the moment ``apply``
+        was called, as in-process: the node's seq extends the one taken here, so it sorts
+        exactly where the in-process node would, whenever the awaitable runs.
+        """
+        if not (cls._forward_is_async or cls._setup_is_async):
+            raise TypeError(
+                f"{cls.__name__}.forward is synchronous, so {cls.__name__}.apply returns its "
+                f"output at once and cannot wait for a worker; inside remote_forwards(...) "
+                f"make the forward `async def` to run it on the workers, or give "
+                f"{cls.__name__} dispatch = 'local' to run it here"
+            )
+        return _on_executor(executor, cls, args, kwargs, _GRAD_ENABLED.get(), next_seq())
 
     @classmethod
     def _prepare(cls, inputs: tuple[Any, ...]) -> tuple[FunctionCtx, bool]:
@@ -314,6 +343,23 @@ class Function:
             result.append(out)
         node.output_roles = tuple(o.role for o in result)
         return tuple(result) if is_tuple else result[0]
+
+
+async def _on_executor(
+    executor: ForwardExecutor,
+    fn: type[Function],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grad_enabled: bool,
+    seq: Seq,
+) -> Any:
+    grad_token = _GRAD_ENABLED.set(grad_enabled)
+    order_token = _ORDER.set(seq)
+    try:
+        return await executor.apply(fn, *args, **kwargs)
+    finally:
+        _ORDER.reset(order_token)
+        _GRAD_ENABLED.reset(grad_token)
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -79,6 +79,18 @@ class Job:
     in a row without a better score. ``test_set``: held-out examples the job never
     trains or selects on; ``asyncgraph eval`` scores saved parameters on it.
 
+    The forward on the fleet: ``forward_on_workers=True``, in a job run with an executor
+    that can run forwards (``run_job(..., executor=redis_executor)``, ``asyncgraph run
+    --redis URL`` or ``--workers N``), runs the forward of every ``dispatch = "remote"``
+    Function that the job's ``forward`` applies (training, validation and ``evaluate``)
+    on the workers too, not only its backward (see :func:`asyncgraph.remote_forwards`):
+    for a metric that runs generated code, a model hosted on each worker, a function
+    that needs the worker's files or GPU. Such a Function's forward must be ``async
+    def``. Results and gradients are those of the same job in-process. In a run without
+    such an executor the switch is ignored, with a note on stderr;
+    ``JobResult.forward_on`` says where the forwards ran. Not part of the job's identity:
+    a checkpoint resumes either way.
+
     A cost cap: ``max_cost_usd`` stops the job before a step that is expected to pass
     it (estimated from the dearest step so far), and cuts a step that passes it anyway,
     keeping the checkpoint of the last whole step; ``JobResult.stopped_at_cost_cap``
@@ -87,8 +99,9 @@ class Job:
     with ``ModelConfigError``.
 
     Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
-    a positive int (a bool is not one), a ``config`` that is not JSON, or ``keep_best``
-    / ``patience`` without a ``val_set``.
+    a positive int (a bool is not one), a ``config`` that is not JSON, a
+    ``forward_on_workers`` that is not a bool, or ``keep_best`` / ``patience`` without a
+    ``val_set``.
 
     Example::
 
@@ -119,6 +132,7 @@ class Job:
     keep_best: bool = False
     patience: int | None = None
     max_cost_usd: float | None = None
+    forward_on_workers: bool = False
     module: Module | None = field(init=False, default=None, repr=False)
     """The Module given as ``parameters``, else None."""
     params: list[Parameter] = field(init=False, default_factory=list, repr=False)
@@ -158,6 +172,11 @@ class Job:
             raise ValueError(
                 f"job {self.name!r}: max_cost_usd must be a positive number of US dollars or "
                 f"None, got {cap!r}"
+            )
+        if not isinstance(self.forward_on_workers, bool):
+            raise ValueError(
+                f"job {self.name!r}: forward_on_workers must be True or False, got "
+                f"{self.forward_on_workers!r}"
             )
         if (self.keep_best or self.patience is not None) and not self.val_set:
             raise ValueError(
@@ -263,3 +282,6 @@ class JobResult:
     """The values of the best parameters, in the job's parameter order."""
     stopped_early: bool = False
     """True when ``patience`` ended the job before its last step."""
+    forward_on: str = "in-process"
+    """Where the forwards of remote Functions ran: ``"workers"`` (``Job.forward_on_workers``
+    with an executor that runs them) or ``"in-process"``."""

@@ -45,6 +45,7 @@ def job_params(job: Job) -> dict[str, str]:
         "keep_best": job.keep_best,
         "patience": job.patience,
         "max_cost_usd": job.max_cost_usd,
+        "forward_on_workers": job.forward_on_workers,
         "parameters": ", ".join(job.param_names or [p.role for p in job.params]),
     }
     for key, value in dict(job.config).items():

@@ -2,7 +2,8 @@
 
 ``steps.jsonl`` in the run directory gets a line when the job starts (step 0: the
 initial parameter values) and after every step, written before that step's checkpoint:
-the step, the wall time, each parameter's value and the feedback it received in the
+the step, the wall time, where the forwards of remote Functions ran (``forward_on``:
+``"workers"`` or ``"in-process"``), each parameter's value and the feedback it received in the
 step (its ``.grad`` before the optimizer used it; named by its role and, in a job over
 a Module, its dotted name), the step's trace file (with
 ``trace=True``: ``traces/step-NNNN.json``, a Chrome / Perfetto timeline of the whole
@@ -77,8 +78,10 @@ class JobRecorder:
         total_steps: int | None = None,
         trace: bool = False,
         log_calls: str | Path | None = None,
+        forward_on: str = "in-process",
     ) -> None:
         self.out = out
+        self.forward_on = forward_on
         self.parameters = list(parameters)
         self.names = list(names) if names else [""] * len(self.parameters)
         self.name = name
@@ -104,7 +107,12 @@ class JobRecorder:
             except OSError as exc:
                 self._note("call log", exc)
         if not resume:
-            first = {"step": 0, "time": time.time(), "total_steps": self.total_steps}
+            first = {
+                "step": 0,
+                "time": time.time(),
+                "total_steps": self.total_steps,
+                "forward_on": self.forward_on,
+            }
             self._append({**first, **self._values(feedback=False)})
         self._open_timeline()
 
@@ -152,6 +160,7 @@ class JobRecorder:
             "calls": self._calls,
             "call_log": None if self.call_log_path is None else str(self.call_log_path),
             "metrics": json_value(dict(row)),
+            "forward_on": self.forward_on,
         }
         self._append(line)
 

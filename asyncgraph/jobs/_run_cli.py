@@ -1,8 +1,10 @@
-"""``asyncgraph run path/to/job.py [--redis URL] [--resume | --overwrite] [--out DIR]``.
+"""``asyncgraph run path/to/job.py [--redis URL | --workers N] [--resume | --overwrite] [--out DIR]``.
 
 A job file is ordinary Python that defines ``build_job()`` (sync or async)
 returning an :class:`asyncgraph.jobs.Job`. It is the user's own file, run as
-they would run any script of theirs.
+they would run any script of theirs. ``--workers N`` starts N local worker
+processes (an embedded redis-server, as ``asyncgraph demo --workers N`` does)
+serving the modules of the remote Functions the job file loaded.
 """
 
 from __future__ import annotations
@@ -43,8 +45,19 @@ __all__ = ["JobFileError", "add_arguments", "best_line", "load_job_file", "print
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_file", help="a Python file that defines build_job() -> Job")
-    parser.add_argument(
-        "--redis", metavar="URL", help="run remote backwards on the workers of this Redis"
+    fleet = parser.add_mutually_exclusive_group()
+    fleet.add_argument(
+        "--redis",
+        metavar="URL",
+        help="run remote backwards (and, with Job(forward_on_workers=True), remote "
+        "forwards) on the workers of this Redis",
+    )
+    fleet.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="the same on N local worker processes (embedded redis-server), serving the "
+        "modules of the remote Functions the job file loaded",
     )
     parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     start = parser.add_mutually_exclusive_group()
@@ -174,7 +187,10 @@ async def run_with_optional_redis(
     overwrite: bool = False,
     trace: bool = False,
     log_calls: str | None = None,
+    secret: str | None = None,
 ) -> JobResult:
+    """``run_job`` in-process, or with the workers at ``redis`` (``secret``: theirs;
+    None: ``$ASYNCGRAPH_SECRET``)."""
     problem = existing_run_problem(out, resume=resume, overwrite=overwrite)
     if problem is not None:
         raise CheckpointError(problem)
@@ -191,7 +207,7 @@ async def run_with_optional_redis(
         )
     from asyncgraph.distributed import open_redis_executor
 
-    async with open_redis_executor(redis, queue=queue) as executor:
+    async with open_redis_executor(redis, queue=queue, secret=secret) as executor:
         return await run_job(
             job,
             out,
@@ -224,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {missing}", file=sys.stderr)
                 return EXIT_ERROR
         try:
-            job = await build(load_job_file(args.job_file))
+            module = load_job_file(args.job_file)
+            job = await build(module)
             if args.max_cost is not None:
                 job.max_cost_usd = args.max_cost
         except JobFileError as exc:
@@ -233,17 +250,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.out:
             announce_default_out(out)
         used_out.append(out)
-        result = await run_with_optional_redis(
-            job,
-            out,
-            redis=args.redis,
-            queue=args.queue,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            progress=not args.no_progress,
-            trace=args.trace,
-            log_calls=args.log_calls,
-        )
+        result = await _run_where_asked(job, module.__name__, out, args)
+        if isinstance(result, str):
+            return usage_error(result)
         summary(result, overwrite=args.overwrite)
         if not result.interrupted and not result.already_finished:
             print_parameters(job)
@@ -255,6 +264,98 @@ def run(args: argparse.Namespace) -> int:
     if code == EXIT_ERROR and used_out:  # after the error line: how to go on from here
         resume_hint(used_out[0], overwrite=args.overwrite)
     return code
+
+
+async def _run_where_asked(
+    job: Job, job_module: str, out: Path, args: argparse.Namespace
+) -> JobResult | str:
+    """The run in-process, on ``--redis`` or on ``--workers``; or the usage error."""
+    options: dict[str, Any] = {
+        "queue": args.queue,
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "progress": not args.no_progress,
+        "trace": args.trace,
+        "log_calls": args.log_calls,
+    }
+    if not args.workers:
+        return await run_with_optional_redis(job, out, redis=args.redis, **options)
+    imports = worker_imports(job_module, Path(args.job_file))
+    if isinstance(imports, str):
+        return imports
+    let_workers_import_from(Path(args.job_file).parent)
+    return await run_on_local_fleet(job, out, args.workers, imports, **options)
+
+
+SECRET_ENV = "ASYNCGRAPH_SECRET"  # the workers' and clients' shared secret
+
+
+def worker_imports(job_module: str, job_file: Path) -> list[str] | str:
+    """The modules that local workers import to serve the job: those defining the remote
+    Functions loaded so far (the job file's imports), and the job file itself under its
+    file name when it defines some; or why the job cannot be served.
+
+    Workers import the job file as ``job`` for ``job.py`` (from its directory), while
+    this command imported it under another name: a remote Function defined in it needs a
+    ``remote_name`` to be known by one name on both sides (the message says so).
+    """
+    from asyncgraph import Function
+
+    modules: dict[str, None] = {}
+    stack = list(Function.__subclasses__())
+    seen: set[type] = set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        if cls.dispatch != "remote" or inspect.isabstract(cls):
+            continue
+        if cls.__module__ == job_module:
+            if cls.__dict__.get("remote_name") is None:
+                return (
+                    f"the job file defines the remote Function {cls.__qualname__} without a "
+                    f"remote_name: local workers import {job_file.name} as module "
+                    f"{job_file.stem!r}, this command under another name; give it one "
+                    f"(remote_name = '{job_file.stem}.{cls.__qualname__}'), or move it to a "
+                    f"module of its own that the job file imports"
+                )
+            modules[job_file.stem] = None
+        elif cls.__module__ != "__main__":
+            modules[cls.__module__] = None
+    if not modules:
+        return "--workers: the job file loaded no remote Function (dispatch = 'remote') to serve"
+    return sorted(modules)
+
+
+def let_workers_import_from(directory: Path) -> None:
+    """Put ``directory`` first on ``PYTHONPATH``, which the local workers inherit: they
+    import the job file's own module (and its neighbours) from there."""
+    paths = [
+        str(directory.resolve()),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+async def run_on_local_fleet(
+    job: Job, out: Path, workers: int, imports: list[str], **options: Any
+) -> JobResult:
+    """``job`` on ``workers`` local worker processes serving ``imports`` (see ``local_fleet``)."""
+    import secrets
+
+    from asyncgraph.distributed import local_fleet
+
+    problem = existing_run_problem(
+        out, resume=options["resume"], overwrite=options.get("overwrite", False)
+    )
+    if problem is not None:  # before starting processes that would go unused
+        raise CheckpointError(problem)
+    # Signed tasks, as demo --workers: the user's secret if set, else a fresh one.
+    secret = os.environ.get(SECRET_ENV, "").strip() or secrets.token_hex(32)
+    with local_fleet(workers, imports, queue=options["queue"], secret=secret) as url:
+        return await run_with_optional_redis(job, out, redis=url, secret=secret, **options)
 
 
 def add_max_attempts(parser: argparse.ArgumentParser) -> None:
@@ -393,8 +494,9 @@ def summary(result: JobResult, *, overwrite: bool = False) -> None:
         if result.stopped_at_cost_cap
         else "finished"
     )
+    where = "; forwards on the workers" if result.forward_on == "workers" else ""
     print(
-        f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s; "
+        f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s{where}; "
         f"{outputs(result)} in {result.out_dir}"
     )
     capped = cost_line(result)

@@ -12,6 +12,7 @@ it on a resume, is ``_checkpoint``'s.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from asyncgraph import Executor, backward, graph_order, no_grad
+from asyncgraph import Executor, backward, graph_order, no_grad, remote_forwards
 from asyncgraph.models import track_usage
 from asyncgraph.optim import NoFeedbackWarning
 
@@ -172,6 +173,7 @@ async def run_job(
         total_steps=job.total_steps,
         trace=trace,
         log_calls=log_calls,
+        forward_on=run.forward_on,
     )
     return await run.execute(handle_sigint)
 
@@ -229,6 +231,10 @@ class _JobRun:
         self.interrupted = False
         self.running = True
         self.stop = anyio.CancelScope()
+        # The forwards' executor: None runs them here (see Job.forward_on_workers).
+        self.forwards: Any = (
+            executor if job.forward_on_workers and _runs_forwards(executor) else None
+        )
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> None:
@@ -245,6 +251,13 @@ class _JobRun:
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         recorder = self.recorder
+        if self.job.forward_on_workers and self.forwards is None:
+            print(
+                f"note: {self.job.name}: forward_on_workers is ignored: the job runs without "
+                f"an executor that runs forwards (a RedisExecutor), so its forwards run here",
+                file=sys.stderr,
+                flush=True,
+            )
         self.reporter.start(self.step, self.history)
         recorder.start(self.step, resume=self.resume)
         if not self.resume:
@@ -259,7 +272,7 @@ class _JobRun:
         assert spending is not None
         if job.val_set and self.initial_val is None and self.step == 0:
             self.recorder.phase("validation")
-            with self.recorder.recording():
+            with self.recorder.recording(), remote_forwards(self.forwards):
                 self.initial_val = await evaluate(job, job.val_set)
             self.initial_usage = spending.totals()
             self.best.observe(0, self.initial_val)
@@ -280,7 +293,8 @@ class _JobRun:
             job.optimizer.zero_grad()
             batch = job.batch(self.step)
             recorder.phase("forward")
-            evals = await _map_bounded(job.forward, batch, job.max_concurrency)
+            with remote_forwards(self.forwards):
+                evals = await _map_bounded(job.forward, batch, job.max_concurrency)
             recorder.phase("backward")
             await backward([e.loss for e in evals], executor=self.executor)
             self.fed.update(id(p) for p in job.params if p.grad is not None)
@@ -292,7 +306,8 @@ class _JobRun:
             val_score = None
             if validating:
                 recorder.phase("validation")
-                val_score = await evaluate(job, job.val_set)
+                with remote_forwards(self.forwards):
+                    val_score = await evaluate(job, job.val_set)
             self.step += 1
             reverted = self.best.observe(self.step, val_score)
             history.append(
@@ -448,7 +463,18 @@ class _JobRun:
             stopped_at_cost_cap=self.capped,
             cost_usd=float(history[-1]["cost_usd"]) if history else 0.0,
             max_cost_usd=self.job.max_cost_usd,
+            forward_on=self.forward_on,
         )
+
+    @property
+    def forward_on(self) -> str:
+        """Where the forwards of remote Functions run: ``"workers"`` or ``"in-process"``."""
+        return "in-process" if self.forwards is None else "workers"
+
+
+def _runs_forwards(executor: Executor | None) -> bool:
+    """True when ``executor`` can run a forward elsewhere (``remote_forwards`` takes it)."""
+    return executor is not None and inspect.iscoroutinefunction(getattr(executor, "apply", None))
 
 
 class _Best:

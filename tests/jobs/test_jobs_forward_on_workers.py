@@ -1,0 +1,216 @@
+"""``Job(forward_on_workers=True)``: the forwards of remote Functions (training, validation)
+run on the workers, with the history and parameters of the same job in-process; the
+switch is ignored with a note in-process; ``asyncgraph run --workers N`` starts a local
+fleet serving the job file's remote Functions.
+
+Real processes: a redis-server and worker processes (``local_fleet``), and the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncgraph import Parameter
+from asyncgraph.jobs import Evaluation, Job, JobResult, run_job
+from asyncgraph.optim import SGD
+
+from .fleet_functions import ForwardPid, RemoteSquaredError
+from .jobs_helpers import (
+    JOB_FILES,
+    LR,
+    MOMENTUM,
+    TIMING_FIELDS,
+    TRAIN,
+    VAL,
+    cli_env,
+    describe,
+    run_cli,
+    without,
+)
+
+TESTS = Path(__file__).resolve().parents[1]
+SECRET = secrets.token_hex(16)
+QUEUE = f"fwd-{secrets.token_hex(4)}"
+
+
+class RemoteLineFit:
+    """The line-fit job of ``jobs_helpers`` with its loss and its metric as remote Functions;
+    ``pids`` collects the process each metric's forward ran in."""
+
+    def __init__(self, *, on_workers: bool) -> None:
+        self.w = Parameter(0.0, role="slope")
+        self.pids: set[int] = set()
+        self.job = Job(
+            name="remote-line-fit",
+            parameters=[self.w],
+            optimizer=SGD([self.w], lr=LR, momentum=MOMENTUM),
+            forward=self.forward,
+            train_set=list(TRAIN),
+            val_set=VAL,
+            batch_size=4,
+            epochs=2,
+            validate_every=2,
+            max_concurrency=3,
+            seed=3,
+            forward_on_workers=on_workers,
+        )
+
+    async def forward(self, example: Mapping[str, Any]) -> Evaluation:
+        loss = await RemoteSquaredError.apply(self.w, example["x"], example["y"])
+        pid = await ForwardPid.apply(example["x"])
+        self.pids.add(int(pid.data))
+        score = float(loss.data < 0.0625)
+        return Evaluation(loss=loss, score=score)
+
+
+@pytest.fixture(scope="module")
+def fleet_url(redis_server_url: str) -> Iterator[str]:
+    """Two local workers serving ``fleet_functions`` (as ``jobs.fleet_functions``)."""
+    from asyncgraph.distributed import local_fleet
+
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), *filter(None, [before])])
+    try:
+        with local_fleet(
+            2, [RemoteSquaredError.__module__], redis_url=redis_server_url, queue=QUEUE,
+            secret=SECRET,
+        ) as url:  # fmt: skip
+            yield url
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def _steps_lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_forwards_on_two_workers_give_the_in_process_history_and_parameters(
+    fleet_url: str, tmp_path: Path
+) -> None:
+    from asyncgraph.distributed import open_redis_executor
+
+    here = RemoteLineFit(on_workers=False)
+    expected = await run_job(here.job, tmp_path / "here")
+    there = RemoteLineFit(on_workers=True)
+    async with open_redis_executor(fleet_url, queue=QUEUE, secret=SECRET) as executor:
+        got: JobResult = await run_job(there.job, tmp_path / "there", executor=executor)
+
+    assert without(got.history, TIMING_FIELDS) == without(expected.history, TIMING_FIELDS)
+    assert got.parameters == expected.parameters and got.parameters[0] != 0.0
+    assert (got.initial_val_score, got.final_val_score) == (
+        expected.initial_val_score,
+        expected.final_val_score,
+    )
+    # Training and validation forwards ran on the workers, never here.
+    assert here.pids == {os.getpid()}
+    assert there.pids and os.getpid() not in there.pids
+    assert (got.forward_on, expected.forward_on) == ("workers", "in-process")
+    assert {line["forward_on"] for line in _steps_lines(tmp_path / "there")} == {"workers"}
+    assert {line["forward_on"] for line in _steps_lines(tmp_path / "here")} == {"in-process"}
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_without_the_switch_only_backwards_go_to_the_workers(
+    fleet_url: str, tmp_path: Path
+) -> None:
+    from asyncgraph.distributed import open_redis_executor
+
+    fit = RemoteLineFit(on_workers=False)
+    async with open_redis_executor(fleet_url, queue=QUEUE, secret=SECRET) as executor:
+        result = await run_job(fit.job, tmp_path / "out", executor=executor)
+    assert fit.pids == {os.getpid()} and result.forward_on == "in-process"
+
+
+@pytest.mark.anyio
+async def test_the_switch_in_process_is_ignored_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    switched, plain = RemoteLineFit(on_workers=True), RemoteLineFit(on_workers=False)
+    got = await run_job(switched.job, tmp_path / "a")
+    expected = await run_job(plain.job, tmp_path / "b")
+    err = capsys.readouterr().err
+    assert "note: remote-line-fit: forward_on_workers is ignored" in err
+    assert err.count("forward_on_workers") == 1  # the plain job says nothing
+    assert got.forward_on == "in-process" and switched.pids == {os.getpid()}
+    assert got.parameters == expected.parameters
+    assert "forward_on_workers" not in switched.job.identity()  # a checkpoint resumes either way
+
+
+def test_forward_on_workers_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match=r"forward_on_workers must be True or False, got 'yes'"):
+        Job(
+            name="j",
+            parameters=[Parameter(0.0)],
+            optimizer=SGD([Parameter(0.0)], lr=0.1),
+            forward=RemoteLineFit(on_workers=False).forward,
+            train_set=TRAIN,
+            forward_on_workers="yes",  # type: ignore[arg-type]
+        )
+
+
+def _fleet_env() -> dict[str, str]:
+    before = os.environ.get("PYTHONPATH")
+    return cli_env(
+        PYTHONPATH=os.pathsep.join([str(TESTS / "jobs"), *filter(None, [before])]),
+        ASYNCGRAPH_SECRET="",
+    )
+
+
+@pytest.mark.slow
+def test_run_with_workers_runs_the_forwards_on_a_local_fleet(
+    tmp_path: Path, redis_server_binary: None
+) -> None:
+    out, pids = tmp_path / "out", tmp_path / "pids.txt"
+    env = {**_fleet_env(), "FLEET_JOB_PIDS": str(pids)}
+    proc = run_cli(
+        "run", str(JOB_FILES / "fleet_job.py"), "--workers", "2", "--queue", "fwd-cli",
+        "--no-progress", "--out", str(out), env=env, timeout_s=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, describe(proc)
+    assert "; forwards on the workers; " in proc.stdout, proc.stdout
+    assert _steps_lines(out)[0]["forward_on"] == "workers"
+    # Each line: the client's pid, then that of the process that ran the metric's forward.
+    pairs = [line.split() for line in pids.read_text().splitlines()]
+    assert len(pairs) == 8 + 3 * 2  # 8 training forwards; 2 validation ones, 3 times
+    assert all(client != forward for client, forward in pairs)
+
+
+def test_run_with_workers_refuses_a_job_file_s_remote_function_without_remote_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph.cli import build_parser
+    from asyncgraph.jobs._run_cli import run
+
+    args = build_parser("run").parse_args(
+        ["run", str(JOB_FILES / "fleet_job_own_function.py"), "--workers", "2",
+         "--no-progress", "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert run(args) == 2  # before any process starts
+    err = capsys.readouterr().err
+    assert "the job file defines the remote Function Inline without a remote_name" in err
+    assert "remote_name = 'fleet_job_own_function.Inline'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_takes_either_redis_or_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncgraph.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser("run").parse_args(
+            ["run", "job.py", "--workers", "2", "--redis", "redis://127.0.0.1:1/0"]
+        )
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
