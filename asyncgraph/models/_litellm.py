@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import sniffio
 
 from asyncgraph._exceptions import (
     ModelConfigError,
@@ -202,12 +201,12 @@ class LiteLLMChat(BaseChatModel):
             kwargs["api_key"] = self._api_key
         try:
             with anyio.fail_after(self.timeout_s):
-                if sniffio.current_async_library() == "asyncio":
-                    response = await litellm.acompletion(**kwargs)
-                else:  # LiteLLM's async client runs on asyncio only
-                    response = await anyio.to_thread.run_sync(
-                        lambda: litellm.completion(**kwargs), abandon_on_cancel=True
-                    )
+                # LiteLLM's async client runs on asyncio only: its synchronous call in a
+                # thread serves every event loop with one code path (a thread hop is
+                # nothing beside a model call).
+                response = await anyio.to_thread.run_sync(
+                    lambda: litellm.completion(**kwargs), abandon_on_cancel=True
+                )
         except TimeoutError as exc:
             raise ModelTimeoutError(
                 f"{self.model!r} via LiteLLM did not answer within {self.timeout_s:g}s",
