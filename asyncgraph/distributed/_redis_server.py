@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from asyncgraph._exceptions import FleetError
+
 __all__ = ["SERVER_ENV", "RedisServer", "bundled_redis_servers", "find_redis_server", "free_port"]
 
 SERVER_ENV = "ASYNCGRAPH_REDIS_SERVER"
@@ -211,8 +213,8 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                raise RuntimeError(
-                    f"redis-server exited at start (port {self.port}): {err.strip()}"
+                raise FleetError(
+                    f"{Path(self.binary).name} exited at start (port {self.port}): {err.strip()}"
                 )
             if self._ping():
                 return
