@@ -10,6 +10,7 @@ the core only.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,30 @@ def test_numpy_is_summed_once_it_is_used() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[2.0, 2.0]"
+
+
+@pytest.mark.slow
+def test_a_new_module_dropped_into_the_core_is_held_by_the_contracts(tmp_path: Path) -> None:
+    # The contracts name packages (asyncgraph._core), not modules: a module added to the
+    # core tomorrow is checked without editing a list. On a copy, so that nothing is
+    # written into the package a concurrent run imports.
+    import shutil
+
+    shutil.copytree(PACKAGE, tmp_path / "asyncgraph", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    lint = [
+        sys.executable,
+        "-c",
+        "from importlinter.cli import lint_imports_command; lint_imports_command()",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    clean = subprocess.run(lint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    (tmp_path / "asyncgraph" / "_core" / "_probe.py").write_text(
+        "from asyncgraph.distributed import RedisExecutor\n"
+    )
+    broken = subprocess.run(
+        lint, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert broken.returncode != 0
+    assert "asyncgraph._core._probe -> asyncgraph.distributed" in broken.stdout
