@@ -268,11 +268,9 @@ class ParetoSearch:
         result = await search.run()
         print(result.best_score, program.state_dict())
 
-    Over 300 lines, one concept: a search's state (the candidates, their scores, the
-    budget, the history) and the rounds that grow it, which every method reads and
-    writes. The frontier arithmetic is pure functions of the candidates
-    (``asyncgraph/optim/_frontier.py``, tested alone); the proposal and merge steps,
-    which read most of that state, stay here.
+    The frontier arithmetic is pure functions of the candidates
+    (``asyncgraph/optim/_frontier.py``); this class holds a search's state (the
+    candidates, their scores, the budget, the history) and the rounds that grow it.
     """
 
     def __init__(
