@@ -177,7 +177,8 @@ async def condense_feedback(
 
     Intermediate summaries are asked for (and cut to) a fraction of the budget small
     enough that every round shrinks the feedback several times over; the final one is
-    cut to ``budget`` (ending with ``marker``) if the model wrote more.
+    cut to ``budget`` (ending with ``marker``) if the model wrote more. No entries give
+    ``""`` without asking the model.
 
     Example::
 
@@ -188,6 +189,8 @@ async def condense_feedback(
             feedback_entries(prompt.grad), budget=500, role="system prompt", ask=ask
         )
     """
+    if not entries:
+        return ""  # no feedback: nothing to condense, and no model call
     pieces = [part for entry in entries for part in _split(entry, budget)]
     summaries = False
     previous_chunks: int | None = None

@@ -168,3 +168,12 @@ async def test_a_python_function_node_condenses_too() -> None:
     assert render_feedback(text.grad).startswith("[built from condensed feedback: 100")
     for messages in rec.requests:
         assert approx_tokens(_feedback_in(messages[-1]["content"])) <= BUDGET
+
+
+async def test_no_feedback_condenses_to_nothing_without_a_call() -> None:
+    from asyncgraph.text import condense_feedback
+
+    async def ask(messages: object) -> str:
+        raise AssertionError("no model call for no feedback")
+
+    assert await condense_feedback([], budget=100, role="system prompt", ask=ask) == ""
