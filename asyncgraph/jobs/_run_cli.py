@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same on N local worker processes (embedded redis-server), serving the "
         "modules of the remote Functions the job file loaded",
     )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=positive_int,
+        metavar="K",
+        help="with --workers: tasks each worker runs at once (default 128; 1 spreads "
+        "CPU-bound forwards over the workers, one per process)",
+    )
     parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
@@ -278,13 +285,18 @@ async def _run_where_asked(
         "trace": args.trace,
         "log_calls": args.log_calls,
     }
+    if args.worker_concurrency is not None and not args.workers:
+        return "--worker-concurrency sizes the workers of --workers N: give --workers too"
     if not args.workers:
         return await run_with_optional_redis(job, out, redis=args.redis, **options)
     imports = worker_imports(job_module, Path(args.job_file))
     if isinstance(imports, str):
         return imports
     let_workers_import_from(Path(args.job_file).parent)
-    return await run_on_local_fleet(job, out, args.workers, imports, **options)
+    concurrency = args.worker_concurrency
+    return await run_on_local_fleet(
+        job, out, args.workers, imports, concurrency=concurrency, **options
+    )
 
 
 SECRET_ENV = "ASYNCGRAPH_SECRET"  # the workers' and clients' shared secret
@@ -340,9 +352,16 @@ def let_workers_import_from(directory: Path) -> None:
 
 
 async def run_on_local_fleet(
-    job: Job, out: Path, workers: int, imports: list[str], **options: Any
+    job: Job,
+    out: Path,
+    workers: int,
+    imports: list[str],
+    *,
+    concurrency: int | None = None,
+    **options: Any,
 ) -> JobResult:
-    """``job`` on ``workers`` local worker processes serving ``imports`` (see ``local_fleet``)."""
+    """``job`` on ``workers`` local worker processes serving ``imports``, each running at
+    most ``concurrency`` tasks at once (None: ``local_fleet``'s default; see it)."""
     import secrets
 
     from asyncgraph.distributed import local_fleet
@@ -354,7 +373,8 @@ async def run_on_local_fleet(
         raise CheckpointError(problem)
     # Signed tasks, as demo --workers: the user's secret if set, else a fresh one.
     secret = os.environ.get(SECRET_ENV, "").strip() or secrets.token_hex(32)
-    with local_fleet(workers, imports, queue=options["queue"], secret=secret) as url:
+    sizing: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
+    with local_fleet(workers, imports, queue=options["queue"], secret=secret, **sizing) as url:
         return await run_with_optional_redis(job, out, redis=url, secret=secret, **options)
 
 

@@ -177,7 +177,8 @@ def test_run_with_workers_runs_the_forwards_on_a_local_fleet(
     env = {**_fleet_env(), "FLEET_JOB_PIDS": str(pids)}
     proc = run_cli(
         "run", str(JOB_FILES / "fleet_job.py"), "--workers", "2", "--queue", "fwd-cli",
-        "--no-progress", "--out", str(out), env=env, timeout_s=240,
+        "--worker-concurrency", "1", "--no-progress", "--out", str(out), env=env,
+        timeout_s=240,
     )  # fmt: skip
     assert proc.returncode == 0, describe(proc)
     assert "; forwards on the workers; " in proc.stdout, proc.stdout
@@ -214,3 +215,18 @@ def test_run_takes_either_redis_or_workers(capsys: pytest.CaptureFixture[str]) -
         )
     assert exit_info.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_worker_concurrency_without_workers_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph.cli import build_parser
+    from asyncgraph.jobs._run_cli import run
+
+    args = build_parser("run").parse_args(
+        ["run", str(JOB_FILES / "fleet_job_own_function.py"), "--worker-concurrency", "1",
+         "--no-progress", "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert run(args) == 2
+    assert "--worker-concurrency sizes the workers of --workers N" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
