@@ -50,6 +50,8 @@ _SECRET_PARAMETER = re.compile(
     re.IGNORECASE,
 )
 _SECRET_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\bsk-[A-Za-z0-9_-]{12,}")
+# scheme://user:PASSWORD@ (any characters up to the last '@' of the URL but a MASK).
+_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://[^/@:?#]*:)(?!\*\*\*@)(.*)@(?=[^@]*$)", re.I)
 _URL = re.compile(r"\b(?:rediss?|unix|redis\+sentinel|redis\+cluster|https?)://[^\s'\"<>]+")
 
 
@@ -68,6 +70,9 @@ def redact_url(url: str) -> str:
 
         print(redact_url("redis://default:pw@host:6379/0"))    # redis://default:***@host:6379/0
     """
+    # A password written unencoded may hold '#', '/' or '?', which would end the
+    # authority for urlsplit: mask everything between "user:" and the last '@' first.
+    url = _USERINFO.sub(rf"\1{MASK}@", url, count=1)
     try:
         parts = urlsplit(url)
         password = parts.password

@@ -358,8 +358,9 @@ async def traced_pass(
         root.setLevel(level)
     spans = exporter.get_finished_spans()
     calls = [s for s in spans if s.name.startswith("chat ")]
-    host = base_url.split("@", 1)[1].split("/", 1)[0]
+    host, port = base_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
     assert calls and {(s.attributes or {}).get("server.address") for s in calls} == {host}
+    assert {(s.attributes or {}).get("server.port") for s in calls} == {int(port)}
     assert any(s.status.description and "[redacted]" in s.status.description for s in spans)
     span_text = "\n".join(
         json.dumps(

@@ -131,3 +131,10 @@ def test_redacting_filter_redacts_a_records_message_and_keeps_it() -> None:
         'HTTP Request: POST http://u:***@h/v1?api-key=*** "200 OK"',
         "nothing secret in this",
     ]
+
+
+@pytest.mark.parametrize("password", ["se#cretpw", "p/w?x", "a@b"])
+def test_an_unencoded_password_with_url_delimiters_is_masked_whole(password: str) -> None:
+    shown = redact_url(f"redis://user:{password}@127.0.0.1:6379/0?password=z")
+    assert password not in shown and "z" not in shown.split("?")[-1].split("=")[-1]
+    assert shown == "redis://user:***@127.0.0.1:6379/0?password=***"

@@ -36,7 +36,8 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {ord("\n"): "\\n"}
+# C0, DEL and C1 (U+0080..U+009F: some terminals read U+009B as CSI) controls.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {ord("\n"): "\\n"}
 
 
 def _shown(value: Any) -> str:

@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
             saved = load_parameters(job, args.params)
             source = str(args.params)
             if saved.get("format") == BEST_FORMAT:
-                source += f" (step {saved.get('step')}, validation {saved.get('val_score'):.2f})"
+                score = saved.get("val_score")
+                shown = "not measured" if score is None else f"{score:.2f}"
+                source += f" (step {saved.get('step')}, validation {shown})"
         started = time.perf_counter()
         score = await evaluate(job, examples)
         print(f"job: {job.name}")

@@ -157,9 +157,13 @@ class OTelTracing:
             attributes["gen_ai.response.finish_reasons"] = [call.finish_reason]
         if call.cost_usd is not None:
             attributes["asyncgraph.cost_usd"] = call.cost_usd
-        host = url_host(call.endpoint)
-        if host:  # the host alone: never a URL's userinfo, path or query
-            attributes["server.address"] = host
+        host, _, port = url_host(call.endpoint).rpartition(":")
+        if not host or "]" in port:  # no port (or an IPv6 address without one)
+            host, port = url_host(call.endpoint), ""
+        if host:  # the host alone: never a URL's port, userinfo, path or query
+            attributes["server.address"] = host.strip("[]")
+            if port.isdigit():
+                attributes["server.port"] = int(port)
         if self.capture_content:
             # The messages: in the request itself, or in the body an HTTP client sends.
             body = call.request.get("body")

@@ -90,3 +90,16 @@ def test_a_best_json_with_a_field_of_the_wrong_type_is_one_clear_error(
     assert cli("eval", JOB, "--params", str(bad)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {str(bad)!r} is corrupt") and "Traceback" not in err
+
+
+def test_a_best_json_whose_validation_was_not_measured_is_shown_so(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    best = json.loads((run_dir / "best.json").read_text())
+    best["val_score"] = None
+    unmeasured = run_dir / "unmeasured-best.json"
+    unmeasured.write_text(json.dumps(best))
+    assert cli("eval", JOB, "--params", str(unmeasured)) == 0
+    assert "(step 3, validation not measured)" in capsys.readouterr().out

@@ -322,7 +322,8 @@ async def test_spans_hold_the_host_alone_and_no_secret(monkeypatch: pytest.Monke
         await model.aclose()
     spans = exporter.get_finished_spans()
     (call,) = [s for s in spans if s.name.startswith("chat ")]
-    assert call.attributes["server.address"] == host
+    assert call.attributes["server.address"] == host.rsplit(":", 1)[0]  # the host alone
+    assert call.attributes["server.port"] == int(host.rsplit(":", 1)[1])
     assert call.attributes["gen_ai.prompt"] == '[{"role": "user", "content": "[redacted]"}]'
     texts = [
         str(
