@@ -95,8 +95,11 @@ async def worker_cpu_per_task(n: int, batch: int = BATCH) -> float:
         for _ in range(3):
             started = time.process_time()
             for start in range(0, n, batch):
-                for entry_id, fields in entries[start : start + batch]:
-                    worker._tasks.take(entry_id, fields, 1)
+                taken = [worker._tasks.admit(e, f, 1) for e, f in entries[start : start + batch]]
+                admitted = [a for a in taken if a is not None]
+                worker._tasks.claims(admitted)  # the replay memory's commands: built, not sent
+                for held, task in admitted:
+                    worker._tasks.start(held, task)
                 await let_ready_tasks_run()
                 await let_ready_tasks_run()
                 worker._writer._transaction(worker._writer._outgoing)

@@ -21,7 +21,8 @@ executor's task group:
 - a *deadline watcher*: a task gets its reply within ``timeout_s`` or is woken
   ``timed_out`` (its caller diagnoses, then cancels it on the workers);
 - a *heartbeat*: while the channel is open, its key (``client_key``) and its reply
-  stream expire ``CLIENT_TTL_MS`` ahead, renewed every ``CLIENT_BEAT_MS``; workers skip
+  stream expire ``CLIENT_TTL_MS`` ahead, renewed every ``CLIENT_BEAT_MS``, and the beat
+  reads Redis's clock (a task's signed expiry is counted on it); workers skip
   the tasks of a client whose key is gone (it died: nobody would read the reply), and
   its reply stream expires on the same clock (NOTE [Client liveness] in ``_liveness``).
   A beat that finds the key gone (this loop stalled that long) sends again the tasks
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ import anyio.lowlevel
 
 from asyncgraph import RemoteConnectionError, RemoteError, WireError
 from asyncgraph.distributed import _diagnosis as diagnosis
+from asyncgraph.distributed._liveness import redis_time_ms
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import Limits
@@ -143,6 +146,7 @@ class TaskChannel:
         self._submitted = anyio.Event()
         self._waking = 0  # waiters woken (replies, failures) that have not resumed yet
         self._flushing = 0  # flushes on their way to Redis
+        self._clock_offset_ms = 0.0  # Redis's TIME minus this host's clock (``beat``)
 
     def next_task_id(self) -> str:
         return f"{next(self._ids):x}"
@@ -202,16 +206,25 @@ class TaskChannel:
 
         Raises ``RedisConnectionLost`` or ``ReplyError`` when Redis does not take it.
         """
-        was, _ = await self._pool.pipeline(
+        before = time.time()
+        was, _, now = await self._pool.pipeline(
             [
                 ["SET", self._client_key, b"1", "PX", keys.CLIENT_TTL_MS, "GET"],
                 ["EXPIRE", self._reply_stream, keys.REPLY_TTL_S],
+                ["TIME"],
             ],
             timeout_s=min(self._pool.timeout_s, keys.CLIENT_TTL_MS / 1000),
         )
         if isinstance(was, ReplyError):
             raise was
+        if isinstance(now, list):
+            self._clock_offset_ms = redis_time_ms(now) - (before + time.time()) * 500
         return was is not None
+
+    def redis_now_ms(self) -> float:
+        """The Redis server's clock (``TIME``), in ms, as of this client's last ``beat``: what a
+        task's signed expiry is counted on (this host's clock before the first beat)."""
+        return time.time() * 1000 + self._clock_offset_ms
 
     async def heartbeat(self) -> None:
         """Tell the workers this client is alive, while the channel is open (after a first ``beat``).

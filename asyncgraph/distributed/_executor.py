@@ -214,6 +214,7 @@ class RedisExecutor:
             )
         name = remote_name(fn)
         task_id = self.channel.next_task_id()
+        ttl_ms = max(1, int(self.timeout_s * 1000))
         message = TaskMessage(
             self.queue,
             self.client_id,
@@ -221,9 +222,11 @@ class RedisExecutor:
             name,
             fingerprint(fn),
             op,
-            max(1, int(self.timeout_s * 1000)),
+            ttl_ms,
             payload,
             _task_metadata(),
+            # Signed with the task: NOTE [Replays] in ``worker._admission``.
+            expiry_ms=int(self.channel.redis_now_ms()) + ttl_ms,
         )
         try:
             packed, signature = encode(message, self._signer, self._limits)

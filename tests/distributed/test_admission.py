@@ -13,7 +13,16 @@ from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer
-from asyncgraph.distributed.worker._admission import Admitted, Rules, admit, batch_clients
+from asyncgraph.distributed.worker._admission import (
+    EXPIRY_GRACE_MS,
+    Admitted,
+    Rules,
+    admit,
+    batch_clients,
+    claim_commands,
+    first_run,
+    replayed,
+)
 from asyncgraph.distributed.worker._metrics import Metrics
 from asyncgraph.distributed.worker._outcomes import (
     MAX_ORIGINAL,
@@ -37,20 +46,32 @@ def rules(max_attempts: int = 3, signer: Signer | None = None) -> tuple[Rules, R
     return rules, Replies(QUEUE, "w1", signer, DEFAULT_LIMITS, Metrics())
 
 
-def entry(function: str = "served", fingerprint: str = "f1", ttl_ms: int = 5000) -> list[Any]:
-    message = TaskMessage(QUEUE, CLIENT, "t1", function, fingerprint, "backward", ttl_ms, {})
+REDIS_NOW_MS = 1_795_575_131_132  # the Redis server's clock as the worker reads the entry
+
+
+def entry(
+    function: str = "served", fingerprint: str = "f1", ttl_ms: int = 5000, sent_ms: int = 0
+) -> list[Any]:
+    """A signed task entry, sent ``sent_ms`` before the worker reads it."""
+    message = TaskMessage(
+        QUEUE,
+        CLIENT,
+        "t1",
+        function,
+        fingerprint,
+        "backward",
+        ttl_ms,
+        {},
+        expiry_ms=REDIS_NOW_MS - sent_ms + ttl_ms,
+    )
     packed, signature = encode(message, Signer(SECRET))
     return [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature]
 
 
 def run(fields: Any, deliveries: int = 1, **kwargs: Any) -> tuple[Held, Admitted | Settled]:
-    held = Held(b"1-0")
+    held = Held(kwargs.pop("entry_id", b"1-0"))
     the_rules, replies = kwargs.pop("rules", None) or rules()
-    options: dict[str, Any] = {
-        "cancelled": set(),
-        "deadline_of": lambda entry_id, ttl_ms, now: now + ttl_ms / 1000,
-        "now": 100.0,
-    }
+    options: dict[str, Any] = {"cancelled": set(), "now": 100.0, "redis_now_ms": REDIS_NOW_MS}
     options.update(kwargs)
     return held, admit(held, fields, deliveries, the_rules, replies, **options)
 
@@ -59,14 +80,64 @@ def test_a_valid_entry_is_admitted_with_its_key_and_deadline() -> None:
     held, result = run(entry())
     assert isinstance(result, Admitted)
     assert result.message.id == "t1" and result.registered.function is F.Double
-    assert held.key == (CLIENT, "t1") and held.deadline == 105.0
+    # Its signed expiry (5 s after sending) plus the grace, on the worker's clock.
+    assert held.key == (CLIENT, "t1") and held.deadline == 100.0 + 5.0 + EXPIRY_GRACE_MS / 1000
 
 
-def test_cancelled_expired_and_orphaned_tasks_are_settled_without_running() -> None:
+def test_cancelled_and_orphaned_tasks_are_settled_without_running() -> None:
     assert run(entry(), cancelled={(CLIENT, "t1")})[1].outcome == "cancelled"  # type: ignore[union-attr]
     assert run(entry(), client_gone=lambda client: client == CLIENT)[1].outcome == "client_gone"  # type: ignore[union-attr]
-    expired = run(entry(), deadline_of=lambda entry_id, ttl_ms, now: now)[1]
+
+
+def test_a_task_past_its_signed_expiry_is_dead_lettered_and_its_live_client_told() -> None:
+    # Sent 6 s ago with a 5 s timeout: past the expiry and its grace. The entry id says
+    # nothing (whoever adds an entry picks it): a fresh-looking id changes nothing.
+    held, expired = run(entry(sent_ms=5000 + EXPIRY_GRACE_MS), entry_id=b"99999999999999-0")
     assert isinstance(expired, Settled) and expired.outcome == "expired"
+    assert held.deadline <= 100.0
+    reply, dead = expired.commands
+    assert dead[1] == keys.dead_stream(QUEUE) and dead[dead.index(keys.F_REASON) + 1] == "expired"
+    assert reply[1] == keys.reply_stream(QUEUE, CLIENT) and expired.client == CLIENT
+    # Its client is gone: dead-lettered all the same (a replay often comes after the
+    # client closed), not answered.
+    gone = run(entry(sent_ms=6000), client_gone=lambda client: True)[1]
+    assert isinstance(gone, Settled) and gone.outcome == "expired" and gone.client is None
+    assert [c[1] for c in gone.commands] == [keys.dead_stream(QUEUE)]
+    # Within the grace it still runs: the client may still take its reply.
+    assert isinstance(run(entry(sent_ms=5000 + EXPIRY_GRACE_MS - 1))[1], Admitted)
+    # An old entry id does not expire a task whose signed expiry is ahead.
+    assert isinstance(run(entry(), entry_id=b"1-1")[1], Admitted)
+
+
+def test_the_replay_memory_is_claimed_until_the_deadline_with_the_entry_id() -> None:
+    held, admitted = run(entry(), entry_id=b"7-0")
+    assert isinstance(admitted, Admitted)
+    set_, get = claim_commands(QUEUE, held, admitted.message, now=100.0)
+    key = keys.ran_key(QUEUE, CLIENT, "t1")
+    assert key.startswith("asyncgraph:{q}:")  # the queue's hash tag: one slot in a Cluster
+    assert set_ == ["SET", key, b"7-0", "NX", "PX", 5000 + EXPIRY_GRACE_MS + 1]
+    assert get == ["GET", key]
+
+
+def test_only_the_entry_that_claimed_a_task_runs_it() -> None:
+    held = Held(b"7-0")
+    assert first_run(held, b"OK", b"7-0")  # claimed now
+    assert first_run(held, None, b"7-0")  # claimed by this entry before: a redelivery
+    assert not first_run(held, None, b"8-0")  # another entry ran it: a replay
+    assert first_run(held, ReplyError("OOM command not allowed"), None)  # not recorded: runs
+    assert first_run(held, None, None)  # expired between the two commands: nothing ran it
+
+
+def test_a_replayed_task_is_dead_lettered_unanswered() -> None:
+    the_rules, replies = rules()
+    held, admitted = run(entry(), entry_id=b"8-0", rules=(the_rules, replies))
+    assert isinstance(admitted, Admitted)
+    settled = replayed(held, admitted, b"7-0", replies)
+    assert settled.outcome == "replayed" and settled.client is None
+    (dead,) = settled.commands
+    assert dead[1] == keys.dead_stream(QUEUE) and dead[dead.index(keys.F_REASON) + 1] == "replayed"
+    text = dead[dead.index(keys.F_ERROR) + 1]
+    assert "already ran from entry 7-0" in text and "entry 8-0 carries it again" in text
 
 
 def test_an_entry_delivered_too_often_is_dead_lettered_and_answered() -> None:

@@ -194,7 +194,7 @@ def test_an_entry_settled_a_moment_ago_is_not_run_again_when_a_late_claim_return
 
     worker = Worker(WorkerConfig("redis://127.0.0.1:1/0"), {})
     worker._ctx.slots.release([b"5-0"])  # settled and acknowledged by this worker
-    worker._tasks.take(b"5-0", [b"m", b"whatever", b"s", b""], 2)  # then a late claim returns it
+    worker._tasks.admit(b"5-0", [b"m", b"whatever", b"s", b""], 2)  # then a late claim returns it
     assert b"5-0" not in worker._ctx.slots.held  # not taken, not run, not answered twice
 
 

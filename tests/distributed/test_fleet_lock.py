@@ -7,6 +7,7 @@ Real processes: a redis-server (valkey-server) and ``asyncgraph worker`` childre
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 
 import pytest
@@ -100,6 +101,7 @@ async def test_the_fleet_redis_wants_a_password_and_the_workers_a_signature(
                     op="backward",
                     ttl_ms=60_000,
                     payload={"ctx": {"saved": [], "needs": [True], "attrs": {}}, "g": []},
+                    expiry_ms=int(time.time() * 1000) + 60_000,
                 ),
                 Signer(None),
             )

@@ -14,6 +14,7 @@ from agdist_helpers import StartWorker, wait_until
 
 from asyncgraph import Parameter, backward
 from asyncgraph.distributed import open_redis_executor
+from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.resp import parse_redis_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -39,14 +40,16 @@ def runs(url: str, tag: str) -> int:
         client.close()
 
 
-async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_joined_once(
+async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_run_once(
     redis_url: str, proxy: Any, start_worker: StartWorker
 ) -> None:
     """The channel sends tasks with ``retry=True``: the batch XADDed, its reply lost, it
-    goes again; the task runs twice (two entries) and its gradient counts once."""
+    goes again; of the task's two entries the first runs and the second is dead-lettered
+    ``replayed`` (NOTE [Replays] in ``worker._admission``): run once, counted once."""
     start_worker(redis_url, "lost")
     x = Parameter(2.0, role="x")
     url = f"redis://127.0.0.1:{proxy.port}/0"
+    client = redis.Redis.from_url(redis_url)
     async with open_redis_executor(url, queue="lost", timeout_s=30) as ex:
         await backward(F.Sleep.apply(x, 0.0, "warm"), executor=ex)  # pooled connections
         before = proxy.accepted
@@ -54,7 +57,10 @@ async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_joined_once(
         x.grad = None
         await backward(F.Sleep.apply(F.Scale.apply(x, 3.0), 0.2, "lost"), executor=ex)
         assert proxy.accepted > before  # the send went again, on a new connection
-        await wait_until(lambda: ex.stats.duplicate_replies >= 1)
+        dead = keys.dead_stream("lost")
+        await wait_until(lambda: [f[keys.F_REASON] for _, f in client.xrange(dead)] != [])
+        assert [f[keys.F_REASON] for _, f in client.xrange(dead)] == [b"replayed"]
         assert ex.stats.completed == 3  # the warm-up, the Sleep and the Scale: each once
-    assert runs(redis_url, "lost") == 2
+    client.close()
+    assert runs(redis_url, "lost") == 1
     assert x.grad is not None and x.grad.data == 3.0

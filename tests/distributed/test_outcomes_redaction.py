@@ -22,7 +22,7 @@ def _flat(value: Any) -> bytes:
 def test_a_failed_tasks_error_and_traceback_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "worker-env-key-0123456789")
     replies = Replies("q", "w1", Signer("0123456789abcdef0123"), DEFAULT_LIMITS, Metrics())
-    message = TaskMessage("q", "c" * 32, "t1", "f", "fp", "backward", 5000, {})
+    message = TaskMessage("q", "c" * 32, "t1", "f", "fp", "backward", 5000, {}, expiry_ms=5000)
     try:
         raise RuntimeError(
             "redis://:outcome-pass@h:1/0?password=outcome-pass-2 refused worker-env-key-0123456789"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import agdist_functions as F
@@ -33,6 +34,7 @@ def task(signer: Signer, **overrides: Any) -> tuple[bytes, bytes]:
         "fingerprint": "x",
         "op": "backward",
         "ttl_ms": 60_000,
+        "expiry_ms": int(time.time() * 1000) + 60_000,  # this host's clock is Redis's
         "payload": {"ctx": {"saved": [], "needs": [True], "attrs": {}}, "g": [[1.0, ""]]},
     }
     fields.update(overrides)
@@ -45,7 +47,7 @@ def bad_entries() -> dict[str, dict[bytes, bytes]]:
     unsigned_packed, _ = task(Signer(None))
     wrong_types = msgpack.packb(
         {
-            "v": 1,
+            "v": keys.PROTOCOL_VERSION,
             "k": "task",
             "q": QUEUE,
             "c": CLIENT,
@@ -128,16 +130,18 @@ async def test_bad_messages_are_dead_lettered_while_good_tasks_flow(
     client.close()
 
 
-async def test_task_past_its_deadline_is_skipped(redis_url: str, start_worker: StartWorker) -> None:
+async def test_a_task_past_its_signed_expiry_is_dead_lettered_unrun(
+    redis_url: str, start_worker: StartWorker
+) -> None:
     import urllib.request
 
     from asyncgraph.distributed._redis_server import free_port
 
     client = redis.Redis.from_url(redis_url)
     client.xgroup_create(keys.task_stream("late"), keys.GROUP, id="0", mkstream=True)
-    packed, sig = task(Signer(None), queue="late", ttl_ms=1)
-    # Enqueued long ago (its entry id is its Redis time): past its deadline, and its grace.
-    client.xadd(keys.task_stream("late"), {keys.F_MESSAGE: packed, keys.F_SIGNATURE: sig}, id="1-1")
+    # Expired long ago (its signed expiry, whatever the entry's id says): past its grace too.
+    packed, sig = task(Signer(None), queue="late", ttl_ms=1, expiry_ms=1)
+    client.xadd(keys.task_stream("late"), {keys.F_MESSAGE: packed, keys.F_SIGNATURE: sig})
     port = free_port()
     start_worker(redis_url, "late", "--health-port", str(port), "--health-host", "127.0.0.1")
 
@@ -146,7 +150,12 @@ async def test_task_past_its_deadline_is_skipped(redis_url: str, start_worker: S
             return str(response.read().decode())
 
     await wait_until(lambda: 'asyncgraph_worker_tasks_total{outcome="expired"} 1' in metrics())
-    assert client.xlen(keys.reply_stream("late", CLIENT)) == 0  # no reply: the client gave up
+    ((_, dead),) = client.xrange(keys.dead_stream("late"))
+    assert dead[keys.F_REASON] == b"expired"
+    # Its client is not known to be gone (the entry says nothing of a heartbeat): a short
+    # reply tells it, in case it still waits.
+    ((_, reply),) = client.xrange(keys.reply_stream("late", CLIENT))
+    assert b"signed expiry" in reply[keys.F_MESSAGE]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:  # noqa: ASYNC210
         assert response.status == 200
     client.close()

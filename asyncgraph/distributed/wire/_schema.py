@@ -14,7 +14,8 @@ equal). Adding a field is one line on its class, plus its test.
 - ``cancel``: client -> workers: tasks to skip or stop.
 
 Every message names its queue and kind inside the signed bytes (``_signing``), so
-a signed message cannot be replayed into another queue or as another kind. The
+a signed message cannot be replayed into another queue or as another kind; a task
+also carries its signed expiry (``exp``), so it cannot be replayed after its deadline. The
 payload's inner structure is checked by ``asyncgraph.distributed.wire._payload``.
 """
 
@@ -129,6 +130,18 @@ class TaskMessage(_Message):
     op: Op = field(metadata=wire("op", "str", choices=OPS, doc="what to run"))
     ttl_ms: int = field(
         metadata=wire("ttl", "positive int", doc="milliseconds the client waits from enqueueing")
+    )
+    # Signed, unlike the stream entry's id (whoever adds the entry picks it): the time a
+    # replayed copy of the entry carries is still the sender's. See NOTE [Replays] in
+    # ``worker._admission``.
+    expiry_ms: int = field(
+        kw_only=True,
+        metadata=wire(
+            "exp",
+            "positive int",
+            doc="when the task expires, ms of the Redis server's clock (`TIME` at sending "
+            "plus `ttl`): a worker settles it unrun after that",
+        ),
     )
     payload: dict[str, Any] = field(
         metadata=wire("p", "map", doc="ctx state and gradients, or arguments (`_payload`)")

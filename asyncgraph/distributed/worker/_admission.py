@@ -1,7 +1,24 @@
 """Admission: may this worker run the task in a stream entry, or how is it settled at once?
 
 ``admit`` is a pure function of the entry, its delivery count and the worker's
-settings: no Redis, no clock of its own (``deadline_of`` and ``now`` are given).
+settings: no Redis, no clock of its own (``now`` and ``redis_now_ms`` are given).
+``claim_commands`` and ``first_run`` are the replay memory's two halves, also pure.
+
+NOTE [Replays]
+A stream entry's id is chosen by whoever adds it, so nothing in it says when the task was
+sent: a signed task copied from the stream (``XRANGE``) and added again would pass every
+check. Two things stop it. The task carries its expiry inside the signed bytes (``exp``:
+the Redis server's ``TIME`` when the client encoded it, plus its timeout), and a task read
+after it (``EXPIRY_GRACE_MS`` later) is dead-lettered ``expired`` without running. Within
+its deadline, a task that admission lets through runs only after its worker wrote the
+replay memory ``ran_key(queue, client, task id)`` with ``SET NX PX`` (kept until the
+expiry, a few bytes a task): the value is the id of the entry that ran it, so a
+redelivery of that same entry (a worker died; the reclaimer hands it to another) still
+runs, while another entry carrying the same task, added by anyone, is dead-lettered
+``replayed``. One round trip per batch of admitted tasks, for every worker of the queue
+at once (memory in one worker would not see a copy read by another).
+In an unsigned fleet nothing is authenticated: the expiry and the memory still apply,
+but whoever can add an entry can also write any expiry.
 """
 
 from __future__ import annotations
@@ -19,9 +36,23 @@ from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
 from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
 from asyncgraph.resp import Oversize, Wide
 
-__all__ = ["Admitted", "Rules", "admit", "batch_clients"]
+__all__ = [
+    "EXPIRY_GRACE_MS",
+    "Admitted",
+    "Rules",
+    "admit",
+    "batch_clients",
+    "claim_commands",
+    "first_run",
+    "replayed",
+    "task_deadline",
+]
 
 MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
+# A task outlives its client's deadline by this much: at its deadline the client asks
+# Redis where the task is, then cancels it; expired here first, the task would be gone
+# from the stream, and the diagnosis could no longer say which worker held it.
+EXPIRY_GRACE_MS = 500
 
 
 @dataclass(frozen=True)
@@ -53,17 +84,22 @@ def admit(
     replies: Replies,
     *,
     cancelled: Container[tuple[str, str]],
-    deadline_of: Callable[[bytes, int, float], float],
     now: float,
+    redis_now_ms: float,
     client_gone: Callable[[str], bool] = lambda client: False,
 ) -> Admitted | Settled:
     """Decode and check one entry read ``deliveries`` times; set ``held.key`` and ``held.deadline``.
 
+    ``now`` is the worker's event-loop clock, ``redis_now_ms`` the Redis server's (``TIME``)
+    at the same moment: ``held.deadline`` is the task's signed expiry on the first.
     Settled at once: an entry too big or too wide (read no further), one that does not
-    decode or verify, a cancelled or expired task, one whose client is gone (``client_gone``
-    of the verified client id: its heartbeat key expired, NOTE [Client liveness] in
-    ``distributed._liveness``; no reply, nobody would read it), one delivered more than
-    ``max_attempts`` times, an unknown function or one whose code differs.
+    decode or verify, a cancelled task, one past its signed expiry (dead-lettered
+    ``expired``, with a short reply unless its client is gone: NOTE [Replays]), one whose
+    client is gone (``client_gone`` of the verified client id: its heartbeat key expired,
+    NOTE [Client liveness] in ``distributed._liveness``; no reply, nobody would read it),
+    one delivered more than ``max_attempts`` times, an unknown function or one whose code
+    differs. An ``Admitted`` task runs only once its replay memory is claimed
+    (``claim_commands``).
     """
     data: dict[Any, Any] = {}
     if isinstance(fields, list):
@@ -81,11 +117,25 @@ def admit(
     held.key = (message.client, message.id)
     if held.key in cancelled:
         return replies.settled(held, "cancelled")
-    if client_gone(message.client):
-        return replies.settled(held, "client_gone")
-    held.deadline = deadline_of(held.entry_id, message.ttl_ms, now)
+    gone = client_gone(message.client)
+    held.deadline = task_deadline(message.expiry_ms, redis_now_ms, now)
     if held.deadline <= now:
-        return replies.settled(held, "expired")
+        # Dead-lettered whether its client lives or not: a replay comes after the client
+        # that sent it has often closed (NOTE [Replays]).
+        late_s = (redis_now_ms - message.expiry_ms) / 1000
+        text = (
+            f"task {message.id} of {message.function!r} was read {late_s:.3g} s after its "
+            f"signed expiry (its client waits {message.ttl_ms / 1000:g} s): not run; moved to "
+            f"the dead-letter stream {replies.dead_stream!r} (a replayed copy of an old "
+            f"task ends here too)"
+        )
+        dead = replies.dead_letter(held, keys.REASON_EXPIRED, text, data)
+        if gone:
+            return replies.settled(held, "expired", [dead])
+        info = ErrorInfo("dead_letter", "TimeoutError", text)
+        return replies.error(held, message.client, message.id, info, "expired", dead)
+    if gone:
+        return replies.settled(held, "client_gone")
     if deliveries > rules.max_attempts:
         text = (
             f"task {message.id} of {message.function!r} was delivered {deliveries} times "
@@ -214,3 +264,50 @@ def batch_clients(entries: Iterable[Any]) -> list[str]:
             if keys.is_client_id(client):
                 clients[client] = None
     return list(clients)
+
+
+def task_deadline(expiry_ms: int, redis_now_ms: float, now: float) -> float:
+    """A task's deadline on the clock of ``now``: its signed expiry (Redis ms, read at
+    ``redis_now_ms``) plus ``EXPIRY_GRACE_MS``."""
+    return now + (expiry_ms + EXPIRY_GRACE_MS - redis_now_ms) / 1000
+
+
+def claim_commands(queue: str, held: Held, message: TaskMessage, now: float) -> list[list[Any]]:
+    """The replay memory of an admitted task: ``SET NX PX`` its entry id, then ``GET`` who holds
+    it, kept until the task's deadline (``held.deadline``, on the clock of ``now``).
+
+    Two commands, not ``SET ... NX GET`` (Redis 7 only), in the batch's one round trip.
+    """
+    key = keys.ran_key(queue, message.client, message.id)
+    ttl_ms = max(1, int((held.deadline - now) * 1000) + 1)
+    return [["SET", key, held.entry_id, "NX", "PX", ttl_ms], ["GET", key]]
+
+
+def first_run(held: Held, set_reply: Any, get_reply: Any) -> bool:
+    """Whether ``held`` may run, from the replies to its ``claim_commands``.
+
+    Yes when this entry wrote the memory, or holds it from an earlier delivery (a
+    reclaimed entry); no when another entry holds it (a replay). Yes also when Redis
+    refused the write (an error reply, e.g. out of memory): a write refused is not a
+    replay, and at-least-once wins over at-most-once there.
+    """
+    if set_reply is None and isinstance(get_reply, bytes):
+        return get_reply == held.entry_id
+    return True
+
+
+def replayed(held: Held, admitted: Admitted, ran_by: Any, replies: Replies) -> Settled:
+    """Settle a task that entry ``ran_by`` already ran (NOTE [Replays]): dead-lettered, unanswered.
+
+    No reply: the first run answers, and an error here would fail the task its client
+    may still be waiting for.
+    """
+    message = admitted.message
+    first = ran_by.decode(errors="replace") if isinstance(ran_by, bytes) else "?"
+    text = (
+        f"task {message.id} of {message.function!r} already ran from entry {first}; entry "
+        f"{held.entry_id.decode(errors='replace')} carries it again (a replay, or a resend "
+        f"of a task whose reply was lost): not run"
+    )
+    dead = replies.dead_letter(held, keys.REASON_REPLAYED, text, admitted.data)
+    return replies.settled(held, "replayed", [dead])

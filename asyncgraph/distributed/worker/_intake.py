@@ -6,7 +6,9 @@ a bulk string above ``max_message_bytes`` (plus a small margin) is skipped unrea
 (``Oversize``), and so is an entry with more fields than a task has (``Wide``): the
 parser is linear, so such an entry costs its bytes once, and admission dead-letters it.
 Before a batch is taken, the intake asks whether its clients are alive (at most one
-round trip; NOTE [Client liveness] in ``distributed._liveness``).
+round trip; NOTE [Client liveness] in ``distributed._liveness``); before the tasks it
+admits run, it claims their replay memory (one round trip; NOTE [Replays] in
+``worker._admission``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import anyio
 from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.worker._admission import MAX_FIELDS, batch_clients
+from asyncgraph.distributed.worker._admission import MAX_FIELDS, Admitted, batch_clients
 from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.distributed.worker._membership import ensure_group
+from asyncgraph.distributed.worker._outcomes import Held
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
 from asyncgraph.distributed.worker._tasks import Tasks
 from asyncgraph.resp import Connection, Oversize, RedisConnectionLost, ReplyError
@@ -71,7 +74,8 @@ class ReadSizer:
 
 
 class Intake:
-    """The reader and the reclaimer of one worker: each task read goes to ``tasks.take``.
+    """The reader and the reclaimer of one worker: each task read goes to ``tasks.admit``,
+    and the admitted ones of a batch to ``tasks.start`` once their memory is claimed.
 
     They read as many tasks as ``ctx.slots`` has free slots (the reader waits for one).
     """
@@ -84,7 +88,7 @@ class Intake:
         self._metrics = ctx.metrics
         self._slots = ctx.slots
         self._writer = writer
-        self._take = tasks.take
+        self._tasks = tasks
         self._stream = keys.task_stream(ctx.config.queue)
         self.clients = ClientLiveness()
         self.sizer = ReadSizer(
@@ -165,13 +169,31 @@ class Intake:
             return
         self.clients.learn(asked, exists, now)
 
+    async def _start_first_runs(self, admitted: list[tuple[Held, Admitted]]) -> None:
+        """Claim the replay memory of the admitted tasks (one round trip), start those
+        that are theirs to run (NOTE [Replays] in ``worker._admission``)."""
+        if not admitted:
+            return
+        try:
+            replies = await self._pool.pipeline(self._tasks.claims(admitted))
+        except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+            # Not known whether another entry ran them: they run (a write Redis did not
+            # take is no replay; the reply that follows needs Redis back anyway).
+            log.warning("worker %s: recording tasks that run: %s", self.consumer, exc)
+            replies = [b"OK", None] * len(admitted)
+        for i, (held, task) in enumerate(admitted):
+            self._tasks.start(held, task, replies[2 * i], replies[2 * i + 1])
+
     async def _start(self, entries: list[Any]) -> None:
         self.sizer.note(entries)
         await self._ask_clients(entries)
+        gone = self.clients.gone
         self._writer.batching = True
         try:
-            for entry_id, fields in entries:
-                self._take(entry_id, fields, 1, self.clients.gone)
+            admitted = [
+                self._tasks.admit(entry_id, fields, 1, gone) for entry_id, fields in entries
+            ]
+            await self._start_first_runs([a for a in admitted if a is not None])
             # Let the tasks just started take their first step. Those that finish at once
             # queue their replies for this reader, which sends them before its next
             # blocking read: writing to Redis first would wake the server, which can take
@@ -204,6 +226,7 @@ class Intake:
                     await self._health.step(self._hand_back_strays, "handing back claims")
                 continue
             await self._ask_clients(entries)
+            admitted = []
             for entry_id, fields, deliveries in entries:
                 self._metrics.inc("asyncgraph_worker_reclaimed_total")
                 log.info(
@@ -212,7 +235,8 @@ class Intake:
                     entry_id.decode(),
                     deliveries,
                 )
-                self._take(entry_id, fields, deliveries, self.clients.gone)
+                admitted.append(self._tasks.admit(entry_id, fields, deliveries, self.clients.gone))
+            await self._start_first_runs([a for a in admitted if a is not None])
 
     async def _reclaim(
         self, cursor: bytes | str, count: int

@@ -42,7 +42,6 @@ log = logging.getLogger("asyncgraph.distributed.worker")
 
 CONSUMER_IDLE_LEASES = 2  # a consumer idle this long, holding nothing, without heartbeat, goes
 STALE_BEAT_MS = 60_000
-EXPIRY_GRACE_MS = 500  # a task outlives its client's deadline by this much (see deadline)
 
 
 async def ensure_group(pool: Pool, queue: str) -> None:
@@ -133,20 +132,6 @@ class Membership:
             return max(0.0, (self.redis_now_ms() - int(entry_id.split(b"-", 1)[0])) / 1000)
         except ValueError:
             return 0.0
-
-    def deadline(self, entry_id: bytes, ttl_ms: int, now: float) -> float:
-        """A task's deadline on this process's anyio clock, reading ``now`` (entry ids are Redis time).
-
-        ``EXPIRY_GRACE_MS`` past the client's own: at its deadline the client asks Redis
-        where the task is, then cancels it; expired here first, the task would be gone
-        from the stream, and the diagnosis could no longer say which worker held it.
-        """
-        try:
-            enqueued_ms = int(entry_id.split(b"-", 1)[0])
-        except ValueError:
-            enqueued_ms = int(self.redis_now_ms())
-        remaining_s = (enqueued_ms + ttl_ms + EXPIRY_GRACE_MS - self.redis_now_ms()) / 1000
-        return now + remaining_s
 
     # -- staying -------------------------------------------------------------------------
     async def lease_renewer(self) -> None:

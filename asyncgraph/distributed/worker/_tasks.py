@@ -15,7 +15,14 @@ from typing import Any
 
 from asyncgraph.distributed.wire._keys import calls_key
 from asyncgraph.distributed.wire._schema import TaskMessage
-from asyncgraph.distributed.worker._admission import Admitted, Rules, admit
+from asyncgraph.distributed.worker._admission import (
+    Admitted,
+    Rules,
+    admit,
+    claim_commands,
+    first_run,
+    replayed,
+)
 from asyncgraph.distributed.worker._around import AroundTask
 from asyncgraph.distributed.worker._cancels import Cancels
 from asyncgraph.distributed.worker._context import WorkerContext
@@ -32,7 +39,8 @@ _NO_HOOKS = contextlib.nullcontext()  # around a task when no task hook is insta
 
 
 class Tasks:
-    """Takes the entries the intake reads: ``take(entry_id, fields, deliveries)`` each one."""
+    """Takes the entries the intake reads: ``admit`` each, then ``start`` the admitted ones
+    with the replies to their ``claims`` (one round trip per batch: NOTE [Replays])."""
 
     def __init__(
         self,
@@ -53,20 +61,21 @@ class Tasks:
             config.queue, ctx.consumer, ctx.signer, config.limits, registry, config.max_attempts
         )
 
-    def take(
+    def admit(
         self,
         entry_id: bytes,
         fields: Any,
         deliveries: int,
         client_gone: Callable[[str], bool] = lambda client: False,
-    ) -> None:
-        """Run the entry's task, or settle it at once; nothing if it is held or just settled.
+    ) -> tuple[Held, Admitted] | None:
+        """Hold and admit the entry's task, or settle it at once (None; None too if it is
+        held already or was just settled). An admitted task waits for ``start``.
 
         ``client_gone``: whether a client died, as the intake found for this batch.
         """
         held = self._slots.hold(entry_id, deliveries)
         if held is None:
-            return
+            return None
         runner = self._slots.runner
         assert runner is not None
         decided = admit(
@@ -76,16 +85,37 @@ class Tasks:
             self._rules,
             self._replies,
             cancelled=self._cancels,
-            deadline_of=self._membership.deadline,
             now=runner.now(),
+            redis_now_ms=self._membership.redis_now_ms(),
             client_gone=client_gone,
         )
         if isinstance(decided, Settled):
             self._writer.queue(decided)
+            return None
+        return held, decided
+
+    def claims(self, admitted: list[tuple[Held, Admitted]]) -> list[list[Any]]:
+        """The commands that claim the replay memory of ``admitted`` (NOTE [Replays]), two each."""
+        runner = self._slots.runner
+        assert runner is not None
+        now, queue = runner.now(), self._ctx.config.queue
+        return [c for held, a in admitted for c in claim_commands(queue, held, a.message, now)]
+
+    def start(
+        self, held: Held, admitted: Admitted, set_reply: Any = b"OK", get_reply: Any = None
+    ) -> None:
+        """Run an admitted task, given the replies to its ``claims`` (the default: claimed);
+        settle it unrun if another entry ran it (``first_run``)."""
+        if not first_run(held, set_reply, get_reply):
+            self._writer.queue(replayed(held, admitted, get_reply, self._replies))
             return
-        assert held.key is not None
+        runner = self._slots.runner
+        assert held.key is not None and runner is not None
+        if held.key in self._cancels:  # cancelled during the claim's round trip
+            self._writer.queue(self._replies.settled(held, "cancelled"))
+            return
         self._slots.running[held.key] = held
-        runner.start(held, self._run, held, decided)
+        runner.start(held, self._run, held, admitted)
 
     async def _run(self, held: Held, admitted: Admitted) -> None:
         """Run an async (or threaded) task under its deadline; a cancel message stops it."""

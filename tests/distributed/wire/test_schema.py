@@ -25,7 +25,10 @@ from asyncgraph.distributed.wire._schema import (
 from asyncgraph.distributed.wire._signing import Signer
 
 CLIENT = "ab" * 16
-TASK = TaskMessage("q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [None]})
+EXPIRY_MS = 1_795_575_131_132  # a task's signed expiry: Redis ms (TIME at sending plus ttl)
+TASK = TaskMessage(
+    "q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [None]}, expiry_ms=EXPIRY_MS
+)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +76,8 @@ def base() -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"v": 2}, "protocol version"),
+        ({"v": 1}, "protocol version"),  # version 1 had no signed expiry: refused
+        ({"v": 3}, "protocol version"),
         ({"k": "hello"}, "kind"),
         ({"c": "not-hex"}, "client id"),
         ({"id": 5}, "'id' must be a str"),
@@ -82,6 +86,8 @@ def base() -> dict[str, Any]:
         ({"ttl": True}, "'ttl' must be an int"),
         ({"ttl": -1}, "positive"),
         ({"p": []}, "'p' must be a map"),
+        ({"exp": 0}, "positive"),
+        ({"exp": "soon"}, "'exp' must be an int"),
     ],
 )
 def test_invalid_fields_are_named(change: dict[str, Any], reason: str) -> None:
@@ -94,10 +100,19 @@ def test_invalid_fields_are_named(change: dict[str, Any], reason: str) -> None:
         decode(msgpack.packb(message), None, Signer(None), "q")
 
 
+def test_a_task_without_its_signed_expiry_is_refused() -> None:
+    message = base()
+    del message["exp"]
+    with pytest.raises(WireError, match="field 'exp' is missing"):
+        decode(msgpack.packb(message), None, Signer(None), "q")
+
+
 def test_too_large_message_is_refused_on_send() -> None:
     from asyncgraph.distributed.wire._codec import Limits
 
-    big = TaskMessage("q", CLIENT, "1", "m:F", "0", "backward", 1, {"g": ["x" * 2000]})
+    big = TaskMessage(
+        "q", CLIENT, "1", "m:F", "0", "backward", 1, {"g": ["x" * 2000]}, expiry_ms=EXPIRY_MS
+    )
     with pytest.raises(WireError, match="max_message_bytes"):
         encode(big, Signer(None), Limits(max_message_bytes=1000))
 
@@ -146,33 +161,47 @@ def test_a_reply_carries_an_opaque_metadata_map_of_bounded_shape() -> None:
 # -- the protocol declared once ------------------------------------------------------------
 # Bytes written by the encoder before the fields were declared on the classes (the hand-written
 # to_map of each kind): the declaration must write the very same maps, key order included.
+# Changed once, deliberately, for protocol version 2: every message's "v" is 2 (a1 76 02), and
+# a task's map has one entry more (8a -> 8b, 8b -> 8c), its signed expiry "exp" right after
+# "ttl" (a3 657870 cf <8 bytes>); nothing else moved.
 WIRE_BYTES = [
     (
         TASK,
-        "8aa17601a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
+        "8ba17602a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
         "626162616261626162a26964a23166a2666ea36d3a46a26670a430313233a26f70a86261636b77617264"
-        "a374746ccd03e8a17081a16791c0",
+        "a374746ccd03e8a3657870cf000001a2109e2bfca17081a16791c0",
     ),
     (
-        TaskMessage("q", CLIENT, "1f", "m:F", "0123", "forward", 1000, {}, {"trace": {"a": "b"}}),
-        "8ba17601a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
+        TaskMessage(
+            "q",
+            CLIENT,
+            "1f",
+            "m:F",
+            "0123",
+            "forward",
+            1000,
+            {},
+            {"trace": {"a": "b"}},
+            expiry_ms=EXPIRY_MS,
+        ),
+        "8ca17602a16ba47461736ba171a171a163d9206162616261626162616261626162616261626162616261"
         "626162616261626162a26964a23166a2666ea36d3a46a26670a430313233a26f70a7666f7277617264a3"
-        "74746ccd03e8a17080a17881a5747261636581a161a162",
+        "74746ccd03e8a3657870cf000001a2109e2bfca17080a17881a5747261636581a161a162",
     ),
     (
         ReplyMessage("q", CLIENT, "1f", "w1", None, meta={"m": 1}),
-        "89a17601a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
+        "89a17602a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
         "61626162616261626162a26964a23166a177a27731a26f6bc3a17881a16d01a172c0",
     ),
     (
         ReplyMessage("q", CLIENT, "1f", "w1", error=ErrorInfo("error", "ValueError", "x", "tb")),
-        "88a17601a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
+        "88a17602a16ba57265706c79a171a171a163d92061626162616261626162616261626162616261626162"
         "61626162616261626162a26964a23166a177a27731a26f6bc2a365727284a46b696e64a56572726f72a4"
         "74797065aa56616c75654572726f72a76d657373616765a178a974726163656261636ba27462",
     ),
     (
         CancelMessage("q", CLIENT, ("1", "2")),
-        "85a17601a16ba663616e63656ca171a171a163d920616261626162616261626162616261626162616261"
+        "85a17602a16ba663616e63656ca171a171a163d920616261626162616261626162616261626162616261"
         "6261626162616261626162a369647392a131a132",
     ),
 ]
@@ -199,7 +228,16 @@ def test_a_field_added_in_one_place_round_trips_with_its_bound_enforced(
     monkeypatch.setitem(schema.MESSAGE_KINDS, "task", PrioritizedTask)
     signer = Signer("s" * 16)
     message = PrioritizedTask(
-        "q", CLIENT, "1f", "m:F", "0123", "backward", 1000, {"g": [None]}, priority=3
+        "q",
+        CLIENT,
+        "1f",
+        "m:F",
+        "0123",
+        "backward",
+        1000,
+        {"g": [None]},
+        expiry_ms=EXPIRY_MS,
+        priority=3,
     )
     packed, signature = encode(message, signer)
     assert msgpack.unpackb(packed)["pri"] == 3

@@ -1,0 +1,186 @@
+"""A captured signed task, added again to the task stream, does not run again (issue #28, 1).
+
+Real redis-server, real workers: a client runs a pass of a slow remote Function, the
+test copies its signed task entry with XRANGE meanwhile, as anyone who can read the
+stream could, and adds it back later (NOTE [Replays] in ``worker._admission``).
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+from typing import Any
+
+import agdist_functions as F
+import anyio
+import pytest
+import redis
+from agdist_helpers import SECRET, StartWorker, wait_until
+
+from asyncgraph import Parameter, backward
+from asyncgraph.distributed import open_redis_executor
+from asyncgraph.distributed.wire import _keys as keys
+from asyncgraph.distributed.wire._schema import TaskMessage, decode
+from asyncgraph.distributed.wire._signing import Signer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+SIGNED = {"ASYNCGRAPH_SECRET": SECRET}
+FAST = ("--lease-ms", "1000", "--drain-timeout-s", "1")
+
+
+def count(client: redis.Redis, key: str) -> int:
+    return int(client.llen(key))
+
+
+def reasons(client: redis.Redis, queue: str) -> list[str]:
+    return [f[keys.F_REASON].decode() for _, f in client.xrange(keys.dead_stream(queue))]
+
+
+async def run_and_capture(
+    url: str, queue: str, tag: str, *, timeout_s: float, then: Any = None
+) -> tuple[dict[bytes, bytes], TaskMessage]:
+    """Run a pass of one ``Sleep`` node, copy its task entry while it runs; after the
+    pass, ``await then(entry)`` while the client is still open."""
+    client = redis.Redis.from_url(url)
+    x = Parameter(2.0, role="x")
+    y = F.Sleep.apply(x, 0.5, tag)
+    captured: dict[bytes, bytes] = {}
+    async with open_redis_executor(url, queue=queue, secret=SECRET, timeout_s=timeout_s) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(backward, y, executor=ex))
+            await wait_until(lambda: count(client, f"agdist:started:{tag}"))
+            ((_, captured),) = client.xrange(keys.task_stream(queue))  # pending: still there
+        assert x.grad is not None and x.grad.data == 1.0
+        if then is not None:
+            await then(captured)
+    client.close()
+    message = decode(captured[keys.F_MESSAGE], captured[keys.F_SIGNATURE], Signer(SECRET), queue)
+    assert isinstance(message, TaskMessage)
+    return captured, message
+
+
+async def test_a_task_replayed_after_its_deadline_is_dead_lettered_expired_unrun(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    start_worker(redis_url, "late", *FAST, env=SIGNED)
+    captured, message = await run_and_capture(redis_url, "late", "late", timeout_s=2)
+    client = redis.Redis.from_url(redis_url)
+
+    def redis_ms() -> int:
+        seconds, micros = client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    # Past its signed expiry and the worker's grace; the new entry's id is fresh.
+    await wait_until(lambda: redis_ms() > message.expiry_ms + 600, timeout_s=15)
+    client.xadd(keys.task_stream("late"), captured)  # type: ignore[arg-type]
+    await wait_until(lambda: reasons(client, "late") == ["expired"])
+    ((_, dead),) = client.xrange(keys.dead_stream("late"))
+    assert b"after its signed expiry" in dead[keys.F_ERROR]
+    assert count(client, "agdist:started:late") == 1  # ran once: the pass's own run
+    client.close()
+
+
+async def test_a_task_replayed_within_its_deadline_runs_at_most_once(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # Two workers: the replay memory lives in Redis, so whichever reads the copy knows.
+    start_worker(redis_url, "again", *FAST, env=SIGNED)
+    start_worker(redis_url, "again", *FAST, env=SIGNED)
+    client = redis.Redis.from_url(redis_url)
+
+    async def replay_while_open(entry: dict[bytes, bytes]) -> None:
+        client.xadd(keys.task_stream("again"), entry)  # type: ignore[arg-type]
+        await wait_until(lambda: reasons(client, "again") == ["replayed"])
+
+    captured, message = await run_and_capture(
+        redis_url, "again", "again", timeout_s=60, then=replay_while_open
+    )
+    # After the client closed, with the hints stripped (nothing says the client is
+    # gone): the memory still refuses it.
+    signed_only = {k: v for k, v in captured.items() if k in (keys.F_MESSAGE, keys.F_SIGNATURE)}
+    client.xadd(keys.task_stream("again"), signed_only)  # type: ignore[arg-type]
+    await wait_until(lambda: reasons(client, "again") == ["replayed", "replayed"])
+    await anyio.sleep(0.6)  # a run would have started by now
+    assert count(client, "agdist:started:again") == 1
+    # The memory holds the entry that ran, until the task's expiry (60 s + the grace).
+    key = keys.ran_key("again", message.client, message.id)
+    first_entry = client.get(key)
+    assert first_entry is not None and first_entry != b""
+    assert 55_000 < int(client.pttl(key)) <= 60_500
+    assert client.xlen(keys.task_stream("again")) == 0  # every copy was acknowledged
+    client.close()
+
+
+async def test_a_reclaimed_entry_still_runs_after_its_worker_is_killed(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """A redelivery of the same entry is no replay: it runs (and is joined once)."""
+    first = start_worker(redis_url, "kill", *FAST, env=SIGNED)
+    client = redis.Redis.from_url(redis_url)
+    x = Parameter(2.0, role="x")
+    y = F.Sleep.apply(x, 1.0, "killed")
+    async with open_redis_executor(redis_url, queue="kill", secret=SECRET, timeout_s=30) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(backward, y, executor=ex))
+            await wait_until(lambda: count(client, "agdist:started:killed"))
+            ((entry_id, fields),) = client.xrange(keys.task_stream("kill"))
+            first.signal(signal.SIGKILL)  # mid-task, after it claimed the memory
+            start_worker(redis_url, "kill", *FAST, env=SIGNED)
+        assert ex.stats.completed == 1
+    assert x.grad is not None and x.grad.data == 1.0
+    assert count(client, "agdist:started:killed") == 2  # the killed run, and the reclaimed one
+    assert count(client, "agdist:finished:killed") == 1
+    assert reasons(client, "kill") == []
+    message = decode(fields[keys.F_MESSAGE], fields[keys.F_SIGNATURE], Signer(SECRET), "kill")
+    assert client.get(keys.ran_key("kill", message.client, message.id)) == entry_id
+    client.close()
+
+
+async def test_many_tasks_over_two_passes_each_run_once_with_the_memory(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Many tasks, two passes on one client: each task id is new, each runs once."""
+    start_worker(redis_url, "busy", "--concurrency", "32", env=SIGNED)
+    client = redis.Redis.from_url(redis_url)
+    async with open_redis_executor(redis_url, queue="busy", secret=SECRET, timeout_s=30) as ex:
+        for _ in range(2):
+            leaves = [Parameter(float(i)) for i in range(50)]
+            outs = [F.Scale.apply(F.Noop.apply(p), 3.0) for p in leaves]
+            await backward(outs, executor=ex)
+            assert [p.grad.data for p in leaves] == [3.0] * 50  # type: ignore[union-attr]
+        assert ex.stats.completed == 200
+    assert reasons(client, "busy") == []
+    # One memory key per task, each until its expiry.
+    assert len(list(client.scan_iter(match="asyncgraph:{busy}:ran:*", count=1000))) == 200
+    client.close()
+
+
+async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> None:
+    """The claim is a round trip between admission and the start: a cancel meanwhile wins."""
+    from asyncgraph.distributed import Worker, WorkerConfig
+    from asyncgraph.distributed.wire._schema import encode
+    from asyncgraph.distributed.worker._registry import build_registry
+    from asyncgraph.distributed.worker._runner import open_runner
+
+    worker = Worker(
+        WorkerConfig("redis://127.0.0.1:1/0", queue="q"), build_registry(["agdist_functions"])
+    )
+    slots = worker._ctx.slots  # no Redis: the tasks are taken by hand, nothing is sent
+    worker._writer.batching = True
+    (name, function), *_ = build_registry(["agdist_functions"]).items()
+    message = TaskMessage(
+        "q", "c" * 32, "t1", name, function.fingerprint, "backward", 5000, {}, expiry_ms=2**50
+    )
+    packed, signature = encode(message, Signer(None))
+    async with open_runner() as runner:
+        slots.runner = runner
+        taken = worker._tasks.admit(
+            b"1-0", [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature], 1
+        )
+        assert taken is not None
+        worker._cancels.cancel("c" * 32, ["t1"])  # a cancel message read meanwhile
+        worker._tasks.start(*taken)
+        assert ("c" * 32, "t1") not in slots.running
+    (settled,) = worker._writer._outgoing
+    assert settled.outcome == "cancelled"
