@@ -163,7 +163,9 @@ def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
 def run_summary(
     run_dir: Path, steps: list[dict[str, Any]] | None = None, *, label: str | None = None
 ) -> dict[str, Any]:
-    """Label, job name, steps done and total of a run directory (what the run list shows).
+    """Label, job name, steps done and total of a run directory (what the run list shows),
+    and where the forwards of remote Functions ran (``forward_on``: ``"workers"``,
+    ``"in-process"``, or None for a run recorded before it was kept).
 
     ``label`` is the run's label among the runs shown (``run_labels``); by default the
     directory's last component. ``name`` is the job's name (the directory's when the run
@@ -175,12 +177,15 @@ def run_summary(
     name = job.get("name") if isinstance(job, dict) else None
     steps = _read_steps(run_dir) if steps is None else steps
     total = next((s.get("total_steps") for s in steps if s.get("step") == 0), None)
+    # The latest line that says: a resume may run elsewhere than the first run did.
+    where = next((s.get("forward_on") for s in reversed(steps) if "forward_on" in s), None)
     return {
         "dir": str(run_dir),
         "label": label or run_dir.name or str(run_dir),
         "name": name or run_dir.name,
         "steps_done": len(history),
         "total_steps": total if isinstance(total, int) else None,
+        "forward_on": where if where in ("workers", "in-process") else None,
     }
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from asyncgraph import Parameter
 from asyncgraph.jobs import Evaluation, Job, JobResult, run_job
+from asyncgraph.jobs._ui import run_summary
 from asyncgraph.optim import SGD
 
 from .fleet_functions import ForwardPid, RemoteSquaredError
@@ -119,6 +120,9 @@ async def test_forwards_on_two_workers_give_the_in_process_history_and_parameter
     assert (got.forward_on, expected.forward_on) == ("workers", "in-process")
     assert {line["forward_on"] for line in _steps_lines(tmp_path / "there")} == {"workers"}
     assert {line["forward_on"] for line in _steps_lines(tmp_path / "here")} == {"in-process"}
+    # The dashboard's run list says it too.
+    assert run_summary(tmp_path / "there")["forward_on"] == "workers"
+    assert run_summary(tmp_path / "here")["forward_on"] == "in-process"
 
 
 @pytest.mark.slow

@@ -152,6 +152,7 @@ function renderRuns() {
         { class: "run-chip", title: run.dir, "data-run": i },
         runName(run, i),
         el("span", { class: "progress" }, `step ${run.steps_done}${total}`),
+        run.forward_on === "workers" ? el("span", { class: "live" }, "forwards on the workers") : null,
         live && el("span", { class: "live" }, live)
       );
     })
