@@ -3,8 +3,8 @@
 Reads only what the protocol already keeps in Redis (no worker is asked anything):
 the heartbeat and info hashes (workers: host, pid, concurrency, in flight, last
 heartbeat, version, draining), the task stream and its consumer group (depth, pending,
-the oldest pending entry's idle time), the tasks each worker settled (tasks per second
-between two reads, on Redis 6.2 as on 7), and the dead-letter stream (count and the
+the oldest pending entry's idle time), the tasks per second the workers settle (what
+each publishes with its heartbeat, on Redis 6.2 as on 7), and the dead-letter stream (count and the
 latest reasons). Every value is parsed as data
 (integers, JSON); nothing read is ever imported or unpickled.
 """
@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import anyio
@@ -44,6 +43,12 @@ def _shown(value: Any) -> str:
     """``value`` as text safe for a terminal: a stored escape sequence or carriage
     return (anyone who can write to Redis chose it) is shown escaped, never sent raw."""
     return str(value).translate(_CONTROL)
+
+
+def _rate(value: Any) -> float:
+    """A worker's published rate, if it is one (anyone who can write to Redis wrote it)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
+    return float(value) if ok else 0.0
 
 
 def _pairs(flat: Any) -> dict[str, Any]:
@@ -124,6 +129,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                 **{k: info.get(k) for k in ("host", "pid", "concurrency", "in_flight")},
                 "abandoned": info.get("abandoned", 0),
                 "settled": info.get("settled") if isinstance(info.get("settled"), int) else 0,
+                "settled_per_s": _rate(info.get("settled_per_s")),
                 **{k: info.get(k) for k in ("version", "draining", "started")},
             }
         )
@@ -146,24 +152,16 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
         "time_ms": now_ms,
         "workers": sorted(workers, key=lambda w: w["name"]),
         "alive": sum(w["alive"] for w in workers),
+        # Each live worker publishes what it settled per second since its previous status
+        # (every few seconds, with its heartbeat): one reading has the rate, on Redis 6.2
+        # as on 7 (XINFO GROUPS' entries-read is 7.0's).
+        "tasks_per_s": round(sum(w["settled_per_s"] for w in workers if w["alive"]), 1),
         "depth": int(length) if exists == 1 else 0,
         "pending": int(group.get("pending") or 0) if group else 0,
         "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
         "dead_letters": int(dead_len),
         "latest_dead_letters": dead_letters,
     }
-
-
-def settled_rate(before: dict[str, int], after: dict[str, int], elapsed_s: float) -> float:
-    """Tasks settled per second between two readings of the workers' counts (each worker
-    counts since it started; one that restarted, or is new, counts from zero). Workers
-    publish their count with their heartbeat, so a rate over a second or two lags a bit;
-    it needs nothing Redis 6.2 lacks (``entries-read`` of ``XINFO GROUPS`` is 7.0's)."""
-    done = 0
-    for name, count in after.items():
-        previous = before.get(name, 0)
-        done += count - previous if count >= previous else count
-    return done / elapsed_s if elapsed_s > 0 else 0.0
 
 
 def format_status(status: dict[str, Any], rate: float | None = None) -> str:
@@ -227,16 +225,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     async def main() -> int:
-        previous: tuple[float, dict[str, int]] | None = None
         while True:
             status = await fleet_status(args.redis, args.queue)
-            rate = None
-            counts = {w["name"]: w["settled"] for w in status["workers"]}
-            if previous is not None:
-                rate = settled_rate(previous[1], counts, time.monotonic() - previous[0])
-            previous = (time.monotonic(), counts)
+            rate = status["tasks_per_s"]
             if args.json:
-                print(json.dumps({**status, "tasks_per_s": rate}), flush=True)
+                print(json.dumps(status), flush=True)
             else:
                 print(format_status(status, rate), flush=True)
             if not args.watch:

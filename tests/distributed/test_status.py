@@ -149,10 +149,31 @@ async def test_the_rate_counts_settled_tasks_on_every_redis_version(
     assert await settled() == before + 64
 
 
-def test_the_rate_over_two_readings_counts_a_restarted_worker_from_zero() -> None:
-    from asyncgraph.distributed._status import settled_rate
+@pytest.mark.anyio
+async def test_every_reading_while_tasks_flow_shows_their_rate(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    # The issue: `status --watch` read 0.0 tasks/s with 64 tasks in flight. Each worker
+    # publishes what it settled per second since its previous status, so any reading taken
+    # while tasks flow shows a rate, however its interval falls against the heartbeats.
+    import agdist_functions as F
 
-    before = {"w1": 100, "w2": 40}
-    after = {"w1": 130, "w2": 5, "w3": 10}  # w2 restarted, w3 is new
-    assert settled_rate(before, after, 2.0) == (30 + 5 + 10) / 2
-    assert settled_rate(before, {}, 1.0) == 0.0
+    from asyncgraph import Parameter, backward
+    from asyncgraph.distributed import open_redis_executor
+    from asyncgraph.distributed._status import fleet_status
+
+    chains = []
+    for i in range(8):
+        node = Parameter(float(i))
+        for _ in range(170):  # 8 tasks settled every 50 ms, for about 8.5 s
+            node = F.Nap.apply(node, 0.05)
+        chains.append(node)
+    rates: list[float] = []
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=60) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: backward(chains, executor=ex))
+            await anyio.sleep(4.5)  # past every worker's first status of the pass
+            for _ in range(6):
+                rates.append((await fleet_status(redis_server_url, shared_fleet))["tasks_per_s"])
+                await anyio.sleep(0.5)
+    assert all(rate > 20 for rate in rates), rates  # about 160 a second flow

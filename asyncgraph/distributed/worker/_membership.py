@@ -73,6 +73,7 @@ class Membership:
         self.connected = False
         self.beat_s = min(ctx.config.lease_ms / 3000, 5.0)
         self._started_at = time.time()
+        self._rate_mark = (time.monotonic(), 0)  # (when, settled then): the last beat's
 
     # -- joining -------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -173,11 +174,19 @@ class Membership:
                 "in_flight": len(slots.held),
                 "abandoned": slots.abandoned,
                 "settled": slots.settled,
+                "settled_per_s": self._settled_rate(),
                 "version": asyncgraph.__version__,
                 "draining": self._ctx.stopping.draining,
                 "started": self._started_at,
             }
         )
+
+    def _settled_rate(self) -> float:
+        """Tasks settled per second since the previous status this worker published."""
+        now, settled = time.monotonic(), self._ctx.slots.settled
+        then, before = self._rate_mark
+        self._rate_mark = (now, settled)
+        return round((settled - before) / (now - then), 2) if now > then else 0.0
 
     def housekeeping_every_s(self) -> float:
         return min(30.0, 3 * CONSUMER_IDLE_LEASES * self.config.lease_ms / 1000)
