@@ -167,7 +167,7 @@ class RedisExecutor:
         """
         if not (isinstance(fn, type) and issubclass(fn, Function)) or fn.dispatch != "remote":
             raise TypeError(f"apply expects a Function subclass with dispatch='remote', got {fn!r}")
-        inputs = args + tuple(kwargs.values()) if kwargs else args
+        inputs = fn._inputs(args, kwargs)  # signature order, as fn.apply records them
         ctx, record = fn._prepare(inputs)
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)

@@ -60,3 +60,19 @@ class SyncRemote(Function):
     @staticmethod
     def backward(ctx: Any, g: Variable) -> Any:
         return g.data * 2
+
+
+class Weighted(Function):
+    """``2 * a + 3 * b`` for numbers: distinct gradients per input, to catch a mix-up of
+    inputs passed by keyword in another order than forward's signature."""
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+
+    @staticmethod
+    async def forward(ctx: Any, a: Variable, b: Variable, scale: float = 1.0) -> Variable:
+        ctx.scale = scale
+        return Variable(scale * (2 * a.data + 3 * b.data))
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Any, Any, None]:
+        return (2 * ctx.scale * g.data, 3 * ctx.scale * g.data, None)

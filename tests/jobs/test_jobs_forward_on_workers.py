@@ -22,7 +22,7 @@ from asyncgraph.jobs import Evaluation, Job, JobResult, run_job
 from asyncgraph.jobs._ui import run_summary
 from asyncgraph.optim import SGD
 
-from .fleet_functions import ForwardPid, RemoteSquaredError
+from .fleet_functions import ForwardPid, RemoteSquaredError, Weighted
 from .jobs_helpers import (
     JOB_FILES,
     LR,
@@ -123,6 +123,27 @@ async def test_forwards_on_two_workers_give_the_in_process_history_and_parameter
     # The dashboard's run list says it too.
     assert run_summary(tmp_path / "there")["forward_on"] == "workers"
     assert run_summary(tmp_path / "here")["forward_on"] == "in-process"
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_inputs_passed_by_keyword_get_their_own_gradients_on_the_workers(
+    fleet_url: str,
+) -> None:
+    from asyncgraph import backward, remote_forwards
+    from asyncgraph.distributed import open_redis_executor
+
+    async def grads(executor: Any) -> tuple[Any, ...]:
+        a = Parameter(1.0, role="a")
+        b = Parameter(10.0, role="b")
+        with remote_forwards(executor):
+            out = await Weighted.apply(scale=0.5, b=b, a=a)
+        await backward(out, executor=executor)
+        assert a.grad is not None and b.grad is not None
+        return out.data, a.grad.data, b.grad.data
+
+    async with open_redis_executor(fleet_url, queue=QUEUE, secret=SECRET) as executor:
+        assert await grads(executor) == await grads(None) == (16.0, 1.0, 1.5)
 
 
 @pytest.mark.slow

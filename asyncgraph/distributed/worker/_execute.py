@@ -120,7 +120,7 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
     ctx = FunctionCtx()
     ctx._function_name = fn.__name__
     ctx.needs_input_grad = needs
-    inputs = args + tuple(kwargs.values())
+    inputs = fn._inputs(args, kwargs)  # signature order, as the client recorded them
     with no_grad():
         if fn._uses_setup_context:
             output = await _call(threads, _is_async(fn.forward), fn.forward, *args, **kwargs)
