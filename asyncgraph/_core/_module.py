@@ -341,6 +341,11 @@ class Module:
                 continue
             try:
                 values.append((param, _from_json(param.data, state_dict[name])))
+            except RecursionError:  # copying a value nested deeper than Python recurses
+                raise ValueError(
+                    f"cannot load {name!r} into {type(self).__name__}: the saved value is "
+                    f"nested too deeply"
+                ) from None
             except ValueError as exc:
                 raise ValueError(
                     f"cannot load {name!r} into {type(self).__name__}: the saved value "

@@ -281,3 +281,25 @@ async def test_await_module_runs_forward() -> None:
     assert await Sync()(1) == 2
     with pytest.raises(NotImplementedError, match="Module must define forward"):
         await Module()()
+
+
+def test_a_parsed_file_with_a_value_nested_too_deeply_is_a_value_error(tmp_path: Path) -> None:
+    program = Program()
+    state = program.state_dict()
+    deep: object = "x"
+    for _ in range(5000):
+        deep = [deep]
+    name = next(iter(state))
+    saved = tmp_path / "deep.json"
+    payload = {"format": "asyncgraph-module", "version": 1, "state_dict": {**state, name: deep}}
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # so that json itself parses it
+    try:
+        saved.write_text(json.dumps(payload))
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        program.load(saved)
+    assert program.state_dict() == state
