@@ -82,8 +82,8 @@ class Job:
     The forward on the fleet: ``forward_on_workers=True``, in a job run with an executor
     that can run forwards (``run_job(..., executor=redis_executor)``, ``asyncgraph run
     --redis URL`` or ``--workers N``), runs the forward of every ``dispatch = "remote"``
-    Function that the job's ``forward`` applies (training, validation and ``evaluate``)
-    on the workers too, not only its backward (see :func:`asyncgraph.remote_forwards`):
+    Function that the job's ``forward`` applies (in training and validation; ``evaluate``
+    called on its own does so inside ``remote_forwards(executor)``) on the workers too, not only its backward (see :func:`asyncgraph.remote_forwards`):
     for a metric that runs generated code, a model hosted on each worker, a function
     that needs the worker's files or GPU. Such a Function's forward must be ``async
     def``. Results and gradients are those of the same job in-process. In a run without

@@ -122,6 +122,11 @@ async def run_job(
     ``history.json`` and ``metrics.png`` are written when the job ends, also
     when it fails or is interrupted (for the steps completed).
 
+    ``executor`` runs the backwards (None: in-process); with
+    ``job.forward_on_workers`` and an executor that runs forwards (a RedisExecutor),
+    the forwards of remote Functions too, in training and validation
+    (``JobResult.forward_on`` says where they ran).
+
     ``resume=True`` loads ``out_dir/checkpoint.json`` (CheckpointError if it is
     missing, corrupt or from another job) and continues from there, running the
     initial validation first if it is still missing. Without it an existing
