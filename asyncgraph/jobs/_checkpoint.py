@@ -64,6 +64,9 @@ __all__ = [
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT = "asyncgraph-checkpoint"
 USAGE_TOTALS = ("tokens", "cost_usd", "unpriced_calls")  # running totals of a history row
+# ... and the one a checkpoint of an older version may lack: model calls a rerun of a
+# remote task replayed from its journal instead of paying for them again.
+OPTIONAL_TOTALS = ("replayed_calls",)
 VERSION = 1
 BEST_FORMAT = "asyncgraph-best"
 BEST_VERSION = 1
@@ -476,8 +479,8 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> Progress:
     initial_usage = state.get("initial_usage")  # absent in checkpoints of older versions
     if initial_usage is not None and not (
         isinstance(initial_usage, dict)
-        and set(initial_usage) == set(USAGE_TOTALS)
-        and all(is_number(initial_usage[k]) and initial_usage[k] >= 0 for k in USAGE_TOTALS)
+        and set(USAGE_TOTALS) <= set(initial_usage) <= {*USAGE_TOTALS, *OPTIONAL_TOTALS}
+        and all(is_number(value) and value >= 0 for value in initial_usage.values())
     ):
         raise corrupt(f"initial_usage is {initial_usage!r:.100}, not a map of {USAGE_TOTALS}")
     if job.module is not None:

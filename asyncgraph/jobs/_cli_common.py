@@ -109,6 +109,28 @@ def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def spending_line(result: JobResult) -> str | None:
+    """What a run spent against its cap, and the calls a crash did not bill twice; None
+    when there is neither a cap nor a replayed call to tell of."""
+    replayed = int(result.history[-1].get("replayed_calls", 0)) if result.history else 0
+    parts = []
+    if result.max_cost_usd is not None:
+        parts.append(f"spent ${result.cost_usd:.4f} of the ${result.max_cost_usd:g} cap")
+    if replayed:
+        parts.append(
+            f"{replayed} model call(s) replayed from their task's journal after a worker "
+            f"crashed (not paid again)"
+        )
+    return "; ".join(parts) or None
+
+
+def print_spending(result: JobResult) -> None:
+    """Print ``spending_line`` and ``cost_line`` of ``result``, those it has."""
+    for line in (spending_line(result), cost_line(result)):
+        if line is not None:
+            print(line)
+
+
 def cost_line(result: JobResult) -> str | None:
     """What a capped run spent, and how to go on; None when the cap did not stop it."""
     if not result.stopped_at_cost_cap or result.max_cost_usd is None:

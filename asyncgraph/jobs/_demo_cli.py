@@ -30,11 +30,11 @@ from ._cli_common import (
     add_observe_arguments,
     already_finished_line,
     check_live_workers,
-    cost_line,
     existing_run_problem,
     non_negative_float,
     non_negative_int,
     positive_int,
+    print_spending,
     redis_problem,
     run_command,
     usage_error,
@@ -304,9 +304,7 @@ def run(args: argparse.Namespace) -> int:
                 print(already_finished_line(result))
                 return 0
             _table(result, info, time.perf_counter() - start, where)
-            capped = cost_line(result)
-            if capped is not None:
-                print(capped)
+            print_spending(result)
             if result.best_val_score is not None and result.best_parameters is not None:
                 when = (
                     "the initial prompt"

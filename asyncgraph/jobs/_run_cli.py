@@ -30,9 +30,9 @@ from ._cli_common import (
     add_observe_arguments,
     already_finished_line,
     check_live_workers,
-    cost_line,
     existing_run_problem,
     positive_int,
+    print_spending,
     redis_problem,
     run_command,
     usage_error,
@@ -519,9 +519,7 @@ def summary(result: JobResult, *, overwrite: bool = False) -> None:
         f"{state} after {result.steps_done} step(s) in {result.wall_s:.1f}s{where}; "
         f"{outputs(result)} in {result.out_dir}"
     )
-    capped = cost_line(result)
-    if capped is not None:
-        print(capped)
+    print_spending(result)
     if result.interrupted:
         print(
             "resume with the same command plus --resume"

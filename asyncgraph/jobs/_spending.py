@@ -52,18 +52,21 @@ class Spending:
         self.before_tokens = int(before.get("tokens", 0))
         self.before_cost = float(before.get("cost_usd", 0.0))
         self.before_unpriced = int(before.get("unpriced_calls", 0))
+        self.before_replayed = int(before.get("replayed_calls", 0))
         self.capped = False
         """True once the job stopped (or must stop) at the cap."""
         self.error: ModelConfigError | None = None
         """Set when an unpriced call stopped a capped job."""
 
     def totals(self) -> dict[str, Any]:
-        """The running totals of a history row: ``tokens``, ``cost_usd``, ``unpriced_calls``."""
+        """The running totals of a history row: ``tokens``, ``cost_usd``, ``unpriced_calls``
+        and ``replayed_calls`` (calls a rerun remote task replayed instead of paying again)."""
         spent = self.meter.snapshot()
         return {
             "tokens": self.before_tokens + spent.total_tokens,
             "cost_usd": self.before_cost + spent.cost_usd,
             "unpriced_calls": self.before_unpriced + spent.unpriced_requests,
+            "replayed_calls": self.before_replayed + spent.replayed,
         }
 
     def next_step_fits(

@@ -112,6 +112,7 @@ def test_run_and_demo_take_max_cost_and_say_why_they_stopped(tmp_path: Path) -> 
     )
     assert first.returncode == 0, describe(first)
     assert "stopped at the cost cap" in first.stdout
+    assert "spent $" in first.stdout and "of the $1e-05 cap" in first.stdout
     assert "continue with the same command plus --resume and a higher --max-cost" in first.stdout
     again = run_cli(
         "run", str(job_file), "--out", str(out), "--no-progress", "--resume", "--max-cost", "100"
@@ -120,3 +121,17 @@ def test_run_and_demo_take_max_cost_and_say_why_they_stopped(tmp_path: Path) -> 
     assert "finished after" in again.stdout
     bad = run_cli("demo", "--max-cost", "0")
     assert bad.returncode == 2 and "must be a number > 0" in bad.stderr
+
+
+def test_the_report_says_what_was_spent_against_the_cap_and_what_a_crash_did_not_bill(
+    tmp_path: Path,
+) -> None:
+    from asyncgraph.jobs import JobResult
+    from asyncgraph.jobs._cli_common import spending_line
+
+    row = {"step": 1, "cost_usd": 0.25, "replayed_calls": 2}
+    result = JobResult([row], [], None, None, 1, False, tmp_path, cost_usd=0.25, max_cost_usd=1.0)
+    line = spending_line(result)
+    assert line is not None and "spent $0.2500 of the $1 cap" in line
+    assert "2 model call(s) replayed from their task's journal" in line
+    assert spending_line(JobResult([], [], None, None, 0, False, tmp_path)) is None
