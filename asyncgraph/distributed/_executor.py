@@ -56,6 +56,19 @@ __all__ = ["RedisExecutor", "RedisExecutorStats", "open_redis_executor"]
 log = logging.getLogger("asyncgraph.distributed")
 
 
+def _forward_values(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A forward's inputs as they travel (a Variable as its data), for naming the one that
+    cannot: ``args[0]``, ``kwargs.scale``, ..."""
+
+    def value(v: Any) -> Any:
+        return v.data if isinstance(v, Variable) else v
+
+    return {
+        **{f"args[{i}]": value(v) for i, v in enumerate(args)},
+        **{f"kwargs.{k}": value(v) for k, v in kwargs.items()},
+    }
+
+
 def _nothing_more() -> bool:
     return False
 
@@ -172,7 +185,7 @@ class RedisExecutor:
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
         task_id, name, packed, signature = self._encode(
-            fn, "forward", payload, None, lambda: {"args": list(args), "kwargs": dict(kwargs)}
+            fn, "forward", payload, None, lambda: _forward_values(args, kwargs)
         )
         pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
         result = await self._result(pending, fn, None, roles)

@@ -148,6 +148,20 @@ async def test_inputs_passed_by_keyword_get_their_own_gradients_on_the_workers(
 
 @pytest.mark.slow
 @pytest.mark.anyio
+async def test_a_forward_input_that_cannot_travel_is_named(fleet_url: str) -> None:
+    from asyncgraph import remote_forwards
+    from asyncgraph.distributed import open_redis_executor
+
+    async with open_redis_executor(fleet_url, queue=QUEUE, secret=SECRET) as executor:
+        with remote_forwards(executor):
+            with pytest.raises(
+                TypeError, match=r"ForwardPid: args\[0\]: cannot serialize builtin_function"
+            ):
+                await ForwardPid.apply(len)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
 async def test_without_the_switch_only_backwards_go_to_the_workers(
     fleet_url: str, tmp_path: Path
 ) -> None:
