@@ -371,8 +371,9 @@ async def run_on_local_fleet(
     )
     if problem is not None:  # before starting processes that would go unused
         raise CheckpointError(problem)
-    # Signed tasks, as demo --workers: the user's secret if set, else a fresh one.
-    secret = os.environ.get(SECRET_ENV, "").strip() or secrets.token_hex(32)
+    # Signed tasks, as demo --workers: the user's secret if set (None: both sides read
+    # it, and a bad one is reported by its variable's name), else a fresh one.
+    secret = None if os.environ.get(SECRET_ENV, "").strip() else secrets.token_hex(32)
     sizing: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
     with local_fleet(workers, imports, queue=options["queue"], secret=secret, **sizing) as url:
         return await run_with_optional_redis(job, out, redis=url, secret=secret, **options)

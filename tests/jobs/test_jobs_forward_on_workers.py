@@ -269,3 +269,20 @@ def test_worker_concurrency_without_workers_is_a_usage_error(
     assert run(args) == 2
     assert "--worker-concurrency sizes the workers of --workers N" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_run_with_workers_names_a_too_short_secret_before_the_job_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgraph.cli import build_parser
+    from asyncgraph.jobs._run_cli import run
+
+    monkeypatch.setenv("ASYNCGRAPH_SECRET", "too-short")
+    monkeypatch.syspath_prepend(str(TESTS / "jobs"))
+    args = build_parser("run").parse_args(
+        ["run", str(JOB_FILES / "fleet_job.py"), "--workers", "2", "--no-progress",
+         "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert run(args) != 0  # local_fleet refuses it before any process starts
+    assert "ASYNCGRAPH_SECRET" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "checkpoint.json").exists()
