@@ -273,13 +273,13 @@ class JobResult:
     best_path: Path | None = None
     """``best.json`` in the run directory, None when none was written."""
     best_parameters: list[Any] | None = None
+    """The values of the best parameters, in the job's parameter order."""
     stopped_at_cost_cap: bool = False
     """True when ``Job.max_cost_usd`` stopped the job (resume with a higher cap to go on)."""
     cost_usd: float = 0.0
     """What every priced model call of the job cost, in US dollars (all runs of it)."""
     max_cost_usd: float | None = None
     """The cap this run had."""
-    """The values of the best parameters, in the job's parameter order."""
     stopped_early: bool = False
     """True when ``patience`` ended the job before its last step."""
     forward_on: str = "in-process"
