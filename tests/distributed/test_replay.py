@@ -180,7 +180,7 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
         )
         assert taken is not None
         worker._cancels.cancel("c" * 32, ["t1"])  # a cancel message read meanwhile
-        worker._tasks.start(*taken)
+        worker._tasks.start(*taken, b"OK", None)  # claimed
         assert ("c" * 32, "t1") not in slots.running
     (settled,) = worker._writer._outgoing
     assert settled.outcome == "cancelled"

@@ -101,11 +101,9 @@ class Tasks:
         now, queue = runner.now(), self._ctx.config.queue
         return [c for held, a in admitted for c in claim_commands(queue, held, a.message, now)]
 
-    def start(
-        self, held: Held, admitted: Admitted, set_reply: Any = b"OK", get_reply: Any = None
-    ) -> None:
-        """Run an admitted task, given the replies to its ``claims`` (the default: claimed);
-        settle it unrun if another entry ran it (``first_run``)."""
+    def start(self, held: Held, admitted: Admitted, set_reply: Any, get_reply: Any) -> None:
+        """Run an admitted task, given the replies to its two ``claims`` commands; settle it
+        unrun if another entry ran it (``first_run``) or it was cancelled meanwhile."""
         if not first_run(held, set_reply, get_reply):
             self._writer.queue(replayed(held, admitted, get_reply, self._replies))
             return
