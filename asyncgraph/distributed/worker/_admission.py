@@ -8,15 +8,15 @@ NOTE [Replays]
 A stream entry's id is chosen by whoever adds it, so nothing in it says when the task was
 sent: a signed task copied from the stream (``XRANGE``) and added again would pass every
 check. Two things stop it. The task carries its expiry inside the signed bytes (``exp``:
-the Redis server's ``TIME`` when the client encoded it, plus its timeout), and a task read
-after it (``EXPIRY_GRACE_MS`` later) is dead-lettered ``expired`` without running. Within
-its deadline, a task that admission lets through runs only after its worker wrote the
-replay memory ``ran_key(queue, client, task id)`` with ``SET NX PX`` (kept until the
-expiry, a few bytes a task): the value is the id of the entry that ran it, so a
-redelivery of that same entry (a worker died; the reclaimer hands it to another) still
-runs, while another entry carrying the same task, added by anyone, is dead-lettered
-``replayed``. One round trip per batch of admitted tasks, for every worker of the queue
-at once (memory in one worker would not see a copy read by another).
+the Redis server's ``TIME`` when the client encoded it, as its last heartbeat read it,
+plus its timeout), and a task read after it (``EXPIRY_GRACE_MS`` later) is dead-lettered
+``expired`` without running. Within its deadline, a task that admission lets through
+runs only after its worker wrote the replay memory ``ran_key(queue, client, task id)``
+with ``SET NX PX`` (kept until the deadline): the value is the id of the entry that ran
+it, so a redelivery of that same entry (a worker died; the reclaimer hands it to
+another) still runs, while another entry carrying the same task, added by anyone, is
+dead-lettered ``replayed``. One round trip per batch of admitted tasks, for every worker
+of the queue at once (memory in one worker would not see a copy read by another).
 In an unsigned fleet nothing is authenticated: the expiry and the memory still apply,
 but whoever can add an entry can also write any expiry.
 """
