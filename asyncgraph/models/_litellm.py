@@ -115,8 +115,11 @@ def _model_error(exc: Exception, model: str, litellm: Any, secrets: list[str]) -
 
 
 class LiteLLMChat(BaseChatModel):
-    """A model of any provider LiteLLM supports, called in-process with its
-    ``acompletion`` (under trio: its ``completion`` in a worker thread).
+    """A model of any provider LiteLLM supports, called in-process: its synchronous
+    ``completion`` in a worker thread, on every event loop (its async client runs on
+    asyncio only). A cancelled call waits for the thread, at most ``timeout_s``: nothing
+    keeps running after the caller is cancelled; concurrent calls share anyio's thread
+    limiter (40 threads unless the application sets it).
 
     ``model`` is LiteLLM's model name (``"gemini/gemini-2.0-flash"``); ``base_url`` and
     ``api_key`` are passed as LiteLLM's ``api_base`` / ``api_key`` when given (otherwise
@@ -205,7 +208,7 @@ class LiteLLMChat(BaseChatModel):
                 # thread serves every event loop with one code path (a thread hop is
                 # nothing beside a model call).
                 response = await anyio.to_thread.run_sync(
-                    lambda: litellm.completion(**kwargs), abandon_on_cancel=True
+                    lambda: litellm.completion(**kwargs), abandon_on_cancel=False
                 )
         except TimeoutError as exc:
             raise ModelTimeoutError(

@@ -342,8 +342,10 @@ def _unknown_spec(spec: str, provider: str, has_model: bool) -> ValueError:
     else:
         return ValueError(
             f"bad model spec {spec!r}: {provider!r} is not a provider here (providers: "
-            f"{', '.join(_PROVIDERS)}); for a model of an OpenAI-compatible server (vLLM, "
-            f"Ollama, a LiteLLM proxy...) write 'openai/{bare}' with its base_url; expected "
+            f"{', '.join(_PROVIDERS)}); for a provider LiteLLM knows write 'litellm/{bare}' "
+            f"(the litellm extra); for a model an OpenAI-compatible server you run serves "
+            f"(vLLM, Ollama, a LiteLLM proxy...) write 'openai/{bare}' with its base_url; "
+            f"expected "
             f"{_FORMS}"
         )
     return ValueError(f"bad model spec {spec!r}: expected {_FORMS}")

@@ -207,3 +207,10 @@ async def test_a_worker_resolves_an_anthropic_spec_to_its_environments_endpoint_
             await model.aclose()
     assert answer.text == "echo: hello there"
     assert claude.requests[0].headers["x-api-key"] == "sk-ant-test-000000"
+
+
+def test_a_litellm_style_string_of_another_provider_is_told_to_go_through_litellm() -> None:
+    from asyncgraph.models import parse_model_spec
+
+    with pytest.raises(ValueError, match=r"write 'litellm/gemini/gemini-2\.0-flash'"):
+        parse_model_spec("gemini/gemini-2.0-flash")
