@@ -109,10 +109,9 @@ class RedisExecutorStats:
 class TaskChannel:
     """Sends tasks, waits for their replies, cancels, diagnoses: one client id on one queue.
 
-    Over 300 lines, and one concept: the life of a task on the wire. The flusher, the
-    listener and the deadline watcher share the one table of tasks in flight
-    (``_pending``), and every path (reply, failure, timeout, cancel) removes a task from
-    it exactly once; split apart, that rule would live in three places.
+    The flusher, the listener and the deadline watcher share the one table of tasks in
+    flight (``_pending``), and every path (reply, failure, timeout, cancel) removes a task
+    from it exactly once.
     """
 
     def __init__(
@@ -341,7 +340,7 @@ class TaskChannel:
     async def flush_loop(self) -> None:
         while True:
             await self._flush_wanted.wait()
-            # What reaches the flusher was not sent by its submitter (see _call): more
+            # What reaches the flusher was not sent by its submitter (see send_and_wait): more
             # nodes of its level, or of the waiters woken with it, or of another pass
             # or remote forward, may come in the next ticks. Wait until submissions stop
             # for two checkpoints (a few loop iterations, microseconds; two, not one:
