@@ -318,6 +318,11 @@ async def traced_pass(
     level = root.level
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
+    # httpx's own level as a fresh process has it (importing LiteLLM, in an earlier test
+    # of the same run, sets it to WARNING for the whole process).
+    httpx_logger = logging.getLogger("httpx")
+    httpx_level = httpx_logger.level
+    httpx_logger.setLevel(logging.NOTSET)
     local = OpenAIChat(
         "test-model", base_url=base_url, api_key=API_KEY, retry=Retry(max_attempts=2)
     )
@@ -356,6 +361,7 @@ async def traced_pass(
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+        httpx_logger.setLevel(httpx_level)
     spans = exporter.get_finished_spans()
     calls = [s for s in spans if s.name.startswith("chat ")]
     host, port = base_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
