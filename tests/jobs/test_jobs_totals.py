@@ -37,19 +37,14 @@ async def test_the_histories_totals_equal_the_sums_over_the_call_log(tmp_path: P
     assert priced.usage.snapshot().total_tokens == last["tokens"]
 
 
-async def test_a_resumed_job_keeps_counting_from_the_initial_validation(tmp_path: Path) -> None:
-    job, _ = build_demo_job(epochs=1, latency_ms=0)
-    out = tmp_path / "run"
-    full = await run_job(job, out, progress=False)
-    checkpoint = json.loads((out / "checkpoint.json").read_text())
-    assert checkpoint["initial_usage"]["tokens"] > 0
-    assert full.history[0]["tokens"] > checkpoint["initial_usage"]["tokens"]
-
-
 async def test_every_file_of_a_run_is_the_users_alone(tmp_path: Path) -> None:
     job, _ = build_demo_job(epochs=1, latency_ms=0)
     out = tmp_path / "run"
-    await run_job(job, out, progress=False, trace=True, log_calls=out / "calls.jsonl")
+    full = await run_job(job, out, progress=False, trace=True, log_calls=out / "calls.jsonl")
+    # The initial validation's spend is kept for a resume to count from.
+    checkpoint = json.loads((out / "checkpoint.json").read_text())
+    assert checkpoint["initial_usage"]["tokens"] > 0
+    assert full.history[0]["tokens"] > checkpoint["initial_usage"]["tokens"]
     files = sorted(p for p in out.rglob("*") if p.is_file())
     names = {p.name for p in files}
     assert {"checkpoint.json", "best.json", "history.json", "steps.jsonl", "calls.jsonl"} <= names
