@@ -355,12 +355,6 @@ class AnthropicChat(HttpChatModel):
     def cache_endpoint(self) -> str:
         return redact_url(self.base_url)
 
-    def cache_request(
-        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """The URL (credentials masked) and the JSON body sent, for the cache key."""
-        return {"url": self._shown_url, "body": self._body(messages, params)}
-
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return messages_request(
             self.model,

@@ -158,12 +158,6 @@ class AzureOpenAIChat(HttpChatModel):
     def cache_endpoint(self) -> str:
         return redact_url(self.url)
 
-    def cache_request(
-        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """The URL (deployment and api-version in it) and the JSON body sent."""
-        return {"url": self._shown_url, "body": self._body(messages, params)}
-
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "messages": messages}
 

@@ -136,6 +136,17 @@ class HttpChatModel(BaseChatModel):
         """``url`` as messages show it (credentials in it masked)."""
         return redact_url(self.url)
 
+    def cache_request(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The URL (credentials masked) and the JSON body sent (``default_params``
+        included), for the cache key and the call log."""
+        return {"url": self._shown_url, "body": self._body(messages, params)}
+
+    def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON body this API takes for ``messages`` and ``params``."""
+        raise NotImplementedError
+
     def _redact(self, text: str) -> str:
         """``text`` without this client's secrets, the environment's, URL credentials."""
         return redact(text, self._secrets)

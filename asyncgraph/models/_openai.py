@@ -123,13 +123,6 @@ class OpenAIChat(HttpChatModel):
     def cache_endpoint(self) -> str:
         return redact_url(self.base_url)
 
-    def cache_request(
-        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """The URL (credentials masked) and the JSON body sent (``default_params``
-        included), for the cache key and the call log."""
-        return {"url": self._shown_url, "body": self._body(messages, params)}
-
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "model": self.model, "messages": messages}
 
