@@ -14,7 +14,7 @@ import inspect
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
@@ -55,7 +55,40 @@ def _chained(var: Variable, callbacks: list[Callback]) -> Callable[[Variable], A
     return hook
 
 
-class GradManager:
+class _RecordingBlock:
+    """``with`` / ``async with``: ``record()`` on entry, ``release()`` on exit."""
+
+    def record(self) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.record()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class GradManager(_RecordingBlock):
     """Attach variables, record a forward, and backward into the attached ones only.
 
     - ``attach(variables, callbacks=None)``: track these (weakly: a variable
@@ -213,31 +246,8 @@ class GradManager:
     def __or__(self, other: GradManager | GradManagerGroup) -> GradManagerGroup:
         return GradManagerGroup([self]) | other
 
-    def __enter__(self) -> GradManager:
-        self.record()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    async def __aenter__(self) -> GradManager:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-
-class GradManagerGroup:
+class GradManagerGroup(_RecordingBlock):
     """Several GradManagers that record and release together: ``with gm1 | gm2:``.
 
     Example::
@@ -282,26 +292,3 @@ class GradManagerGroup:
             gm.release()
             if gm._group is self:
                 gm._group = None
-
-    def __enter__(self) -> GradManagerGroup:
-        self.record()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-    async def __aenter__(self) -> GradManagerGroup:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
