@@ -19,6 +19,11 @@ _PROCESS_EVENTS = frozenset(
 )
 _fast_test_spawns: list[str] | None = None  # set while a test of the fast tier runs
 
+# The simulated "demo" model answers after 1 ms in tests, not the demo's 100 ms (set
+# before asyncgraph.jobs.demo registers it). A test that needs a latency sets its own,
+# and jobs_helpers.cli_env removes it for the commands the tests run.
+os.environ.setdefault("ASYNCGRAPH_DEMO_LATENCY_MS", "1")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

@@ -107,13 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
     from ..models import track_usage
-    from ..text import register_model
     from . import demo as _demo
     from .demo import build_demo_job
 
-    simulated = args.model == "demo"
-    if simulated:
-        register_model(_demo.DEMO_MODEL, _demo.make_demo_model(args.latency_ms / 1000))
+    simulated = args.model == _demo.DEMO_MODEL
     job, prompt = build_demo_job(
         args.model,
         base_url=args.base_url,

@@ -215,9 +215,11 @@ def build_demo_job(
 ) -> tuple[Job, Parameter]:
     """The demo job and its parameter (the system prompt of its :class:`DemoProgram`).
 
-    Its ``config`` (part of what a checkpoint must match to be resumed) holds
-    the model spec, ``base_url`` (redacted), the simulated model's ``latency_ms`` (None for
-    a real model), epochs, batch size and the optimizer's settings.
+    ``latency_ms``, with the simulated ``"demo"`` model: each of its calls takes that
+    long (the model is registered anew, for this process); None keeps the latency it has
+    (``$ASYNCGRAPH_DEMO_LATENCY_MS``, default 100 ms). Its ``config`` (part of what a
+    checkpoint must match to be resumed) holds the model spec, ``base_url`` (redacted),
+    ``latency_ms``, epochs, batch size and the optimizer's settings.
 
     Example::
 
@@ -225,6 +227,8 @@ def build_demo_job(
         result = await run_job(job, "runs/demo", progress=False)
         print(prompt.data, result.final_val_score)
     """
+    if model == DEMO_MODEL and latency_ms is not None:
+        register_model(DEMO_MODEL, make_demo_model(latency_ms / 1000))
     data = load_dataset()
     program = DemoProgram(model, base_url)
     prompt = program.system_prompt

@@ -4,6 +4,7 @@ directory in MLflow, checked against a local file store."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import shutil
 import sys
@@ -17,9 +18,13 @@ from asyncgraph.jobs import MLflowReporter, run_job
 
 from .jobs_helpers import LineFit, read_json
 
-mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
-
-pytestmark = pytest.mark.anyio
+# Imported by the tests that use it (a second's import a run selecting none of them saves).
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        importlib.util.find_spec("mlflow") is None, reason="the mlflow extra is not installed"
+    ),
+]
 
 
 @pytest.fixture
@@ -29,6 +34,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def client(store: str) -> Any:
+    import mlflow.tracking
+
     return mlflow.tracking.MlflowClient(tracking_uri=store)
 
 

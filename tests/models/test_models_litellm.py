@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import os
 import subprocess
@@ -25,18 +27,30 @@ from asyncgraph.text import llm_call
 
 # LiteLLM fetches its price map from the network when imported, unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-litellm: Any
-try:
+
+
+@functools.cache
+def _litellm() -> Any:
+    """LiteLLM, imported when a test first needs it (its import takes seconds: a test
+    run that selects none of these tests does not pay it)."""
     import litellm
-except ImportError:  # the tests that need it skip; the one that does not still runs
-    litellm = None
-else:
+
     # Importing LiteLLM adds its own redaction filter to httpx's logger, for the whole
     # process: the tests of asyncgraph's own redaction of those lines must not see it.
     for found in list(logging.getLogger("httpx").filters):
         if type(found).__module__.startswith("litellm"):
             logging.getLogger("httpx").removeFilter(found)
-needs_litellm = pytest.mark.skipif(litellm is None, reason="the litellm extra is not installed")
+    return litellm
+
+
+@pytest.fixture
+def litellm() -> Any:
+    return _litellm()
+
+
+needs_litellm = pytest.mark.skipif(
+    importlib.util.find_spec("litellm") is None, reason="the litellm extra is not installed"
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -76,7 +90,9 @@ def mocked(spec: str, reply: object, **options: object) -> BaseChatModel:
 @pytest.mark.parametrize(
     "spec", ["litellm:gpt-4o-mini", "litellm/gpt-4o-mini", "LiteLLM:gpt-4o-mini"]
 )
-def test_both_spec_forms_build_a_litellm_model_priced_from_litellms_map(spec: str) -> None:
+def test_both_spec_forms_build_a_litellm_model_priced_from_litellms_map(
+    spec: str, litellm: Any
+) -> None:
     model = parse_model_spec(spec)
     assert type(model).__name__ == "LiteLLMChat" and model.name == "gpt-4o-mini"
     info = litellm.get_model_info("gpt-4o-mini")
@@ -88,7 +104,7 @@ def test_both_spec_forms_build_a_litellm_model_priced_from_litellms_map(spec: st
 
 
 @needs_litellm
-def test_a_provider_prefix_stays_in_litellms_model_name() -> None:
+def test_a_provider_prefix_stays_in_litellms_model_name(litellm: Any) -> None:
     model = parse_model_spec("litellm/anthropic/claude-3-5-haiku-20241022")
     assert model.name == "anthropic/claude-3-5-haiku-20241022"
     with pytest.raises(ValueError, match=r"litellm:MODEL or litellm/MODEL"):
@@ -96,7 +112,7 @@ def test_a_provider_prefix_stays_in_litellms_model_name() -> None:
 
 
 @needs_litellm
-async def test_a_call_returns_litellms_text_usage_and_cost() -> None:
+async def test_a_call_returns_litellms_text_usage_and_cost(litellm: Any) -> None:
     async with mocked("litellm:gpt-4o-mini", "Paris is the capital.") as model:
         answer = await model.complete(HELLO, temperature=0)
         usage = model.usage.snapshot()
@@ -114,7 +130,7 @@ async def test_a_call_returns_litellms_text_usage_and_cost() -> None:
 
 
 @needs_litellm
-async def test_prices_from_the_environment_win_over_litellms() -> None:
+async def test_prices_from_the_environment_win_over_litellms(litellm: Any) -> None:
     os.environ["ASYNCGRAPH_MODEL_PRICES"] = "gpt-4o-mini=1/2"
     try:
         model = mocked("litellm:gpt-4o-mini", "ok")
@@ -124,7 +140,7 @@ async def test_prices_from_the_environment_win_over_litellms() -> None:
 
 
 @needs_litellm
-async def test_a_rate_limit_is_retried_and_a_bad_request_is_not() -> None:
+async def test_a_rate_limit_is_retried_and_a_bad_request_is_not(litellm: Any) -> None:
     limited = litellm.RateLimitError("slow down", llm_provider="openai", model="gpt-4o-mini")
     model = mocked("litellm:gpt-4o-mini", limited, retry=Retry(max_attempts=2, backoff_base_s=0))
     with pytest.raises(ModelRetryError) as caught:
@@ -140,7 +156,7 @@ async def test_a_rate_limit_is_retried_and_a_bad_request_is_not() -> None:
 
 
 @needs_litellm
-async def test_a_text_graph_runs_its_forward_and_backward_through_litellm() -> None:
+async def test_a_text_graph_runs_its_forward_and_backward_through_litellm(litellm: Any) -> None:
     model = mocked("litellm:gpt-4o-mini", "Be shorter.")
     prompt = Parameter("Answer.", role="system prompt")
     answer = await llm_call(prompt, "What is 2 + 2?", model=model)
