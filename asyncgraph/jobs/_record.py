@@ -3,14 +3,27 @@
 ``steps.jsonl`` in the run directory gets a line when the job starts (step 0: the
 initial parameter values) and after every step, written before that step's checkpoint:
 the step, the wall time, where the forwards of remote Functions ran (``forward_on``:
-``"workers"`` or ``"in-process"``), each parameter's value and the feedback it received in the
+``"workers"`` or ``"in-process"``), the run's cost cap (``max_cost_usd``, None without
+one), each parameter's value and the feedback it received in the
 step (its ``.grad`` before the optimizer used it; named by its role and, in a job over
 a Module, its dotted name), the step's trace file (with
 ``trace=True``: ``traces/step-NNNN.json``, a Chrome / Perfetto timeline of the whole
 step, its phases on the first row) and the call log (with ``log_calls=PATH``: every
 model call, labelled with its step and phase). A step that was redone after an
-interrupt has two lines: the last one holds. Recording never fails a job: a file that
-cannot be written is reported once on stderr and left out.
+interrupt has two lines: the last one holds.
+
+Two kinds of line say what happened to the run between steps; they have an ``event``
+and no ``step`` (readers of step lines skip them), with the steps done (``at_step``),
+the wall time, ``forward_on`` and ``max_cost_usd``:
+
+- ``"event": "resume"``: a resumed run starts (its cap and executor may differ from the
+  run before it);
+- ``"event": "stop"``: a run stopped before its last step, ``reason`` ``"cost_cap"``
+  (``Job.max_cost_usd``), ``"interrupted"`` (Ctrl-C) or ``"patience"``; a run that
+  fails writes none, nor one that ends at its last step.
+
+Recording never fails a job: a file that cannot be written is reported once on stderr
+and left out.
 """
 
 from __future__ import annotations
@@ -30,9 +43,11 @@ from asyncgraph._files import open_private
 from ..models import ModelCall, observe_calls
 from ..observe import CallLog, Span, Timeline, call_record
 
-__all__ = ["STEPS_FILE", "TRACES_DIR", "JobRecorder", "json_value", "trace_name"]
+__all__ = ["STEPS_FILE", "STOP_REASONS", "TRACES_DIR", "JobRecorder", "json_value", "trace_name"]
 
 STEPS_FILE = "steps.jsonl"
+STOP_REASONS = ("cost_cap", "interrupted", "patience")
+"""The ``reason`` of a ``stop`` line: why a run ended before its last step."""
 TRACES_DIR = "traces"
 _MAX_TEXT = 20_000  # characters of one value or feedback kept in steps.jsonl
 
@@ -79,9 +94,11 @@ class JobRecorder:
         trace: bool = False,
         log_calls: str | Path | None = None,
         forward_on: str = "in-process",
+        max_cost_usd: float | None = None,
     ) -> None:
         self.out = out
         self.forward_on = forward_on
+        self.max_cost_usd = max_cost_usd
         self.parameters = list(parameters)
         self.names = list(names) if names else [""] * len(self.parameters)
         self.name = name
@@ -111,10 +128,19 @@ class JobRecorder:
                 "step": 0,
                 "time": time.time(),
                 "total_steps": self.total_steps,
-                "forward_on": self.forward_on,
+                **self._run_fields(),
             }
             self._append({**first, **self._values(feedback=False)})
+        else:
+            self._event("resume", step)
         self._open_timeline()
+
+    def stop(self, reason: str, steps_done: int) -> None:
+        """The run stops before its last step, with ``steps_done`` steps done, for
+        ``reason`` (one of ``STOP_REASONS``)."""
+        if reason not in STOP_REASONS:
+            raise ValueError(f"a run's stop reason is one of {STOP_REASONS}, got {reason!r}")
+        self._event("stop", steps_done, reason=reason)
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -160,7 +186,7 @@ class JobRecorder:
             "calls": self._calls,
             "call_log": None if self.call_log_path is None else str(self.call_log_path),
             "metrics": json_value(dict(row)),
-            "forward_on": self.forward_on,
+            **self._run_fields(),
         }
         self._append(line)
 
@@ -197,6 +223,14 @@ class JobRecorder:
                 self._note("call log", exc)
 
     # -- files --------------------------------------------------------------------------
+    def _run_fields(self) -> dict[str, Any]:
+        """What every line says of the run it belongs to."""
+        return {"forward_on": self.forward_on, "max_cost_usd": self.max_cost_usd}
+
+    def _event(self, event: str, steps_done: int, **fields: Any) -> None:
+        line = {"event": event, "time": time.time(), "at_step": steps_done, **fields}
+        self._append({**line, **self._run_fields()})
+
     def _values(self, *, feedback: bool) -> dict[str, Any]:
         params = [
             {"name": n, "role": p.role, "value": json_value(p.data)}

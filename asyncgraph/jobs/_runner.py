@@ -179,6 +179,7 @@ async def run_job(
         trace=trace,
         log_calls=log_calls,
         forward_on=run.forward_on,
+        max_cost_usd=job.max_cost_usd,
     )
     return await run.execute(handle_sigint)
 
@@ -347,9 +348,13 @@ class _JobRun:
                     f"{self.job.name}: already stopping after Ctrl-C", file=sys.stderr, flush=True
                 )
 
-    def finish(self) -> Path | None:
-        """Stop the display, roll back a half-done step, write history and plot."""
+    def finish(self, *, failed: bool = False) -> Path | None:
+        """Stop the display, roll back a half-done step, write history and plot; say in
+        steps.jsonl why a run that did not fail stopped before its last step."""
         self.reporter.stop(interrupted=self.interrupted)
+        reason = None if failed else self.stop_reason
+        if reason is not None and self.step < self.job.total_steps:
+            self.recorder.stop(reason, self.step)
         self.recorder.close()
         if not self.checkpointed:  # out could not even take the step-0 checkpoint
             return None
@@ -397,12 +402,13 @@ class _JobRun:
                 except BaseException as exc:  # cancelled from outside: still report the steps done
                     self.running = False
                     with contextlib.suppress(Exception):
-                        self.finish()
+                        self.finish(failed=True)
                         self.reporter.end(self.out, exc)
                     raise
                 self.running = False
                 try:
-                    plot_path = self.finish()
+                    failed = failure is not None or self.spending.error is not None
+                    plot_path = self.finish(failed=failed)
                 except Exception as exc:
                     failure = failure or exc
                 tg.cancel_scope.cancel()
@@ -438,6 +444,17 @@ class _JobRun:
                     ),
                     stacklevel=4,
                 )
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stopped (``_record.STOP_REASONS``), or None."""
+        if self.capped:
+            return "cost_cap"
+        if self.interrupted:
+            return "interrupted"
+        if self.best.stopped_early:
+            return "patience"
+        return None
 
     @property
     def capped(self) -> bool:

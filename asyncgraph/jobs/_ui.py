@@ -2,13 +2,15 @@
 
 It reads only what the runs write into their directories: ``checkpoint.json``
 (metrics history, job settings; rewritten after every step), ``history.json`` (when
-there is no checkpoint), ``steps.jsonl`` (each step's parameter values and feedback),
+there is no checkpoint), ``steps.jsonl`` (each step's parameter values and feedback;
+where the forwards ran, the cost cap and why a run stopped early),
 ``traces/step-NNNN.json`` (``--trace``) and the call log named there (``--log-calls``).
 No database, no account, nothing leaves the machine: a standard-library HTTP server on
 127.0.0.1 serves one self-contained page (HTML, JS and CSS shipped with asyncgraph, no
 CDN) and a small JSON API the page polls:
 
-``GET /api/runs``                       the runs given, with their labels and progress
+``GET /api/runs``                       the runs given, with their labels, progress and
+                                        spending (``run_summary``)
 ``GET /api/run/<i>``                    metrics per step, parameters per step with a
                                         word-level diff against the step before, feedback
 ``GET /api/run/<i>/calls/<step>``       the model calls of a step (from the call log)
@@ -40,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..observe import read_call_log
-from ._record import STEPS_FILE, TRACES_DIR, trace_name
+from ._checkpoint import is_number
+from ._record import STEPS_FILE, STOP_REASONS, TRACES_DIR, trace_name
 
 __all__ = [
     "add_arguments",
@@ -86,21 +89,31 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _read_steps(run_dir: Path) -> list[dict[str, Any]]:
-    """steps.jsonl's lines, the last one of each step (a step redone after an interrupt)."""
-    by_step: dict[int, dict[str, Any]] = {}
+def _read_lines(run_dir: Path) -> list[dict[str, Any]]:
+    """steps.jsonl's lines in the order written: step lines and run events (``_record``)."""
     try:
         text = (run_dir / STEPS_FILE).read_text(encoding="utf-8")
     except OSError:
         return []
+    lines = []
     for line in text.splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue  # a line being written
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            by_step[record["step"]] = record
+        if isinstance(record, dict):
+            lines.append(record)
+    return lines
+
+
+def _steps_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step lines, the last one of each step (a step redone after an interrupt)."""
+    by_step = {r["step"]: r for r in lines if isinstance(r.get("step"), int)}
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    return _steps_of(_read_lines(run_dir))
 
 
 def word_diff(before: str, after: str) -> list[list[str]]:
@@ -161,24 +174,42 @@ def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
 
 
 def run_summary(
-    run_dir: Path, steps: list[dict[str, Any]] | None = None, *, label: str | None = None
+    run_dir: Path, lines: list[dict[str, Any]] | None = None, *, label: str | None = None
 ) -> dict[str, Any]:
-    """Label, job name, steps done and total of a run directory (what the run list shows),
-    and where the forwards of remote Functions ran (``forward_on``: ``"workers"``,
-    ``"in-process"``, or None for a run recorded before it was kept).
+    """What the run list shows of a run directory: label, job name, steps done and total,
+    where the forwards of remote Functions ran, and its spending.
 
     ``label`` is the run's label among the runs shown (``run_labels``); by default the
     directory's last component. ``name`` is the job's name (the directory's when the run
-    has no checkpoint yet).
+    has no checkpoint yet). ``lines``: steps.jsonl's, when already read. From the newest
+    line that says (a resume may run elsewhere, or with another cap, than the run before):
+    ``forward_on`` (``"workers"``, ``"in-process"``), ``max_cost_usd`` (the cap, None
+    without one). ``stopped``: why the latest run stopped before its last step
+    (``"cost_cap"``, ``"interrupted"``, ``"patience"``), None while it runs or once it
+    finished; ``stopped_at_cost_cap`` is ``stopped == "cost_cap"``. ``cost_usd``: what
+    the job spent by its last checkpoint (the last step's total, or the initial
+    validation's before any step; None when unknown); ``replayed_calls``: model calls
+    replayed from their task's journal instead of paid again. Runs recorded before a field
+    was kept have None (0 replayed calls, never stopped).
     """
     ckpt = _read_json(run_dir / "checkpoint.json")
     history = _history(run_dir, ckpt)
     job = ckpt.get("job", {}) if isinstance(ckpt, dict) else {}
     name = job.get("name") if isinstance(job, dict) else None
-    steps = _read_steps(run_dir) if steps is None else steps
-    total = next((s.get("total_steps") for s in steps if s.get("step") == 0), None)
-    # The latest line that says: a resume may run elsewhere than the first run did.
-    where = next((s.get("forward_on") for s in reversed(steps) if "forward_on" in s), None)
+    lines = _read_lines(run_dir) if lines is None else lines
+    total = next((s.get("total_steps") for s in lines if s.get("step") == 0), None)
+    where = _newest(lines, "forward_on")
+    cap = _newest(lines, "max_cost_usd")
+    stopped = None
+    for line in lines:  # the last run's stop, if nothing ran after it
+        stopped = line.get("reason") if line.get("event") == "stop" else None
+    # Running totals: the last step's row, or the initial validation's before any step.
+    totals = history[-1] if history else None
+    if totals is None and isinstance(ckpt, dict):
+        totals = ckpt.get("initial_usage")
+    if not isinstance(totals, dict):
+        totals = {}
+    spent, replayed = totals.get("cost_usd"), totals.get("replayed_calls")
     return {
         "dir": str(run_dir),
         "label": label or run_dir.name or str(run_dir),
@@ -186,7 +217,17 @@ def run_summary(
         "steps_done": len(history),
         "total_steps": total if isinstance(total, int) else None,
         "forward_on": where if where in ("workers", "in-process") else None,
+        "max_cost_usd": cap if is_number(cap) else None,
+        "cost_usd": spent if is_number(spent) else None,
+        "replayed_calls": replayed if is_number(replayed) else 0,
+        "stopped": stopped if stopped in STOP_REASONS else None,
+        "stopped_at_cost_cap": stopped == "cost_cap",
     }
+
+
+def _newest(lines: list[dict[str, Any]], key: str) -> Any:
+    """The value of ``key`` in the last line that has it, else None."""
+    return next((line[key] for line in reversed(lines) if key in line), None)
 
 
 def _history(run_dir: Path, ckpt: Any) -> list[dict[str, Any]]:
@@ -211,7 +252,8 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
     path = Path(run_dir)
     ckpt = _read_json(path / "checkpoint.json")
     history = _history(path, ckpt)
-    steps = _read_steps(path)
+    lines = _read_lines(path)
+    steps = _steps_of(lines)
     keys: list[str] = []  # a parameter's dotted name in the job's Module, else its role
     roles: dict[str, str] = {}
     series: dict[str, list[dict[str, Any]]] = {}
@@ -243,7 +285,7 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
             previous[key] = text
     call_logs = {r["call_log"] for r in steps if isinstance(r.get("call_log"), str)}
     return {
-        **run_summary(path, steps, label=label),
+        **run_summary(path, lines, label=label),
         "job": ckpt.get("job") if isinstance(ckpt, dict) else None,
         "initial_val_score": ckpt.get("initial_val_score") if isinstance(ckpt, dict) else None,
         "history": history,

@@ -152,6 +152,12 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text("utf-8"))
 
 
+def run_events(out: Path) -> list[tuple[str, int, str | None]]:
+    """The run lines of ``out/steps.jsonl`` (not the steps'): ``(event, at_step, reason)``."""
+    lines = [json.loads(line) for line in (out / "steps.jsonl").read_text("utf-8").splitlines()]
+    return [(x["event"], x["at_step"], x.get("reason")) for x in lines if "event" in x]
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for an ``asyncgraph`` subprocess: this interpreter's, unbuffered."""
     env = dict(os.environ)

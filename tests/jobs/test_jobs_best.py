@@ -12,6 +12,8 @@ import pytest
 from asyncgraph import Module, Parameter, Variable, is_grad_enabled
 from asyncgraph.jobs import CheckpointError, Evaluation, Job, load_parameters, run_job
 
+from .jobs_helpers import run_events
+
 pytestmark = pytest.mark.anyio
 
 # The value the scripted optimizer sets at each step, and its validation score.
@@ -113,6 +115,7 @@ async def test_patience_stops_early_and_a_resume_says_finished(tmp_path: Path) -
     result = await run_job(job, tmp_path, progress=False)
     # Best at step 3 (0.6); steps 4 and 5 bring nothing better: stop after step 5.
     assert result.stopped_early and result.steps_done == 5 and len(result.history) == 5
+    assert run_events(tmp_path) == [("stop", 5, "patience")]  # what the dashboard reads
     again, _ = make_job(patience=2)
     resumed = await run_job(again, tmp_path, progress=False, resume=True)
     assert resumed.already_finished and resumed.stopped_early and resumed.best_step == 3
@@ -127,8 +130,10 @@ async def test_an_interrupted_job_resumes_with_its_best(tmp_path: Path) -> None:
     with pytest.raises(ExceptionGroup) as failed:  # the forwards' task group
         await run_job(job, tmp_path / "cut", progress=False)
     assert failed.group_contains(RuntimeError, match="interrupted")
+    assert run_events(tmp_path / "cut") == []  # a failure is no stop of the dashboard's
     again, _ = make_job(keep_best=True, patience=3)
     result = await run_job(again, tmp_path / "cut", progress=False, resume=True)
+    assert run_events(tmp_path / "cut") == [("resume", 4, None)]
     strip = [{k: v for k, v in row.items() if k != "step_s"} for row in result.history]
     want = [{k: v for k, v in row.items() if k != "step_s"} for row in expected.history]
     assert strip == want

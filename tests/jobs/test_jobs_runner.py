@@ -31,6 +31,7 @@ from .jobs_helpers import (
     listing,
     read_json,
     reference_fit,
+    run_events,
     without,
 )
 
@@ -172,6 +173,7 @@ async def test_sigint_mid_step_stops_cleanly_and_resume_matches(tmp_path: Path) 
     assert reached.is_set()
     assert result.interrupted and result.steps_done == stop_at
     assert len(result.history) == stop_at
+    assert run_events(tmp_path / "run") == [("stop", stop_at, "interrupted")]  # for the dashboard
     # The half-done step is rolled back: the job holds the checkpointed state.
     want_w, want_buf = reference_fit(fit.job, stop_at)
     assert fit.w.data == want_w and result.parameters == [want_w]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,10 +15,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
+from asyncgraph.jobs import JobResult, run_job
 from asyncgraph.jobs._ui import load_run, open_ui_server, run_labels, run_summary, word_diff
+from asyncgraph.jobs.demo import build_demo_job, demo_responder
+from asyncgraph.models import Pricing, SimulatedModel
+from asyncgraph.text import register_model, unregister_model
 
 from .jobs_helpers import PNG_MAGIC, cli_env, describe, run_cli
 
@@ -55,6 +62,47 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         assert proc.returncode == 0, describe(proc)
         made.append(out)
     return made
+
+
+PRICED = "priced-ui-demo"
+
+
+@pytest.fixture(scope="module")
+def capped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real demo runs on a priced simulated model: ``free`` without a cap; ``capped``
+    stopped at the step boundary before step 3 by its cap; ``raised``, a copy of it
+    resumed with a higher cap to the end; ``replayed``, a copy of ``free`` whose last
+    history row counts two calls replayed from the journal (a worker's crash is what makes
+    them: the fleet's tests do that; here the dashboard only has to show the count)."""
+    root = tmp_path_factory.mktemp("capped")
+    register_model(
+        PRICED,
+        SimulatedModel(
+            latency_s=0.001, responder=demo_responder, tag_replies=False,
+            pricing=Pricing(15.0, 60.0),
+        ),
+    )  # fmt: skip
+
+    async def run(out: Path, cap: float | None, *, resume: bool = False) -> JobResult:
+        job, _ = build_demo_job(PRICED, epochs=1)
+        job.max_cost_usd = cap
+        return await run_job(job, out, progress=False, resume=resume)
+
+    try:
+        free = anyio.run(run, root / "free", None)
+        costs = [row["cost_usd"] for row in free.history]
+        capped = anyio.run(run, root / "capped", (costs[1] + costs[2]) / 2)
+        assert capped.stopped_at_cost_cap and capped.steps_done == 2
+        shutil.copytree(root / "capped", root / "raised")
+        raised = anyio.run(functools.partial(run, root / "raised", 1.0, resume=True))
+        assert not raised.stopped_at_cost_cap and raised.steps_done == 3
+    finally:
+        unregister_model(PRICED)
+    shutil.copytree(root / "free", root / "replayed")
+    checkpoint = json.loads((root / "replayed" / "checkpoint.json").read_text())
+    checkpoint["history"][-1]["replayed_calls"] = 2
+    (root / "replayed" / "checkpoint.json").write_text(json.dumps(checkpoint))
+    return {name: root / name for name in ("free", "capped", "raised", "replayed")}
 
 
 def get(url: str, host: str | None = None) -> tuple[int, bytes]:
@@ -127,6 +175,34 @@ def test_a_step_redone_after_an_interrupt_shows_its_last_line(tmp_path: Path) ->
     run = load_run(tmp_path)
     assert [s["value"] for s in run["parameters"][0]["steps"]] == ["a", "a c"]
     assert run["history"] == [] and run["steps_done"] == 0
+    # Recorded before the cap and the stop lines were kept: nothing to say of them.
+    assert (run["max_cost_usd"], run["cost_usd"], run["forward_on"]) == (None, None, None)
+    assert (run["stopped"], run["stopped_at_cost_cap"], run["replayed_calls"]) == (None, False, 0)
+
+
+def test_the_newest_run_line_says_the_cap_and_whether_the_run_stopped(tmp_path: Path) -> None:
+    lines = [
+        {"step": 0, "max_cost_usd": 0.5, "forward_on": "in-process"},
+        {"step": 1, "max_cost_usd": 0.5, "forward_on": "in-process"},
+        {"event": "stop", "at_step": 1, "reason": "cost_cap", "max_cost_usd": 0.5},
+    ]
+    history = [{"step": 1, "cost_usd": 0.4, "replayed_calls": 2}]
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"history": history}))
+
+    def summary() -> dict[str, Any]:
+        (tmp_path / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return run_summary(tmp_path)
+
+    first = summary()
+    assert (first["max_cost_usd"], first["cost_usd"], first["replayed_calls"]) == (0.5, 0.4, 2)
+    assert first["stopped"] == "cost_cap" and first["stopped_at_cost_cap"]
+    # Resumed with a higher cap, on the workers: running again, the newest cap holds.
+    lines.append({"event": "resume", "at_step": 1, "max_cost_usd": 2, "forward_on": "workers"})
+    resumed = summary()
+    assert (resumed["max_cost_usd"], resumed["forward_on"]) == (2, "workers")
+    assert resumed["stopped"] is None and not resumed["stopped_at_cost_cap"]
+    lines.append({"event": "stop", "at_step": 1, "reason": "interrupted", "max_cost_usd": 2})
+    assert summary()["stopped"] == "interrupted" and not summary()["stopped_at_cost_cap"]
 
 
 @pytest.mark.slow
@@ -160,6 +236,44 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
         assert get(url + "app.js")[0] == 200 and get(url + "app.css")[0] == 200
         # A page elsewhere that resolves its own name to 127.0.0.1 gets nothing.
         assert get(url + "api/runs", host="attacker.example:80")[0] == 403
+
+
+@pytest.mark.slow
+def test_the_api_says_the_cap_the_spend_the_stop_at_the_cap_and_replayed_calls(
+    capped_runs: dict[str, Path],
+) -> None:
+    with open_ui_server(list(capped_runs.values())) as url:
+        runs = {r["label"]: r for r in json.loads(get(url + "api/runs")[1])["runs"]}
+        assert json.loads(get(url + "api/run/1")[1])["stopped_at_cost_cap"] is True
+    free, capped, raised, replayed = (runs[name] for name in capped_runs)
+    history = json.loads((capped_runs["free"] / "checkpoint.json").read_text())["history"]
+    costs = [row["cost_usd"] for row in history]
+    assert free["max_cost_usd"] is None and not free["stopped_at_cost_cap"]
+    assert free["cost_usd"] == costs[-1] > 0 and free["replayed_calls"] == 0
+    # Stopped by its cap before step 3: what it spent by step 2, under the cap.
+    assert capped["max_cost_usd"] == pytest.approx((costs[1] + costs[2]) / 2)
+    assert capped["stopped"] == "cost_cap" and capped["stopped_at_cost_cap"]
+    assert capped["cost_usd"] == pytest.approx(costs[1]) and capped["steps_done"] == 2
+    # Resumed with a higher cap: the newest cap, and no longer stopped.
+    assert raised["max_cost_usd"] == 1.0 and raised["stopped"] is None
+    assert raised["cost_usd"] == pytest.approx(costs[-1]) and raised["steps_done"] == 3
+    assert replayed["replayed_calls"] == 2
+    events = [
+        {k: line[k] for k in ("event", "at_step", "max_cost_usd")} | {"reason": line.get("reason")}
+        for line in map(
+            json.loads, (capped_runs["raised"] / "steps.jsonl").read_text().splitlines()
+        )
+        if "event" in line
+    ]
+    assert events == [
+        {
+            "event": "stop",
+            "at_step": 2,
+            "max_cost_usd": capped["max_cost_usd"],
+            "reason": "cost_cap",
+        },
+        {"event": "resume", "at_step": 2, "max_cost_usd": 1.0, "reason": None},
+    ]
 
 
 def test_an_absurd_run_or_step_number_is_a_400_not_a_traceback(tmp_path: Path) -> None:
@@ -383,3 +497,36 @@ def test_the_timeline_names_node_bars_by_function_and_the_calls_under_them_by_mo
     # The short node (about 70 px): its last words, not a prefix every Demo node shares.
     assert ("label", "…Answers") in labels or ("label", "…OfAnswers") in labels, labels
     assert "DemoJudgeOfAnswers (80.0 ms)" in dom  # its full name in the bar's tooltip
+
+
+@pytest.mark.slow
+def test_the_run_chips_show_the_spend_against_the_cap_the_stop_and_replayed_calls(
+    capped_runs: dict[str, Path], chromium: list[str]
+) -> None:
+    with open_ui_server(list(capped_runs.values())) as url:
+        done = browse(chromium, "--window-size=1000,1200", "--dump-dom", url)
+        runs = json.loads(get(url + "api/runs")[1])["runs"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body and 'data-ready="1"' in body[1], dom[-3000:]
+    assert 'data-overflow=""' in body[1], body[1]
+    run_list = re.search(r'<div id="runs"[^>]*>(.*?)</div>', dom)
+    assert run_list, dom[:3000]
+    chips = run_list[1].split('<span class="run-chip"')[1:]
+    assert [re.search(r'data-run="(\d)"', chip)[1] for chip in chips] == ["0", "1", "2", "3"]
+    free, capped, raised, replayed = chips
+    capped_run = runs[1]
+    spent, cap = money(capped_run["cost_usd"]), money(capped_run["max_cost_usd"])
+    assert f'<span class="spent">spent {spent} of the {cap} cap</span>' in capped
+    assert '<span class="live capped">stopped at the cost cap</span>' in capped
+    assert "of the $1.00 cap</span>" in raised and "stopped" not in raised
+    assert "spent" not in free and "replayed" not in free  # no cap, no replayed call
+    assert ">2 model calls replayed from the journal</span>" in replayed
+
+
+def money(value: float) -> str:
+    """Dollars as the page writes them (app.js ``money``; for amounts from $0.001 to $1e15)."""
+    if value == 0:
+        return "$0"
+    return f"${value:.2f}" if value >= 1 else f"${float(f'{value:.3g}')}"

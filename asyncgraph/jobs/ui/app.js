@@ -141,19 +141,37 @@ function runText(run) {
   return run.name && run.name !== run.label ? `${run.label} (${run.name})` : run.label;
 }
 
+// Dollars with the digits that matter: a cap of $0.00001 is not "$0.0000".
+function money(value) {
+  if (value === 0) return "$0";
+  return "$" + (value >= 1 ? value.toFixed(2) : String(Number(value.toPrecision(3))));
+}
+
+const STOPPED = { cost_cap: "stopped at the cost cap", interrupted: "interrupted", patience: "stopped early (patience)" };
+
+// A run's chip: its progress, why it stopped (when steps.jsonl says), where its forwards
+// ran, what it spent against its cap (only when it had one), and the model calls replayed
+// from their task's journal after a worker crashed (only when there were some).
 function renderRuns() {
   const box = document.getElementById("runs");
   box.replaceChildren(
     ...state.data.map((run, i) => {
       const total = run.total_steps ? `/${run.total_steps}` : "";
-      const live = run.total_steps && run.steps_done < run.total_steps ? "running or stopped" : null;
+      const unfinished = run.total_steps && run.steps_done < run.total_steps;
+      const live = STOPPED[run.stopped] || (unfinished ? "running or stopped" : null);
+      const spent = run.max_cost_usd == null ? null
+        : `spent ${run.cost_usd == null ? "?" : money(run.cost_usd)} of the ${money(run.max_cost_usd)} cap`;
+      const replayed = run.replayed_calls > 0
+        ? `${run.replayed_calls} model call${run.replayed_calls === 1 ? "" : "s"} replayed from the journal` : null;
       return el(
         "span",
         { class: "run-chip", title: run.dir, "data-run": i },
         runName(run, i),
         el("span", { class: "progress" }, `step ${run.steps_done}${total}`),
         run.forward_on === "workers" ? el("span", { class: "live" }, "forwards on the workers") : null,
-        live && el("span", { class: "live" }, live)
+        spent && el("span", { class: "spent" }, spent),
+        replayed && el("span", { class: "replayed", title: "not paid again: a rerun task replayed the calls that had finished" }, replayed),
+        live && el("span", { class: run.stopped === "cost_cap" ? "live capped" : "live" }, live)
       );
     })
   );
