@@ -95,8 +95,13 @@ class Job:
     it (estimated from the dearest step so far), and cuts a step that passes it anyway,
     keeping the checkpoint of the last whole step; ``JobResult.stopped_at_cost_cap``
     says so, and a resume with a higher cap continues. The cap is not part of the job's
-    identity, and it needs every model priced: an unpriced call stops a capped job
-    with ``ModelConfigError``.
+    identity, and it needs every model priced: before its first call, a capped job
+    raises ``ModelConfigError`` for a model without a ``Pricing`` that it can be seen to
+    reach (the optimizer's; the Module's, all the way down; those ``forward`` refers to:
+    its object, its nonlocal and global variables, one level into the objects and
+    functions there, its ``model=`` arguments; the default models). A model that cannot be
+    seen so (built or named while the job runs) is caught at its first call: that call
+    stops the job with the same error.
 
     Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
     a positive int (a bool is not one), a ``config`` that is not JSON, a

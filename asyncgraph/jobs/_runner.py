@@ -44,7 +44,7 @@ from ._checkpoint import (
 from ._job import Evaluation, Job, JobResult
 from ._record import JobRecorder
 from ._report import Reporter, write_history, write_plot
-from ._spending import Spending
+from ._spending import Spending, check_priced
 
 __all__ = ["evaluate", "run_job", "train_loss"]
 
@@ -127,6 +127,10 @@ async def run_job(
     the forwards of remote Functions too, in training and validation
     (``JobResult.forward_on`` says where they ran).
 
+    With ``job.max_cost_usd`` set, a model the job can be seen to reach without a price
+    raises ``ModelConfigError`` before anything runs or is written (see
+    ``asyncgraph.jobs._spending``).
+
     ``resume=True`` loads ``out_dir/checkpoint.json`` (CheckpointError if it is
     missing, corrupt or from another job) and continues from there, running the
     initial validation first if it is still missing. Without it an existing
@@ -169,6 +173,8 @@ async def run_job(
                 f"output directory"
             )
         run = _JobRun(job, out, identity, started, executor, _Best(job, out, None), resume=False)
+    if job.max_cost_usd is not None:  # before any call, and before anything is written
+        check_priced(job.name, job.max_cost_usd, job.optimizer, job.parameters, job.forward)
     run.reporter = reporter or Reporter(job.name, job.total_steps, enabled=progress)
     run.recorder = JobRecorder(
         out,

@@ -14,8 +14,13 @@ The cap is kept two ways:
   passes, cleanly, as Ctrl-C stops one: it is rolled back to the checkpoint of the last
   whole step, and a resume with a higher cap redoes it.
 
-A cap needs prices: the first call of a model without a ``Pricing`` stops the job with
-an error, before it can spend an unknown amount.
+A cap needs prices. Before its first call (before the initial validation), a capped job
+looks for the models it can reach without running anything (``_reachable``: the
+optimizer's, the Module's, those the ``forward`` refers to, the default models) and
+raises ``ModelConfigError`` naming any without a ``Pricing`` (``check_priced``). A model
+that cannot be seen up front (built or named while the job runs) is caught at its first
+call instead: an unpriced call stops the job with the same error, before it can spend
+an unknown amount.
 """
 
 from __future__ import annotations
@@ -27,11 +32,44 @@ from typing import Any
 import anyio
 
 from asyncgraph._exceptions import ModelConfigError
-from asyncgraph.models import Usage, UsageMeter
+from asyncgraph.models import BaseChatModel, Usage, UsageMeter
 
-__all__ = ["Spending"]
+from ._reachable import reachable_models
+
+__all__ = ["Spending", "check_priced"]
 
 POLL_S = 0.05  # how often a running step's spend is compared with the cap
+
+
+_HOW_TO_PRICE = (
+    "give the model a Pricing (e.g. OpenAIChat(..., pricing=Pricing(0.15, 0.60)), or "
+    "ASYNCGRAPH_MODEL_PRICES for a model built from a spec), or run without a cap"
+)
+
+
+def check_priced(name: str, cap: float, optimizer: Any, parameters: Any, forward: Any) -> None:
+    """Raise ``ModelConfigError`` when a model the job ``name`` can reach (see
+    ``_reachable``) has no price, so that a cost cap of ``cap`` could not count its calls.
+
+    Names each such model and where it was found. A model that is not a
+    ``BaseChatModel`` counts as unpriced: its calls are not metered at all.
+    """
+    unpriced = []
+    for found in reachable_models(optimizer, parameters, forward):
+        model = found.model
+        shown = type(model).__name__ + ("" if found.name is None else f" {found.name!r}")
+        if not isinstance(model, BaseChatModel):
+            unpriced.append(f"{shown} at {found.where} (not a BaseChatModel: calls not metered)")
+        elif model.pricing is None:
+            unpriced.append(f"{shown} at {found.where}")
+    if unpriced:
+        raise ModelConfigError(
+            f"job {name!r} can call a model without a price, and a cost cap "
+            f"(max_cost_usd={cap:g}) needs every call priced: {'; '.join(unpriced)}. "
+            f"{_HOW_TO_PRICE[0].upper()}{_HOW_TO_PRICE[1:]}",
+            variable="pricing",
+            value="None",
+        )
 
 
 class Spending:
@@ -103,9 +141,7 @@ class Spending:
             if totals["unpriced_calls"] > self.before_unpriced:
                 self.error = ModelConfigError(
                     f"a model without a price answered a call of this job, and a cost cap "
-                    f"(max_cost_usd={self.cap:g}) needs every call priced: give the model a "
-                    f"Pricing (e.g. OpenAIChat(..., pricing=Pricing(0.15, 0.60))), or run "
-                    f"without a cap",
+                    f"(max_cost_usd={self.cap:g}) needs every call priced: {_HOW_TO_PRICE}",
                     variable="pricing",
                     value="None",
                 )

@@ -3,18 +3,23 @@ resume with a higher cap, and refuse unpriced models."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from asyncgraph.jobs import run_job
-from asyncgraph.jobs.demo import INITIAL_PROMPT, build_demo_job, demo_responder
-from asyncgraph.models import ModelConfigError, Pricing, SimulatedModel
-from asyncgraph.text import register_model, unregister_model
+from asyncgraph import Parameter, Variable
+from asyncgraph.jobs import Evaluation, Job, run_job
+from asyncgraph.jobs.demo import INITIAL_PROMPT, DemoProgram, build_demo_job, demo_responder
+from asyncgraph.models import ModelConfigError, OpenAIChat, Pricing, SimulatedModel
+from asyncgraph.models._testing import OpenAITestServer
+from asyncgraph.optim import TGD
+from asyncgraph.text import llm_call, register_model, unregister_model
 
-from .jobs_helpers import JOB_FILES, describe, run_cli
+from .jobs_helpers import JOB_FILES, cli_env, describe, run_cli
 
 pytestmark = pytest.mark.anyio
 
@@ -74,18 +79,106 @@ async def test_a_step_that_passes_the_cap_is_cut_and_rolled_back(
     assert checkpoint["step"] == 0 and checkpoint["history"] == []
 
 
-async def test_a_cap_with_an_unpriced_model_is_an_error_before_any_step(tmp_path: Path) -> None:
-    model = SimulatedModel(latency_s=0.001, responder=demo_responder, tag_replies=False)
+@pytest.fixture
+def unpriced() -> Iterator[list[Any]]:
+    """The demo's model without a price, as "unpriced-demo"; yields the messages of its calls."""
+    calls: list[Any] = []
+
+    def answer(messages: Any) -> str:
+        calls.append(messages)
+        return demo_responder(messages)
+
+    model = SimulatedModel(latency_s=0.001, responder=answer, tag_replies=False)
     model.pricing = None  # a model without a price
     register_model("unpriced-demo", model)
-    try:
-        job, _ = build_demo_job("unpriced-demo", epochs=1)
-        job.max_cost_usd = 1.0
-        with pytest.raises(ModelConfigError, match=r"cost cap .* needs every call priced"):
-            await run_job(job, tmp_path / "run", progress=False)
-    finally:
-        unregister_model("unpriced-demo")
+    yield calls
+    unregister_model("unpriced-demo")
+
+
+async def test_a_capped_job_that_can_reach_an_unpriced_model_fails_at_start(
+    tmp_path: Path, unpriced: list[Any], priced: str
+) -> None:
+    # The Module (the job's forward and parameters) names the unpriced model; the
+    # optimizer's is priced.
+    program = DemoProgram("unpriced-demo")
+    job, _ = build_demo_job(priced, epochs=1)
+    job = dataclasses.replace(job, parameters=program, forward=program, max_cost_usd=1.0)
+    with pytest.raises(ModelConfigError, match=r"cost cap .* needs every call priced") as error:
+        await run_job(job, tmp_path / "run", progress=False)
+    assert "SimulatedModel 'unpriced-demo' at parameters.model" in str(error.value)
+    assert unpriced == [] and not (tmp_path / "run").exists()  # no call, nothing written
+    # Without a cap nothing is checked: the same job runs.
+    job = dataclasses.replace(job, max_cost_usd=None)
+    result = await run_job(job, tmp_path / "uncapped", progress=False)
+    assert result.steps_done == 3 and unpriced
+
+
+async def test_a_model_named_while_the_job_runs_is_caught_at_its_first_call(
+    tmp_path: Path, unpriced: list[Any]
+) -> None:
+    prompt = Parameter("You are a helpful assistant.", role="system prompt")
+
+    async def forward(example: Mapping[str, Any]) -> Evaluation:
+        name = "-".join(["unpriced", "demo"])  # not visible before it runs
+        question = Variable(example["question"], role="question")
+        answer = await llm_call(prompt, question, model=name)
+        return Evaluation(loss=answer, score=0.0)
+
+    job = Job(
+        name="named-late",
+        parameters=[prompt],
+        optimizer=TGD([prompt], model="simulated"),
+        forward=forward,
+        train_set=[{"question": "What is 2 + 2?"}],
+        val_set=[{"question": "What is 3 + 3?"}],
+        max_cost_usd=1.0,
+    )
+    with pytest.raises(ModelConfigError, match=r"a model without a price answered a call"):
+        await run_job(job, tmp_path / "run", progress=False)
+    assert len(unpriced) == 1  # the first call, and no other
     assert json.loads((tmp_path / "run" / "checkpoint.json").read_text())["step"] == 0
+
+
+async def test_an_unpriced_http_model_is_refused_before_any_request_a_priced_one_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    with OpenAITestServer() as server:
+        url = server.url
+        prompt = Parameter("Answer.", role="system prompt")
+        priced_model = OpenAIChat(
+            "house-model", base_url=url, api_key="sk-test", pricing=Pricing(1, 2)
+        )
+
+        def job_of(forward: Any, cap: float | None) -> Job:
+            return Job(
+                name="over-http",
+                parameters=[prompt],
+                optimizer=TGD([prompt], model="simulated"),
+                forward=forward,
+                train_set=[{"q": "2 + 2?"}, {"q": "3 + 3?"}],
+                batch_size=2,
+                max_cost_usd=cap,
+            )
+
+        async def unpriced_forward(example: Mapping[str, Any]) -> Evaluation:
+            # A spec with no price in the table, at the test server.
+            answer = await llm_call(prompt, example["q"], model="openai:house-model", base_url=url)
+            return Evaluation(loss=answer, score=0.0)
+
+        async def priced_forward(example: Mapping[str, Any]) -> Evaluation:
+            answer = await llm_call(prompt, example["q"], model=priced_model)
+            return Evaluation(loss=answer, score=0.0)
+
+        with pytest.raises(ModelConfigError, match=r"forward's model= argument") as error:
+            await run_job(job_of(unpriced_forward, 1.0), tmp_path / "refused", progress=False)
+        assert "OpenAIChat 'openai:house-model'" in str(error.value)
+        assert server.requests == [] and not (tmp_path / "refused").exists()
+        result = await run_job(job_of(priced_forward, 1.0), tmp_path / "priced", progress=False)
+        assert result.steps_done == 1 and 0 < result.cost_usd < 1.0
+        assert len(server.requests) == 4  # two forwards, and the feedback of their backwards
+        await run_job(job_of(unpriced_forward, None), tmp_path / "uncapped", progress=False)
+        assert len(server.requests) == 8  # no cap: not checked, and it runs
 
 
 def test_the_cap_is_checked() -> None:
@@ -121,6 +214,27 @@ def test_run_and_demo_take_max_cost_and_say_why_they_stopped(tmp_path: Path) -> 
     assert "finished after" in again.stdout
     bad = run_cli("demo", "--max-cost", "0")
     assert bad.returncode == 2 and "must be a number > 0" in bad.stderr
+
+
+@pytest.mark.slow
+def test_run_with_a_cap_refuses_an_unpriced_model_in_one_error_line_before_any_call(
+    tmp_path: Path,
+) -> None:
+    calls, out = tmp_path / "calls.txt", tmp_path / "run"
+    job_file = str(JOB_FILES / "unpriced_job.py")
+    env = cli_env(UNPRICED_JOB_CALLS=str(calls))
+    refused = run_cli(
+        "run", job_file, "--out", str(out), "--no-progress", "--max-cost", "1", env=env
+    )
+    assert refused.returncode == 1, describe(refused)
+    (line,) = refused.stderr.splitlines()  # one line, no traceback, no resume hint
+    assert line.startswith("error: job 'demo-prompt-optimization' can call a model without")
+    assert (
+        "(max_cost_usd=1)" in line and "SimulatedModel 'unpriced-demo' at optimizer.model" in line
+    )
+    assert not calls.exists() and not out.exists()
+    ran = run_cli("run", job_file, "--out", str(out), "--no-progress", env=env)  # no cap
+    assert ran.returncode == 0 and calls.exists(), describe(ran)
 
 
 def test_the_report_says_what_was_spent_against_the_cap_and_what_a_crash_did_not_bill(
