@@ -43,20 +43,26 @@ import os
 import re
 import sys
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 
-from asyncgraph import Module, Parameter, Variable, backward, graph_order
-from asyncgraph.models import SimulatedModel, track_usage
+from asyncgraph import Parameter, Variable
+from asyncgraph.models import SimulatedModel
 from asyncgraph.optim import TGD, ParetoSearch
 from asyncgraph.text import DeterministicEvaluator, LLMCall, llm_call, register_model
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Both tasks are the optimizer tests' (their folder has no package): one definition each.
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "optim"))
+
+from rules_task import BASE as RULE_BASE  # noqa: E402
+from rules_task import RuleProgram, RulesTask, tgd_curve  # noqa: E402
+from skills_task import BASE, SkillProgram, SkillsTask, with_instructions  # noqa: E402
+
 MODEL = "bench-skills"
 LATENCY_ENV = "ASYNCGRAPH_BENCH_LATENCY_MS"
-BASE = "You answer questions."
 INSTRUCTIONS = {
     "names": "Spell names in full.",
     "units": "Show the unit.",
@@ -72,89 +78,11 @@ TRAIN_COUNTS = {"names": 4, "units": 4, "upper": 6, "lower": 4, "metric": 4, "im
                 "dates": 4, "brief": 4}  # fmt: skip
 EVAL_COUNTS = {"names": 2, "units": 2, "upper": 3, "lower": 2, "metric": 2, "imperial": 3,
                "dates": 2, "brief": 2}  # fmt: skip
-_ACTION = re.compile(r'(Add|Remove) the instruction: "([^"]+)"')
-_TAGS = {name: re.compile(rf"<{name}>(.*?)</{name}>", re.DOTALL)
-         for name in ("VARIABLE", "VARIABLE_A", "VARIABLE_B", "OUTPUT_FEEDBACK")}  # fmt: skip
-
-
-def examples(counts: Mapping[str, int], split: str) -> list[dict[str, Any]]:
-    return [
-        {"question": f"{split} {skill} question {i}?", "answer": f"{skill}-{i}", "skill": skill}
-        for skill, n in counts.items()
-        for i in range(n)
-    ]
-
-
-TRAIN = examples(TRAIN_COUNTS, "train")
-VAL = examples(EVAL_COUNTS, "val")
-TEST = examples(EVAL_COUNTS, "test")
-ROWS = {row["question"]: row for row in [*TRAIN, *VAL, *TEST]}
-
-
-def present(prompt: str) -> list[str]:
-    return [s for s in INSTRUCTIONS.values() if s in prompt]
-
-
-def prompt_of(instructions: Sequence[str]) -> str:
-    return " ".join([BASE, *instructions])
-
-
-def solve(prompt: str, question: str) -> str:
-    row = ROWS[question.strip()]
-    skill = row["skill"]
-    clash = skill in CONFLICTS and INSTRUCTIONS[CONFLICTS[skill]] in prompt
-    return row["answer"] if INSTRUCTIONS[skill] in prompt and not clash else "unsure"
-
-
-def grade(answer: str, question: str, prompt: str) -> tuple[float, str]:
-    row = ROWS[question.strip()]
-    if answer.strip() == row["answer"]:
-        return 1.0, ""
-    skill = row["skill"]
-    if INSTRUCTIONS[skill] not in prompt:
-        return 0.0, f'Wrong. Add the instruction: "{INSTRUCTIONS[skill]}"'
-    return 0.0, f'Wrong. Remove the instruction: "{INSTRUCTIONS[CONFLICTS[skill]]}"'
-
-
-def improve(prompt: str, feedback: str) -> str:
-    actions = Counter(_ACTION.findall(feedback))
-    kept = present(prompt)
-    if actions:
-        (verb, instruction), _ = max(actions.items(), key=lambda item: item[1])
-        if verb == "Add" and instruction not in kept:
-            kept.append(instruction)
-        elif verb == "Remove" and instruction in kept:
-            kept.remove(instruction)
-    return prompt_of(kept)
-
-
-def merge(first: str, second: str) -> str:
-    kept = present(first)
-    for instruction in present(second):
-        skill = next(k for k, v in INSTRUCTIONS.items() if v == instruction)
-        clash = skill in CONFLICTS and INSTRUCTIONS[CONFLICTS[skill]] in kept
-        if instruction not in kept and not clash:
-            kept.append(instruction)
-    return prompt_of(kept)
-
-
-def reply(messages: Sequence[Mapping[str, Any]]) -> str:
-    system = str(messages[0]["content"]) if messages[0]["role"] == "system" else ""
-    text = "\n".join(str(m["content"]) for m in messages)
-    if "<VARIABLE_A>" in text:
-        first, second = _TAGS["VARIABLE_A"].findall(text)[-1], _TAGS["VARIABLE_B"].findall(text)[-1]
-        return f"<IMPROVED_VARIABLE>{merge(first, second)}</IMPROVED_VARIABLE>"
-    if "IMPROVED_VARIABLE" in text:
-        current = _TAGS["VARIABLE"].findall(text)[-1]
-        feedback = text.split("<FEEDBACK>", 1)[-1]
-        return f"<IMPROVED_VARIABLE>{improve(current, feedback)}</IMPROVED_VARIABLE>"
-    if "<OUTPUT_FEEDBACK>" in text:
-        found = _TAGS["OUTPUT_FEEDBACK"].findall(text)[-1]
-        lines = [f'{verb} the instruction: "{s}"' for verb, s in _ACTION.findall(found)]
-        return "\n".join(lines) or "No change needed."
-    if "give feedback" in text.lower():
-        return "No change needed."
-    return solve(system, str(messages[-1]["content"]))
+SKILLS = SkillsTask(
+    INSTRUCTIONS, CONFLICTS, {"train": TRAIN_COUNTS, "val": EVAL_COUNTS, "test": EVAL_COUNTS}
+)
+TRAIN, VAL, TEST = (SKILLS.splits[split] for split in ("train", "val", "test"))
+_VARIABLE = re.compile(r"<VARIABLE>(.*?)</VARIABLE>", re.DOTALL)
 
 
 class Clock:
@@ -170,7 +98,7 @@ class Clock:
                 await anyio.sleep(self.latency_s)
         else:
             await anyio.sleep(self.latency_s)
-        return reply(messages)
+        return SKILLS.respond(messages)
 
 
 CLOCK = Clock(float(os.environ.get(LATENCY_ENV, "50")) / 1000)
@@ -183,59 +111,16 @@ class SkillAnswer(LLMCall):
     remote_name = "bench_optimizers:SkillAnswer"  # also when this file runs as __main__
 
 
-class Program(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.prompt = Parameter(BASE, role="system prompt")
-
-    async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
-        question = Variable(example["question"], role="question")
-        answer: Variable = await SkillAnswer.apply(
-            self.prompt, question, model=MODEL, role="answer"
-        )
-        prompt = self.prompt.data
-
-        def check(prediction: str) -> tuple[float, str]:
-            return grade(prediction, example["question"], prompt)
-
-        score, loss = await DeterministicEvaluator.apply(check, answer)
-        return loss, float(score.data)
-
-
-def accuracy(prompt: str, rows: Sequence[Mapping[str, Any]]) -> float:
-    return sum(solve(prompt, r["question"]) == r["answer"] for r in rows) / len(rows)
+def skills_program() -> SkillProgram:
+    return SkillProgram(MODEL, task=SKILLS, call=SkillAnswer)
 
 
 async def run_tgd(budget: int, batch_size: int = 8, seed: int = 0) -> tuple[str, int, float]:
     """TGD over shuffled batches until ``budget`` calls are spent: (prompt, calls, wall)."""
-    import random
-
-    program = Program()
-    tgd = TGD(program.parameters(), model=MODEL)
-    rng = random.Random(seed)
     started = time.perf_counter()
-    with track_usage() as usage:
-        while usage.snapshot().requests < budget:
-            batch = rng.sample(TRAIN, batch_size)
-            results: list[tuple[Variable, float]] = [(Variable(""), 0.0)] * len(batch)
-
-            async def one(
-                i: int,
-                batch: list[dict[str, Any]] = batch,
-                results: list[tuple[Variable, float]] = results,
-            ) -> None:
-                with graph_order(i):
-                    results[i] = await program(batch[i])
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(batch)):
-                    tg.start_soon(one, i)
-            failing = [loss for loss, score in results if score < 1]
-            tgd.zero_grad()
-            if failing:
-                await backward(failing)
-                await tgd.step()
-    return program.prompt.data, usage.snapshot().requests, time.perf_counter() - started
+    curve = await tgd_curve(skills_program(), TRAIN, MODEL, seed, budget, batch_size)
+    calls, prompt = curve[-1]
+    return prompt, calls, time.perf_counter() - started
 
 
 def critical_path_s(history: list[dict[str, Any]], latency_s: float) -> float:
@@ -246,9 +131,8 @@ def critical_path_s(history: list[dict[str, Any]], latency_s: float) -> float:
 async def run_search(
     budget: int, executor: Any = None, concurrency: int = 64, patience: int = 2
 ) -> tuple[Any, float]:
-    program = Program()
     search = ParetoSearch(
-        program, TRAIN, VAL, model=MODEL, max_calls=budget, seed=0, proposals=4, merges=1,
+        skills_program(), TRAIN, VAL, model=MODEL, max_calls=budget, seed=0, proposals=4, merges=1,
         minibatch_size=4, max_concurrency=concurrency, executor=executor, patience=patience,
     )  # fmt: skip
     started = time.perf_counter()
@@ -270,7 +154,7 @@ async def staged_pipeline(latency_s: float, staged: bool) -> float:
             role = re.search(r"<ROLE>(.*?)</ROLE>", text)
             units = STAGE_UPDATE_UNITS.get(role.group(1).removeprefix("the ") if role else "", 1)
             await anyio.sleep(units * latency_s)
-            value = _TAGS["VARIABLE"].findall(text)[-1]
+            value = _VARIABLE.findall(text)[-1]
             return f"<IMPROVED_VARIABLE>{value} (revised)</IMPROVED_VARIABLE>"
         await anyio.sleep(latency_s)
         return "Be more specific." if "feedback" in text.lower() else "an output"
@@ -302,11 +186,11 @@ async def accuracy_table(budgets: Sequence[int], seeds: int) -> bool:
           f"{'ParetoSearch test acc':<22}{'(patience=0)':<14}calls (TGD / search)")  # fmt: skip
     for budget in budgets:
         runs = [await run_tgd(budget, seed=seed) for seed in range(seeds)]
-        accs = [accuracy(prompt, TEST) for prompt, _, _ in runs]
+        accs = [SKILLS.accuracy(prompt, TEST) for prompt, _, _ in runs]
         result, _ = await run_search(budget)
-        search_acc = accuracy(result.best.values["prompt"], TEST)
+        search_acc = SKILLS.accuracy(result.best.values["prompt"], TEST)
         wide, _ = await run_search(budget, patience=0)  # wide from the start
-        wide_acc = accuracy(wide.best.values["prompt"], TEST)
+        wide_acc = SKILLS.accuracy(wide.best.values["prompt"], TEST)
         mean = sum(accs) / len(accs)
         print(f"{budget:>6}  {mean:.3f} ({min(accs):.3f}-{max(accs):.3f}){'':<27}"
               f"{search_acc:<22.3f}{wide_acc:<14.3f}{max(c for _, c, _ in runs)} / "
@@ -317,62 +201,9 @@ async def accuracy_table(budgets: Sequence[int], seeds: int) -> bool:
 
 
 # -- one rule at a time: ParetoSearch against TGD and GEPA -------------------------------
-RULES = [f"Rule {k}: follow house convention {k}." for k in range(8)]
-RULE_BASE = "Answer the question."
-RULE_BEST = " ".join([RULE_BASE, *RULES])
-_ADD = re.compile(r'Add the rule: "([^"]+)"')
+RULE_TASK = RulesTask(8, stride=5)  # example i follows rule 5i (mod 8)
+RULES, RULE_TRAIN, RULE_VAL = RULE_TASK.rules, RULE_TASK.train, RULE_TASK.val
 RULE_BUDGETS = (200, 300, 500, 1000, 2000)
-
-
-def rule_examples(n: int, split: str) -> list[dict[str, Any]]:
-    return [
-        {"question": f"{split} case {i}?", "answer": f"{split}-{i}", "rule": (i * 5) % len(RULES)}
-        for i in range(n)
-    ]
-
-
-RULE_TRAIN = rule_examples(30, "train")
-RULE_VAL = rule_examples(20, "val")
-RULE_ROWS = {row["question"]: row for row in [*RULE_TRAIN, *RULE_VAL]}
-
-
-def rule_solve(prompt: str, question: str) -> str:
-    row = RULE_ROWS[question.strip()]
-    return row["answer"] if RULES[row["rule"]] in prompt else "unsure"
-
-
-def rule_grade(answer: str, question: str) -> tuple[float, str]:
-    row = RULE_ROWS[question.strip()]
-    if answer.strip() == row["answer"]:
-        return 1.0, "Correct."
-    return 0.0, f'Wrong. Add the rule: "{RULES[row["rule"]]}"'
-
-
-def add_one_rule(prompt: str, feedback: str) -> str:
-    """The optimizer model: adds the rule its feedback names most often (one per rewrite)."""
-    named = Counter(_ADD.findall(feedback))
-    kept = [r for r in RULES if r in prompt]
-    if named:
-        rule, _ = max(named.items(), key=lambda item: item[1])
-        if rule not in kept:
-            kept.append(rule)
-    return " ".join([RULE_BASE, *sorted(kept, key=RULES.index)])
-
-
-def rule_reply(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The scripted model of the rules task, for asyncgraph's prompts."""
-    system = str(messages[0]["content"]) if messages[0]["role"] == "system" else ""
-    text = "\n".join(str(m["content"]) for m in messages)
-    if "IMPROVED_VARIABLE" in text:
-        current = _TAGS["VARIABLE"].findall(text)[-1]
-        feedback = text.split("<FEEDBACK>", 1)[-1]
-        return f"<IMPROVED_VARIABLE>{add_one_rule(current, feedback)}</IMPROVED_VARIABLE>"
-    if "<OUTPUT_FEEDBACK>" in text:
-        found = _TAGS["OUTPUT_FEEDBACK"].findall(text)[-1]
-        return "\n".join(f'Add the rule: "{r}"' for r in _ADD.findall(found)) or "Fine."
-    if "give feedback" in text.lower():
-        return "Fine."
-    return rule_solve(system, str(messages[-1]["content"]))
 
 
 def rule_reply_dspy(body: Mapping[str, Any]) -> str:
@@ -382,80 +213,34 @@ def rule_reply_dspy(body: Mapping[str, Any]) -> str:
     asked = str(messages[-1]["content"])
     if "[[ ## current_instruction ## ]]" in asked:  # GEPA's ProposeInstruction
         current = asked.split("[[ ## current_instruction ## ]]", 1)[1].split("[[ ##", 1)[0]
-        new = add_one_rule(current, asked.replace('\\"', '"'))  # the examples are JSON
+        new = RULE_TASK.add_most_named(current, asked.replace('\\"', '"'))  # the examples are JSON
         return json.dumps({"new_instruction": new})
     system = str(messages[0]["content"])
     instruction = system.split("your objective is:", 1)[-1]
     question = asked.split("[[ ## question ## ]]")[-1].strip().split("\n")[0].strip()
-    answer = rule_solve(instruction, question)
+    answer = RULE_TASK.solve(instruction, question)
     return f"[[ ## answer ## ]]\n{answer}\n\n[[ ## completed ## ]]"
 
 
-class RuleProgram(Module):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.prompt = Parameter(RULE_BASE, role="system prompt")
-        self.model = model
-
-    async def forward(self, example: Mapping[str, Any]) -> tuple[Variable, float]:
-        question = Variable(example["question"], role="question")
-        answer: Variable = await LLMCall.apply(
-            self.prompt, question, model=self.model, role="answer"
-        )
-
-        def check(prediction: str) -> tuple[float, str]:
-            score, text = rule_grade(prediction, example["question"])
-            return score, "" if score else text
-
-        score, loss = await DeterministicEvaluator.apply(check, answer)
-        return loss, float(score.data)
-
-
 def rule_val(prompt: str) -> float:
-    return sum(rule_solve(prompt, r["question"]) == r["answer"] for r in RULE_VAL) / len(RULE_VAL)
-
-
-def rule_model(latency_s: float = 0.0) -> SimulatedModel:
-    return SimulatedModel(latency_s=latency_s, responder=rule_reply, tag_replies=False)
+    return RULE_TASK.accuracy(prompt, RULE_VAL)
 
 
 async def rules_tgd(seed: int, limit: int, batch_size: int = 8) -> list[tuple[int, float]]:
     """Plain TGD on shuffled batches: (calls so far, validation score) after each step."""
-    import random
-
-    model = rule_model()
-    program = RuleProgram(model)
-    tgd = TGD(program.parameters(), model=model)
-    rng = random.Random(seed)
-    curve = [(0, rule_val(RULE_BASE))]
-    with track_usage() as usage:
-        while usage.snapshot().requests < limit:
-            batch = rng.sample(RULE_TRAIN, batch_size)
-            results: list[tuple[Variable, float]] = [(Variable(""), 0.0)] * len(batch)
-
-            async def one(i: int, batch: Sequence[Any] = batch, out: list[Any] = results) -> None:
-                with graph_order(i):
-                    out[i] = await program(batch[i])
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(batch)):
-                    tg.start_soon(one, i)
-            failing = [loss for loss, score in results if score < 1]
-            tgd.zero_grad()
-            if failing:
-                await backward(failing)
-                await tgd.step()
-            curve.append((usage.snapshot().requests, rule_val(program.prompt.data)))
-    return curve
+    model = RULE_TASK.make_model()
+    program = RuleProgram(model, RULE_TASK)
+    curve = await tgd_curve(program, RULE_TRAIN, model, seed, limit, batch_size)
+    return [(0, rule_val(RULE_BASE))] + [(calls, rule_val(prompt)) for calls, prompt in curve]
 
 
 async def rules_search(
     seed: int, budget: int, latency_s: float = 0.0
 ) -> tuple[Any, list[tuple[int, float]]]:
-    model = rule_model(latency_s)
+    model = RULE_TASK.make_model(latency_s)
     search = ParetoSearch(
-        RuleProgram(model), RULE_TRAIN, RULE_VAL, model=model, max_calls=budget, seed=seed,
-        max_concurrency=16,
+        RuleProgram(model, RULE_TASK), RULE_TRAIN, RULE_VAL, model=model, max_calls=budget,
+        seed=seed, max_concurrency=16,
     )  # fmt: skip
     result = await search.run()
     curve = [(0, 0.0)] + [(row["calls"], row["best_score"]) for row in result.history]
@@ -488,8 +273,8 @@ def rules_gepa(
         def metric(gold: Any, pred: Any, trace: Any = None, pred_name: Any = None,
                    pred_trace: Any = None) -> Any:  # fmt: skip
             seen.append(len(server.requests))  # calls at the server when this was scored
-            score, feedback = rule_grade(str(getattr(pred, "answer", "")), gold.question)
-            return dspy.Prediction(score=score, feedback=feedback)
+            score, feedback = RULE_TASK.grade(str(getattr(pred, "answer", "")), gold.question)
+            return dspy.Prediction(score=score, feedback=feedback or "Correct.")
 
         signature = dspy.Signature("question -> answer", RULE_BASE)
         student = dspy.Predict(signature)
@@ -598,10 +383,10 @@ async def main_async(args: argparse.Namespace) -> int:
     latency_s = args.latency_ms / 1000
     print(f"scripted skills task: {len(TRAIN)} train / {len(VAL)} val / {len(TEST)} test "
           f"examples, {len(INSTRUCTIONS)} instructions (2 conflicting pairs), simulated model")  # fmt: skip
-    best = prompt_of([INSTRUCTIONS[k] for k in ("names", "units", "upper", "imperial", "dates",
-                                                  "brief")])  # fmt: skip
-    print(f"best possible test accuracy: {accuracy(best, TEST):.3f}; initial prompt: "
-          f"{accuracy(BASE, TEST):.3f}\n")  # fmt: skip
+    best = with_instructions([INSTRUCTIONS[k] for k in ("names", "units", "upper", "imperial",
+                                                         "dates", "brief")])  # fmt: skip
+    print(f"best possible test accuracy: {SKILLS.accuracy(best, TEST):.3f}; initial prompt: "
+          f"{SKILLS.accuracy(BASE, TEST):.3f}\n")  # fmt: skip
     ok = await accuracy_table(args.budgets, args.seeds)
     print("goal: the search beats TGD's mean at budgets >= 600 calls:", "met" if ok else "MISSED")
 
@@ -638,9 +423,6 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     print("goals met" if ok else "GOAL MISSED")
     return 0 if ok else 1
-
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 async def fleet_run(args: argparse.Namespace, local: Any, local_wall: float) -> None:
