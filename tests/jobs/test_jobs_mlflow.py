@@ -4,9 +4,10 @@ directory in MLflow, checked against a local file store."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,9 @@ from asyncgraph.jobs import MLflowReporter, run_job
 
 from .jobs_helpers import LineFit, read_json
 
-# Imported by the tests that use it (a second's import a run selecting none of them saves).
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.skipif(
-        importlib.util.find_spec("mlflow") is None, reason="the mlflow extra is not installed"
-    ),
-]
+mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
@@ -34,8 +31,6 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def client(store: str) -> Any:
-    import mlflow.tracking
-
     return mlflow.tracking.MlflowClient(tracking_uri=store)
 
 
@@ -115,6 +110,32 @@ async def test_a_cancelled_job_ends_its_run_failed_with_the_steps_done(
     assert reporter.run_id is not None
     assert client(store).get_run(reporter.run_id).info.status == "FAILED"
     assert len(client(store).get_metric_history(reporter.run_id, "train_score")) == 2
+
+
+async def test_a_job_stopped_by_ctrl_c_ends_its_run_killed_and_a_resume_starts_another(
+    tmp_path: Path, store: str
+) -> None:
+    async def interrupt(step: int) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while this step's forward runs
+            await anyio.sleep(30)
+
+    fit = LineFit(on_forward=interrupt)
+    reporter = MLflowReporter(fit.job, tracking_uri=store, progress=False)
+    with anyio.fail_after(30):
+        result = await run_job(fit.job, tmp_path / "run", reporter=reporter, handle_sigint=True)
+    assert result.interrupted and result.steps_done == 3
+    assert reporter.run_id is not None
+    stopped = client(store).get_run(reporter.run_id)
+    assert stopped.info.status == "KILLED"
+    assert len(client(store).get_metric_history(reporter.run_id, "train_score")) == 3
+    # The resume is a run of its own, which finishes and logs the steps it made.
+    again = LineFit()
+    resumed = MLflowReporter(again.job, tracking_uri=store, progress=False)
+    final = await run_job(again.job, tmp_path / "run", resume=True, reporter=resumed)
+    assert resumed.run_id not in (None, reporter.run_id)
+    assert client(store).get_run(resumed.run_id).info.status == "FINISHED"
+    assert final.steps_done == again.job.total_steps
 
 
 async def test_an_unreachable_tracking_store_never_costs_the_job(
