@@ -1,10 +1,17 @@
-"""``asyncgraph eval path/to/job.py [--params best.json] [--split test|val|train]``.
+"""``asyncgraph eval path/to/job.py [--params best.json] [--split test|val|train]
+[--redis URL | --workers N]``.
 
 Builds the job from its file (``build_job()``, as ``asyncgraph run`` does), loads saved
 parameter values into it (a run's ``best.json`` or ``checkpoint.json``, or a file written
 by ``Module.save``), and prints the mean score of the job's forward over one split,
 without gradients. The default split is the job's ``test_set`` if it has one, else its
 ``val_set``.
+
+For a job with ``Job(forward_on_workers=True)``, ``--redis URL`` or ``--workers N`` (the
+flags of ``asyncgraph run``, read by the same code) run the forwards of its remote
+Functions on the workers, inside ``asyncgraph.remote_forwards(executor)``; the output
+says where the forwards ran. A job without the switch has nothing to send there: the
+flags are then a usage error.
 """
 
 from __future__ import annotations
@@ -16,20 +23,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncgraph import remote_forwards
+
 from ._checkpoint import BEST_FORMAT, load_parameters
-from ._cli_common import run_command, usage_error
+from ._cli_common import EXIT_ERROR, run_command, usage_error
 from ._job import Job
 from ._run_cli import (
     JobFileError,
+    add_fleet_arguments,
     add_logging,
     add_max_attempts,
     apply_logging,
     apply_max_attempts,
     build,
+    fleet_problem,
     job_file_problem,
     load_job_file,
+    open_fleet,
+    unserved_queue,
 )
-from ._runner import evaluate
+from ._runner import evaluate, forwards_executor
 
 __all__ = ["SPLITS", "add_arguments", "run"]
 
@@ -48,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         choices=SPLITS,
         help="the examples to score on (default: test if the job has a test_set, else val)",
+    )
+    add_fleet_arguments(
+        parser, sent="the remote forwards of a job with Job(forward_on_workers=True)"
     )
     add_max_attempts(parser)
     add_logging(parser)
@@ -69,7 +85,7 @@ def _split(job: Job, name: str | None) -> tuple[str, list[Mapping[str, Any]]] | 
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = job_file_problem(args.job_file)
+    problem = job_file_problem(args.job_file) or fleet_problem(args)
     if problem is not None:
         return usage_error(problem)
     if args.params is not None and not Path(args.params).is_file():
@@ -78,10 +94,21 @@ def run(args: argparse.Namespace) -> int:
     apply_logging(args)
 
     async def main() -> int:
+        missing = await unserved_queue(args)
+        if missing is not None:
+            print(f"error: {missing}", file=sys.stderr)
+            return EXIT_ERROR
         try:
-            job = await build(load_job_file(args.job_file))
+            module = load_job_file(args.job_file)
+            job = await build(module)
         except JobFileError as exc:
             return usage_error(str(exc))
+        if (args.redis or args.workers) and not job.forward_on_workers:
+            return usage_error(
+                f"job {job.name!r} runs its forwards in this process (it does not set "
+                f"Job(forward_on_workers=True)), and eval sends nothing else to workers: "
+                f"drop --redis / --workers, or set forward_on_workers=True in build_job()"
+            )
         chosen = _split(job, args.split)
         if isinstance(chosen, str):
             return usage_error(chosen)
@@ -95,10 +122,17 @@ def run(args: argparse.Namespace) -> int:
                 shown = "not measured" if score is None else f"{score:.2f}"
                 source += f" (step {saved.get('step')}, validation {shown})"
         started = time.perf_counter()
-        score = await evaluate(job, examples)
+        try:
+            async with open_fleet(args, module.__name__) as executor:
+                forwards = forwards_executor(job, executor)
+                with remote_forwards(forwards):
+                    score = await evaluate(job, examples)
+        except JobFileError as exc:  # the job file's Functions cannot be served
+            return usage_error(str(exc))
         print(f"job: {job.name}")
         print(f"parameters: {source}")
         print(f"split: {name} ({len(examples)} examples)")
+        print(f"forwards: {'on the workers' if forwards is not None else 'in-process'}")
         print(f"score: {score:.4f}  (mean of the job's per-example scores)")
         print(f"wall time: {time.perf_counter() - started:.1f}s", file=sys.stderr)
         return 0

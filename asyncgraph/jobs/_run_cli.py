@@ -10,11 +10,13 @@ serving the modules of the remote Functions the job file loaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import os
 import sys
 import traceback
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,28 +47,10 @@ __all__ = ["JobFileError", "add_arguments", "best_line", "load_job_file", "print
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_file", help="a Python file that defines build_job() -> Job")
-    fleet = parser.add_mutually_exclusive_group()
-    fleet.add_argument(
-        "--redis",
-        metavar="URL",
-        help="run remote backwards (and, with Job(forward_on_workers=True), remote "
-        "forwards) on the workers of this Redis",
+    add_fleet_arguments(
+        parser,
+        sent="remote backwards (and, with Job(forward_on_workers=True), remote forwards)",
     )
-    fleet.add_argument(
-        "--workers",
-        type=positive_int,
-        metavar="N",
-        help="the same on N local worker processes (embedded redis-server), serving the "
-        "modules of the remote Functions the job file loaded",
-    )
-    parser.add_argument(
-        "--worker-concurrency",
-        type=positive_int,
-        metavar="K",
-        help="with --workers: tasks each worker runs at once (default 128; 1 spreads "
-        "CPU-bound forwards over the workers, one per process)",
-    )
-    parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     start = parser.add_mutually_exclusive_group()
     start.add_argument(
         "--resume", action="store_true", help="continue from the checkpoint in --out"
@@ -183,55 +167,10 @@ async def build(module: ModuleType) -> Job:
     return job
 
 
-async def run_with_optional_redis(
-    job: Job,
-    out: Path,
-    *,
-    redis: str | None,
-    queue: str,
-    resume: bool,
-    progress: bool,
-    overwrite: bool = False,
-    trace: bool = False,
-    log_calls: str | None = None,
-    secret: str | None = None,
-) -> JobResult:
-    """``run_job`` in-process, or with the workers at ``redis`` (``secret``: theirs;
-    None: ``$ASYNCGRAPH_SECRET``)."""
-    problem = existing_run_problem(out, resume=resume, overwrite=overwrite)
-    if problem is not None:
-        raise CheckpointError(problem)
-    if redis is None:
-        return await run_job(
-            job,
-            out,
-            resume=resume,
-            overwrite=overwrite,
-            progress=progress,
-            handle_sigint=True,
-            trace=trace,
-            log_calls=log_calls,
-        )
-    from asyncgraph.distributed import open_redis_executor
-
-    async with open_redis_executor(redis, queue=queue, secret=secret) as executor:
-        return await run_job(
-            job,
-            out,
-            resume=resume,
-            overwrite=overwrite,
-            executor=executor,
-            progress=progress,
-            handle_sigint=True,
-            trace=trace,
-            log_calls=log_calls,
-        )
-
-
 def run(args: argparse.Namespace) -> int:
     # A missing file or a file without build_job() is a usage error, not a crash of the
     # user's code: say so without a traceback.
-    problem = job_file_problem(args.job_file) or redis_problem(args.redis, args.queue)
+    problem = job_file_problem(args.job_file) or fleet_problem(args)
     if problem is not None:
         return usage_error(problem)
     apply_max_attempts(args)
@@ -239,13 +178,10 @@ def run(args: argparse.Namespace) -> int:
     used_out: list[Path] = []  # the run directory, once the job is built
 
     async def main() -> int:
-        if args.redis is not None:
-            # Before the job starts: otherwise every remote node would wait for the
-            # executor's timeout before saying that nobody serves the queue.
-            missing = await check_live_workers(args.redis, args.queue, ("MODULE",))
-            if missing is not None:
-                print(f"error: {missing}", file=sys.stderr)
-                return EXIT_ERROR
+        missing = await unserved_queue(args)
+        if missing is not None:
+            print(f"error: {missing}", file=sys.stderr)
+            return EXIT_ERROR
         try:
             module = load_job_file(args.job_file)
             job = await build(module)
@@ -257,9 +193,25 @@ def run(args: argparse.Namespace) -> int:
         if not args.out:
             announce_default_out(out)
         used_out.append(out)
-        result = await _run_where_asked(job, module.__name__, out, args)
-        if isinstance(result, str):
-            return usage_error(result)
+        # Before any worker starts: one would go unused.
+        problem = existing_run_problem(out, resume=args.resume, overwrite=args.overwrite)
+        if problem is not None:
+            raise CheckpointError(problem)
+        try:
+            async with open_fleet(args, module.__name__) as executor:
+                result = await run_job(
+                    job,
+                    out,
+                    resume=args.resume,
+                    overwrite=args.overwrite,
+                    executor=executor,
+                    progress=not args.no_progress,
+                    handle_sigint=True,
+                    trace=args.trace,
+                    log_calls=args.log_calls,
+                )
+        except JobFileError as exc:  # the job file's Functions cannot be served
+            return usage_error(str(exc))
         summary(result, overwrite=args.overwrite)
         if not result.interrupted and not result.already_finished:
             print_parameters(job)
@@ -273,30 +225,85 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _run_where_asked(
-    job: Job, job_module: str, out: Path, args: argparse.Namespace
-) -> JobResult | str:
-    """The run in-process, on ``--redis`` or on ``--workers``; or the usage error."""
-    options: dict[str, Any] = {
-        "queue": args.queue,
-        "resume": args.resume,
-        "overwrite": args.overwrite,
-        "progress": not args.no_progress,
-        "trace": args.trace,
-        "log_calls": args.log_calls,
-    }
+# -- the fleet: where ``run`` and ``eval`` send remote Functions -----------------------
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser, *, sent: str) -> None:
+    """``--redis URL`` or ``--workers N``, ``--worker-concurrency K`` and ``--queue NAME``:
+    where a command sends the remote Functions of a job (``sent``: what, for the help).
+    ``fleet_problem``, ``unserved_queue`` and ``open_fleet`` read them."""
+    fleet = parser.add_mutually_exclusive_group()
+    fleet.add_argument("--redis", metavar="URL", help=f"run {sent} on the workers of this Redis")
+    fleet.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="the same on N local worker processes (embedded redis-server), serving the "
+        "modules of the remote Functions the job file loaded",
+    )
+    parser.add_argument(
+        "--worker-concurrency",
+        type=positive_int,
+        metavar="K",
+        help="with --workers: tasks each worker runs at once (default 128; 1 spreads "
+        "CPU-bound forwards over the workers, one per process)",
+    )
+    parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
+
+
+def fleet_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the fleet flags, before anything is loaded or started; or None."""
     if args.worker_concurrency is not None and not args.workers:
         return "--worker-concurrency sizes the workers of --workers N: give --workers too"
+    return redis_problem(args.redis, args.queue)
+
+
+async def unserved_queue(args: argparse.Namespace) -> str | None:
+    """With ``--redis``: the error to show when no worker serves the queue, else None.
+
+    Checked before the job starts: otherwise every remote node would wait for the
+    executor's timeout before saying that nobody serves the queue.
+    """
+    if args.redis is None:
+        return None
+    return await check_live_workers(args.redis, args.queue, ("MODULE",))
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(args: argparse.Namespace, job_module: str) -> AsyncIterator[Any]:
+    """The executor of the fleet the flags name, for the block: None (in-process), a
+    ``RedisExecutor`` on the workers of ``--redis``, or on ``--workers N`` local workers
+    started for the block, each running at most ``--worker-concurrency`` tasks at once,
+    serving the modules of the remote Functions that the job file (imported as
+    ``job_module``) loaded.
+
+    Raises ``JobFileError`` when local workers cannot serve the job file's Functions
+    (``worker_imports``), before any process starts.
+    """
     if not args.workers:
-        return await run_with_optional_redis(job, out, redis=args.redis, **options)
+        if args.redis is None:
+            yield None
+            return
+        from asyncgraph.distributed import open_redis_executor
+
+        async with open_redis_executor(args.redis, queue=args.queue) as executor:
+            yield executor
+        return
+    import secrets
+
+    from asyncgraph.distributed import local_fleet, open_redis_executor
+
     imports = worker_imports(job_module, Path(args.job_file))
     if isinstance(imports, str):
-        return imports
+        raise JobFileError(imports)
     let_workers_import_from(Path(args.job_file).parent)
-    concurrency = args.worker_concurrency
-    return await run_on_local_fleet(
-        job, out, args.workers, imports, concurrency=concurrency, **options
-    )
+    # Signed tasks, as demo --workers: the user's secret if set (None: both sides read
+    # it, and a bad one is reported by its variable's name), else a fresh one.
+    secret = None if os.environ.get(SECRET_ENV, "").strip() else secrets.token_hex(32)
+    sizing = {} if args.worker_concurrency is None else {"concurrency": args.worker_concurrency}
+    with local_fleet(args.workers, imports, queue=args.queue, secret=secret, **sizing) as url:
+        async with open_redis_executor(url, queue=args.queue, secret=secret) as executor:
+            yield executor
 
 
 SECRET_ENV = "ASYNCGRAPH_SECRET"  # the workers' and clients' shared secret
@@ -349,34 +356,6 @@ def let_workers_import_from(directory: Path) -> None:
         *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
     ]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-
-
-async def run_on_local_fleet(
-    job: Job,
-    out: Path,
-    workers: int,
-    imports: list[str],
-    *,
-    concurrency: int | None = None,
-    **options: Any,
-) -> JobResult:
-    """``job`` on ``workers`` local worker processes serving ``imports``, each running at
-    most ``concurrency`` tasks at once (None: ``local_fleet``'s default; see it)."""
-    import secrets
-
-    from asyncgraph.distributed import local_fleet
-
-    problem = existing_run_problem(
-        out, resume=options["resume"], overwrite=options.get("overwrite", False)
-    )
-    if problem is not None:  # before starting processes that would go unused
-        raise CheckpointError(problem)
-    # Signed tasks, as demo --workers: the user's secret if set (None: both sides read
-    # it, and a bad one is reported by its variable's name), else a fresh one.
-    secret = None if os.environ.get(SECRET_ENV, "").strip() else secrets.token_hex(32)
-    sizing: dict[str, Any] = {} if concurrency is None else {"concurrency": concurrency}
-    with local_fleet(workers, imports, queue=options["queue"], secret=secret, **sizing) as url:
-        return await run_with_optional_redis(job, out, redis=url, secret=secret, **options)
 
 
 def add_max_attempts(parser: argparse.ArgumentParser) -> None:

@@ -243,10 +243,7 @@ class _JobRun:
         self.interrupted = False
         self.running = True
         self.stop = anyio.CancelScope()
-        # The forwards' executor: None runs them here (see Job.forward_on_workers).
-        self.forwards: Any = (
-            executor if job.forward_on_workers and _runs_forwards(executor) else None
-        )
+        self.forwards = forwards_executor(job, executor)
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self) -> None:
@@ -500,9 +497,13 @@ class _JobRun:
         return "in-process" if self.forwards is None else "workers"
 
 
-def _runs_forwards(executor: Executor | None) -> bool:
-    """True when ``executor`` can run a forward elsewhere (``remote_forwards`` takes it)."""
-    return executor is not None and inspect.iscoroutinefunction(getattr(executor, "apply", None))
+def forwards_executor(job: Job, executor: Executor | None) -> Any:
+    """The executor for ``remote_forwards`` in a run of ``job`` with ``executor``: that
+    executor when ``job.forward_on_workers`` is set and it can run a forward elsewhere (a
+    ``RedisExecutor``), else None (the forwards run here)."""
+    apply = getattr(executor, "apply", None)
+    runs_forwards = inspect.iscoroutinefunction(apply)
+    return executor if job.forward_on_workers and runs_forwards else None
 
 
 class _Best:

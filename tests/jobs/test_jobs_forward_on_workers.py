@@ -228,6 +228,67 @@ def test_run_with_workers_runs_the_forwards_on_a_local_fleet(
     assert all(client != forward for client, forward in pairs)
 
 
+def _eval_on(
+    tmp_path: Path, name: str, *fleet: str, secret: str = ""
+) -> tuple[str, list[list[str]]]:
+    """``asyncgraph eval fleet_job.py`` of a slope of 2.0 on the 8 training examples, with
+    the ``fleet`` flags: its output, and per forward the client's pid and the pid of the
+    process that ran the metric's forward."""
+    params, pids = tmp_path / "best.json", tmp_path / f"{name}.pids"
+    best = {"format": "asyncgraph-best", "job": "fleet-job", "step": 1, "val_score": None}
+    params.write_text(json.dumps({**best, "parameters": [{"role": "slope", "data": 2.0}]}))
+    env = {**_fleet_env(), "FLEET_JOB_PIDS": str(pids), "ASYNCGRAPH_SECRET": secret}
+    proc = run_cli(
+        "eval", str(JOB_FILES / "fleet_job.py"), "--params", str(params), "--split", "train",
+        *fleet, env=env, timeout_s=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, describe(proc)
+    return proc.stdout, [line.split() for line in pids.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_eval_with_workers_or_redis_runs_the_forwards_there_for_the_in_process_score(
+    tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgraph.distributed import local_fleet
+
+    # 2.0 * 0.2i against 0.5i: a squared error under 0.1 for i <= 3, 3 of the 8 examples.
+    here, here_pids = _eval_on(tmp_path, "here")
+    assert "forwards: in-process" in here and "score: 0.3750" in here, here
+    assert len(here_pids) == 8 and all(client == forward for client, forward in here_pids)
+    workers, worker_pids = _eval_on(
+        tmp_path, "workers", "--workers", "2", "--worker-concurrency", "1", "--queue", "eval-w"
+    )
+    assert "forwards: on the workers" in workers and "score: 0.3750" in workers, workers
+    assert len(worker_pids) == 8 and all(client != forward for client, forward in worker_pids)
+    # --redis URL: workers of a fleet started here, serving the job file's Functions.
+    paths = [str(TESTS / "jobs"), str(JOB_FILES), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+    queue = f"eval-{secrets.token_hex(4)}"
+    imports = ["fleet_functions", "fleet_job"]
+    with local_fleet(2, imports, redis_url=redis_server_url, queue=queue, secret=SECRET) as url:
+        there, there_pids = _eval_on(
+            tmp_path, "redis", "--redis", url, "--queue", queue, secret=SECRET
+        )
+    assert "forwards: on the workers" in there and "score: 0.3750" in there, there
+    (client,) = {c for c, _ in there_pids}
+    assert len(there_pids) == 8 and client not in {f for _, f in there_pids}
+
+
+def test_eval_on_workers_of_a_job_that_keeps_its_forwards_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph.cli import main
+
+    job_file = str(JOB_FILES / "best_job.py")  # no forward_on_workers: nothing to send
+    assert main(["eval", job_file, "--workers", "2"]) == 2  # before any process starts
+    err = capsys.readouterr().err
+    assert "job 'best-job' runs its forwards in this process" in err
+    assert "set forward_on_workers=True in build_job()" in err
+    assert main(["eval", job_file, "--worker-concurrency", "1"]) == 2
+    assert "--worker-concurrency sizes the workers of --workers N" in capsys.readouterr().err
+
+
 def test_run_with_workers_refuses_a_job_file_s_remote_function_without_remote_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
