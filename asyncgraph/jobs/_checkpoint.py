@@ -91,6 +91,10 @@ class Progress:
     initial_usage: dict[str, Any] | None = None
     """What the initial validation spent (``tokens``, ``cost_usd``, ``unpriced_calls``):
     the history's running totals start from it, so they add up to the call log."""
+    spent: dict[str, Any] | None = None
+    """The running totals of every model call of the job so far, those of a step that was
+    cut (Ctrl-C, the cost cap) and rolled back included: paid all the same, so a resume
+    counts on from here, not from the last step's row. None in older checkpoints."""
 
 
 # -- files -------------------------------------------------------------------------------
@@ -293,6 +297,7 @@ def write_checkpoint(path: Path, job: Job, identity: Mapping[str, Any], progress
                 "since_best": progress.since_best,
                 "stopped_early": progress.stopped_early,
                 "initial_usage": progress.initial_usage,
+                "spent": progress.spent,
             },
         )
     except OSError as exc:
@@ -476,13 +481,7 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> Progress:
     problem = _check_best(state, step)
     if problem is not None:
         raise corrupt(problem)
-    initial_usage = state.get("initial_usage")  # absent in checkpoints of older versions
-    if initial_usage is not None and not (
-        isinstance(initial_usage, dict)
-        and set(USAGE_TOTALS) <= set(initial_usage) <= {*USAGE_TOTALS, *OPTIONAL_TOTALS}
-        and all(is_number(value) and value >= 0 for value in initial_usage.values())
-    ):
-        raise corrupt(f"initial_usage is {initial_usage!r:.100}, not a map of {USAGE_TOTALS}")
+    usage = {key: _usage(state, key, corrupt) for key in ("initial_usage", "spent")}
     if job.module is not None:
         want = [
             {"name": n, "role": p.role} for n, p in zip(job.param_names, job.params, strict=True)
@@ -510,8 +509,23 @@ def _restore(job: Job, state: Mapping[str, Any], path: Path) -> Progress:
         best=best,
         since_best=state.get("since_best") or 0,
         stopped_early=bool(state.get("stopped_early")),
-        initial_usage=initial_usage,
+        initial_usage=usage["initial_usage"],
+        spent=usage["spent"],
     )
+
+
+def _usage(
+    state: Mapping[str, Any], key: str, corrupt: Callable[[str], CheckpointError]
+) -> dict[str, Any] | None:
+    """The usage totals at ``key`` (absent in checkpoints of older versions: None)."""
+    totals = state.get(key)
+    if totals is not None and not (
+        isinstance(totals, dict)
+        and set(USAGE_TOTALS) <= set(totals) <= {*USAGE_TOTALS, *OPTIONAL_TOTALS}
+        and all(is_number(value) and value >= 0 for value in totals.values())
+    ):
+        raise corrupt(f"{key} is {totals!r:.100}, not a map of {USAGE_TOTALS}")
+    return totals
 
 
 def _load_optimizer(

@@ -112,7 +112,7 @@ def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
 def spending_line(result: JobResult) -> str | None:
     """What a run spent against its cap, and the calls a crash did not bill twice; None
     when there is neither a cap nor a replayed call to tell of."""
-    replayed = int(result.history[-1].get("replayed_calls", 0)) if result.history else 0
+    replayed = result.replayed_calls
     parts = []
     if result.max_cost_usd is not None:
         parts.append(f"spent ${result.cost_usd:.4f} of the ${result.max_cost_usd:g} cap")

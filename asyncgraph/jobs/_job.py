@@ -282,7 +282,11 @@ class JobResult:
     stopped_at_cost_cap: bool = False
     """True when ``Job.max_cost_usd`` stopped the job (resume with a higher cap to go on)."""
     cost_usd: float = 0.0
-    """What every priced model call of the job cost, in US dollars (all runs of it)."""
+    """What every priced model call of the job cost, in US dollars (all runs of it, the
+    calls of a step cut by Ctrl-C or the cap and rolled back included: they were paid)."""
+    replayed_calls: int = 0
+    """Model calls that a rerun remote task replayed from its journal instead of paying
+    for them again (all runs of the job)."""
     max_cost_usd: float | None = None
     """The cap this run had."""
     stopped_early: bool = False

@@ -161,7 +161,7 @@ async def run_job(
         best = _Best(job, out, saved)
         run = _JobRun(job, out, identity, started, executor, best, resume=True)
         run.step, run.history, run.initial_val = saved.step, saved.history, saved.initial_val_score
-        run.initial_usage = saved.initial_usage
+        run.initial_usage, run.spent_before = saved.initial_usage, saved.spent
         run.resumed_at = len(saved.history)
         if run.step >= job.total_steps or best.stopped_early:
             return run.result(None, already_finished=True)
@@ -236,6 +236,7 @@ class _JobRun:
         self.history: list[dict[str, Any]] = []
         self.initial_val: float | None = None
         self.initial_usage: dict[str, Any] | None = None
+        self.spent_before: dict[str, Any] | None = None  # the checkpoint's ``spent``
         self.fed: set[int] = set()  # ids of the parameters that got feedback in a step
         self.resumed_at: int | None = None
         self.spending: Spending | None = None
@@ -253,9 +254,16 @@ class _JobRun:
             self.initial_val,
             **self.best.fields(),
             initial_usage=self.initial_usage,
+            spent=self.spent(),
         )
         write_checkpoint(self.ckpt_path, self.job, self.identity, progress)
         self.checkpointed = True
+
+    def spent(self) -> dict[str, Any] | None:
+        """The running totals of every call of the job so far, cut steps' included."""
+        if self.spending is not None:
+            return self.spending.totals()
+        return self.spent_before or (self.history[-1] if self.history else self.initial_usage)
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -362,8 +370,10 @@ class _JobRun:
         if not self.checkpointed:  # out could not even take the step-0 checkpoint
             return None
         if self.interrupted or self.capped:
-            # Parameters may hold a half-finished step: put back the saved state.
+            # Parameters may hold a half-finished step: put back the saved state, and keep
+            # what that step's calls cost (they were paid) for the resume to count on from.
             restore_checkpoint(self.job, self.ckpt_path, self.identity)
+            self.save()
         try:
             write_history(self.out / "history.json", self.history)
             drawn = write_plot(
@@ -382,9 +392,9 @@ class _JobRun:
         failure: Exception | None = None
         plot_path: Path | None = None
         receiver = anyio.open_signal_receiver(signal.SIGINT) if handle_sigint else None
-        # Running totals over every call of the job (see _spending): from the last
-        # step's row on a resume, or the initial validation's usage before any step.
-        before = self.history[-1] if self.history else (self.initial_usage or {})
+        # Running totals over every call of the job (see _spending): on a resume, from
+        # what the checkpoint says was spent (cut steps included).
+        before = self.spent() or {}
         with (
             receiver if receiver is not None else contextlib.nullcontext() as signals,
         ):
@@ -465,7 +475,7 @@ class _JobRun:
         return self.spending is not None and self.spending.capped
 
     def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
-        history, best = self.history, self.best
+        history, best, spent = self.history, self.best, self.spent() or {}
         final_val = next(
             (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
         )
@@ -486,7 +496,8 @@ class _JobRun:
             best_parameters=None if best.record is None else saved_values(self.job, best.record),
             stopped_early=best.stopped_early,
             stopped_at_cost_cap=self.capped,
-            cost_usd=float(history[-1]["cost_usd"]) if history else 0.0,
+            cost_usd=float(spent.get("cost_usd", 0.0)),
+            replayed_calls=int(spent.get("replayed_calls", 0)),
             max_cost_usd=self.job.max_cost_usd,
             forward_on=self.forward_on,
         )

@@ -1,8 +1,9 @@
 """What a job has spent, and the cost cap (``Job.max_cost_usd``).
 
 Totals are running sums over every model call the job made, the initial validation's
-included, across resumes: what the checkpoint's last history row says (or the initial
-validation's usage, before the first step), plus this process's calls.
+included, across resumes: what the checkpoint says was spent (``spent``: the calls of a
+step that was cut and rolled back included, since they were paid; in older checkpoints,
+the last history row, or the initial validation's usage), plus this process's calls.
 
 The cap is kept two ways:
 
@@ -12,7 +13,8 @@ The cap is kept two ways:
   of the last whole step;
 - a step that passes the cap anyway (an estimate is not a bound) is stopped as it
   passes, cleanly, as Ctrl-C stops one: it is rolled back to the checkpoint of the last
-  whole step, and a resume with a higher cap redoes it.
+  whole step, and a resume with a higher cap redoes it (its calls are paid twice, and
+  counted twice: the totals, and the estimate of the step after a resume, include them).
 
 A cap needs prices. Before its first call (before the initial validation), a capped job
 looks for the models it can reach without running anything (``_reachable``: the

@@ -187,8 +187,9 @@ def run_summary(
     without one). ``stopped``: why the latest run stopped before its last step
     (``"cost_cap"``, ``"interrupted"``, ``"patience"``), None while it runs or once it
     finished; ``stopped_at_cost_cap`` is ``stopped == "cost_cap"``. ``cost_usd``: what
-    the job spent by its last checkpoint (the last step's total, or the initial
-    validation's before any step; None when unknown); ``replayed_calls``: model calls
+    the job spent by its last checkpoint (a step cut and rolled back included; in
+    checkpoints of older versions the last step's total, or the initial validation's
+    before any step; None when unknown); ``replayed_calls``: model calls
     replayed from their task's journal instead of paid again. Runs recorded before a field
     was kept have None (0 replayed calls, never stopped).
     """
@@ -203,8 +204,11 @@ def run_summary(
     stopped = None
     for line in lines:  # the last run's stop, if nothing ran after it
         stopped = line.get("reason") if line.get("event") == "stop" else None
-    # Running totals: the last step's row, or the initial validation's before any step.
-    totals = history[-1] if history else None
+    # Running totals: what the checkpoint says was spent (a cut step's calls included),
+    # else (older checkpoints) the last step's row, or the initial validation's.
+    totals = ckpt.get("spent") if isinstance(ckpt, dict) else None
+    if totals is None:
+        totals = history[-1] if history else None
     if totals is None and isinstance(ckpt, dict):
         totals = ckpt.get("initial_usage")
     if not isinstance(totals, dict):

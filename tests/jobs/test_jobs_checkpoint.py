@@ -237,6 +237,13 @@ UNRESTORABLE: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]], str]] 
     ("since-best-text", _edit(since_best="x"), "since_best is 'x', not a count of validations"),
     ("since-best-negative", _edit(since_best=-1), "since_best is -1, not a count"),
     ("stopped-early-text", _edit(stopped_early="no"), "stopped_early is 'no', not true or false"),
+    ("spent-not-a-map", _edit(spent=[1]), "spent is [1], not a map of"),
+    (
+        "spent-negative-cost",
+        _edit(spent={"tokens": 1, "cost_usd": -1.0, "unpriced_calls": 0}),
+        "spent is {'tokens': 1, 'cost_usd': -1.0",
+    ),
+    ("initial-usage-text", _edit(initial_usage="free"), "initial_usage is 'free', not a map"),
 ]
 
 

@@ -77,6 +77,19 @@ async def test_a_step_that_passes_the_cap_is_cut_and_rolled_back(
     assert prompt.data == INITIAL_PROMPT  # the half-done step was rolled back
     checkpoint = json.loads((out / "checkpoint.json").read_text())
     assert checkpoint["step"] == 0 and checkpoint["history"] == []
+    # The cut step's calls were paid: what the job spent counts them, here and on resume.
+    initial = checkpoint["initial_usage"]["cost_usd"]
+    assert result.cost_usd > job.max_cost_usd > initial
+    assert checkpoint["spent"]["cost_usd"] == pytest.approx(result.cost_usd)
+    job, prompt = build_demo_job(priced, epochs=1)
+    job.max_cost_usd = 1000.0
+    resumed = await run_job(job, out, resume=True, progress=False)
+    assert resumed.steps_done == job.total_steps and prompt.data != INITIAL_PROMPT
+    uncapped = await uncapped_costs(tmp_path / "again", priced)
+    # Every call of both runs: the uncapped run's, plus the cut step's.
+    cut_step = result.cost_usd - initial
+    assert resumed.cost_usd == pytest.approx(uncapped[-1] + cut_step)
+    assert resumed.history[-1]["cost_usd"] == pytest.approx(resumed.cost_usd)
 
 
 @pytest.fixture
@@ -244,7 +257,9 @@ def test_the_report_says_what_was_spent_against_the_cap_and_what_a_crash_did_not
     from asyncgraph.jobs._cli_common import spending_line
 
     row = {"step": 1, "cost_usd": 0.25, "replayed_calls": 2}
-    result = JobResult([row], [], None, None, 1, False, tmp_path, cost_usd=0.25, max_cost_usd=1.0)
+    result = JobResult(
+        [row], [], None, None, 1, False, tmp_path, cost_usd=0.25, max_cost_usd=1.0, replayed_calls=2
+    )
     line = spending_line(result)
     assert line is not None and "spent $0.2500 of the $1 cap" in line
     assert "2 model call(s) replayed from their task's journal" in line
