@@ -100,7 +100,8 @@ def capped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         unregister_model(PRICED)
     shutil.copytree(root / "free", root / "replayed")
     checkpoint = json.loads((root / "replayed" / "checkpoint.json").read_text())
-    checkpoint["history"][-1]["replayed_calls"] = 2
+    # As a run whose worker died after two model calls returned: the rerun replayed them.
+    checkpoint["history"][-1]["replayed_calls"] = checkpoint["spent"]["replayed_calls"] = 2
     (root / "replayed" / "checkpoint.json").write_text(json.dumps(checkpoint))
     return {name: root / name for name in ("free", "capped", "raised", "replayed")}
 
