@@ -191,7 +191,9 @@ async def test_a_cost_cap_stops_the_search_within_one_work_item(cap: float) -> N
     assert restored.cost_usd == pytest.approx(result.cost_usd) and restored.exhausted()
 
 
-async def test_a_cost_cap_with_an_unpriced_model_is_an_error_at_the_start() -> None:
+async def test_a_cost_cap_with_an_unpriced_model_is_an_error_after_the_seeds_evaluation() -> None:
+    # Unlike a Job's cap, which looks for the models it can reach before its first call,
+    # the search learns that a model is unpriced from its first calls (documented).
     model = make_model()
     model.pricing = None
     search = search_for(SkillProgram(model), model, max_calls=None, max_cost_usd=1.0)
