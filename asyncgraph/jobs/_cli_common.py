@@ -110,12 +110,14 @@ def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def spending_line(result: JobResult) -> str | None:
-    """What a run spent against its cap, and the calls a crash did not bill twice; None
-    when there is neither a cap nor a replayed call to tell of."""
+    """What a job spent (against its cap, if it has one), and the calls a crash did not
+    bill twice; None when there is no cap, no priced call and no replayed call."""
     replayed = result.replayed_calls
     parts = []
     if result.max_cost_usd is not None:
         parts.append(f"spent ${result.cost_usd:.4f} of the ${result.max_cost_usd:g} cap")
+    elif result.cost_usd > 0:
+        parts.append(f"spent ${result.cost_usd:.4f} on model calls")
     if replayed:
         parts.append(
             f"{replayed} model call(s) replayed from their task's journal after a worker "

@@ -215,7 +215,7 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
     note = "" if where == "in-process" else " (the workers' included)"
     print(f"model calls: {calls}{note}")
     latency_s = info.get("latency_s")
-    if latency_s and calls:
+    if latency_s and calls and calls * latency_s > wall_s:
         sequential = calls * latency_s
         print(
             f"one call at a time they would take {sequential:.1f}s: "

@@ -264,3 +264,5 @@ def test_the_report_says_what_was_spent_against_the_cap_and_what_a_crash_did_not
     assert line is not None and "spent $0.2500 of the $1 cap" in line
     assert "2 model call(s) replayed from their task's journal" in line
     assert spending_line(JobResult([], [], None, None, 0, False, tmp_path)) is None
+    uncapped = JobResult([row], [], None, None, 1, False, tmp_path, cost_usd=0.25)
+    assert spending_line(uncapped) == "spent $0.2500 on model calls"
