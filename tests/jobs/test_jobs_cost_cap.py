@@ -14,12 +14,12 @@ import pytest
 from asyncgraph import Parameter, Variable
 from asyncgraph.jobs import Evaluation, Job, run_job
 from asyncgraph.jobs.demo import INITIAL_PROMPT, DemoProgram, build_demo_job, demo_responder
-from asyncgraph.models import ModelConfigError, OpenAIChat, Pricing, SimulatedModel
+from asyncgraph.models import ModelConfigError, OpenAIChat, Pricing, SimulatedModel, observe_calls
 from asyncgraph.models._testing import OpenAITestServer
 from asyncgraph.optim import TGD
 from asyncgraph.text import llm_call, register_model, unregister_model
 
-from .jobs_helpers import JOB_FILES, cli_env, describe, run_cli
+from .jobs_helpers import JOB_FILES, cli_env, describe, run_cli, run_events, without
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +90,66 @@ async def test_a_step_that_passes_the_cap_is_cut_and_rolled_back(
     cut_step = result.cost_usd - initial
     assert resumed.cost_usd == pytest.approx(uncapped[-1] + cut_step)
     assert resumed.history[-1]["cost_usd"] == pytest.approx(resumed.cost_usd)
+
+
+def prompt_after(out: Path, step: int) -> str:
+    """The prompt after ``step``, from ``out/steps.jsonl``."""
+    lines = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    (row,) = [x for x in lines if x.get("step") == step and "parameters" in x]
+    return str(row["parameters"][0]["value"])
+
+
+async def test_a_cap_passed_in_step_3_rolls_back_to_step_2_and_a_resume_ends_uncapped(
+    tmp_path: Path, priced: str
+) -> None:
+    job, _ = build_demo_job(priced, epochs=1)
+    uncapped = await run_job(job, tmp_path / "uncapped", progress=False)
+    initial = json.loads((tmp_path / "uncapped" / "checkpoint.json").read_text())
+    totals = [row["cost_usd"] for row in uncapped.history]
+    before = [initial["initial_usage"]["cost_usd"], *totals[:-1]]
+    costs = [b - a for a, b in zip(before, totals, strict=True)]
+    # Step 3 costs more than the dearest step before it (the estimate it is started on):
+    # a cap between the two lets it start, and it passes the cap before it ends.
+    assert len(costs) == 3 and costs[2] > max(costs[:2])
+    cap = totals[1] + (max(costs[:2]) + costs[2]) / 2
+    after_step_2 = prompt_after(tmp_path / "uncapped", 2)
+    improved: list[str] = []  # the optimizer's answers: the prompt after each step
+
+    def observe(call: Any) -> None:
+        if call.reply and "<IMPROVED_VARIABLE>" in call.reply:
+            improved.append(call.reply)
+
+    job, prompt = build_demo_job(priced, epochs=1)
+    job.max_cost_usd = cap
+    out = tmp_path / "cut"
+    with observe_calls(observe):
+        result = await run_job(job, out, progress=False)
+    assert result.stopped_at_cost_cap and not result.interrupted and result.steps_done == 2
+    # Cut in step 3, after its optimizer step had changed the prompt: rolled back to the
+    # checkpoint of step 2, the uncapped run's parameters after step 2.
+    assert improved[2:] == [f"<IMPROVED_VARIABLE>{uncapped.parameters[0]}</IMPROVED_VARIABLE>"]
+    assert prompt.data == after_step_2 == result.parameters[0] != uncapped.parameters[0]
+    checkpoint = json.loads((out / "checkpoint.json").read_text())
+    assert checkpoint["step"] == 2 and checkpoint["module"]["system_prompt"] == after_step_2
+    assert [row["cost_usd"] for row in checkpoint["history"]] == pytest.approx(totals[:2])
+    assert run_events(out)[-1] == ("stop", 2, "cost_cap")
+    # What was paid: the two whole steps and the cut part of step 3.
+    assert totals[1] < cap < result.cost_usd <= totals[2] * (1 + 1e-9)
+    assert checkpoint["spent"]["cost_usd"] == pytest.approx(result.cost_usd)
+    cut_step = result.cost_usd - totals[1]
+
+    job, prompt = build_demo_job(priced, epochs=1)
+    job.max_cost_usd = totals[2] * 10
+    resumed = await run_job(job, out, resume=True, progress=False)
+    assert not resumed.stopped_at_cost_cap and resumed.steps_done == 3
+    assert resumed.parameters == uncapped.parameters == [prompt.data]
+    spending = frozenset({"step_s", "tokens", "cost_usd"})  # the cut step's calls add to these
+    assert without(resumed.history, spending) == without(uncapped.history, spending)
+    assert resumed.cost_usd == pytest.approx(totals[2] + cut_step)
+    assert resumed.history[-1]["cost_usd"] == pytest.approx(resumed.cost_usd)
+    assert json.loads((out / "checkpoint.json").read_text())["spent"]["cost_usd"] == pytest.approx(
+        resumed.cost_usd
+    )
 
 
 @pytest.fixture
