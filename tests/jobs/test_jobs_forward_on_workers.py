@@ -32,6 +32,7 @@ from .jobs_helpers import (
     VAL,
     cli_env,
     describe,
+    read_json,
     run_cli,
     without,
 )
@@ -273,6 +274,61 @@ def test_eval_with_workers_or_redis_runs_the_forwards_there_for_the_in_process_s
     assert "forwards: on the workers" in there and "score: 0.3750" in there, there
     (client,) = {c for c, _ in there_pids}
     assert len(there_pids) == 8 and client not in {f for _, f in there_pids}
+
+
+def _run_fleet_job(tmp_path: Path, name: str, *fleet: str, secret: str = "") -> tuple[str, Path]:
+    """``asyncgraph run fleet_job.py --out tmp_path/name`` with the ``fleet`` flags: its
+    output (the run directory's path written OUT) and the run directory; each forward's
+    client pid and metric-forward pid go to ``tmp_path/name.pids``."""
+    out = tmp_path / name
+    env = {
+        **_fleet_env(),
+        "FLEET_JOB_PIDS": str(tmp_path / f"{name}.pids"),
+        "ASYNCGRAPH_SECRET": secret,
+    }
+    proc = run_cli(
+        "run", str(JOB_FILES / "fleet_job.py"), "--no-progress", "--out", str(out), *fleet,
+        env=env, timeout_s=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, describe(proc)
+    return proc.stdout.replace(str(out), "OUT"), out
+
+
+@pytest.mark.slow
+def test_run_on_the_workers_of_a_redis_runs_the_forwards_there_for_the_in_process_result(
+    tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncgraph.distributed import local_fleet
+
+    here, here_out = _run_fleet_job(tmp_path, "here")
+    assert "forwards on the workers" not in here
+    # --redis URL: the workers of a fleet started here, serving the job file's Functions.
+    paths = [str(TESTS / "jobs"), str(JOB_FILES), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+    queue = f"run-{secrets.token_hex(4)}"
+    imports = ["fleet_functions", "fleet_job"]
+    with local_fleet(2, imports, redis_url=redis_server_url, queue=queue, secret=SECRET) as url:
+        there, there_out = _run_fleet_job(
+            tmp_path, "there", "--redis", url, "--queue", queue, secret=SECRET
+        )
+    assert "; forwards on the workers; " in there, there
+    assert {line["forward_on"] for line in _steps_lines(there_out) if "forward_on" in line} == {
+        "workers"
+    }
+    # Every forward (8 training ones; 2 validation ones, 3 times) ran on a worker.
+    pids = [line.split() for line in (tmp_path / "there.pids").read_text().splitlines()]
+    assert len(pids) == 8 + 3 * 2
+    (client,) = {c for c, _ in pids}
+    assert client not in {f for _, f in pids} and str(os.getpid()) not in {f for _, f in pids}
+    # The in-process run's result: the same final and best parameters and scores, printed
+    # and written.
+    assert there[there.index("final parameters:") :] == here[here.index("final parameters:") :]
+    assert "slope: " in here and "best validation score" in here
+    assert read_json(there_out / "best.json") == read_json(here_out / "best.json")
+    want, got = read_json(here_out / "checkpoint.json"), read_json(there_out / "checkpoint.json")
+    for key in ("step", "initial_val_score", "parameters", "optimizer", "best", "spent"):
+        assert got[key] == want[key], key
+    assert without(got["history"], TIMING_FIELDS) == without(want["history"], TIMING_FIELDS)
 
 
 def test_eval_on_workers_of_a_job_that_keeps_its_forwards_is_a_usage_error(
