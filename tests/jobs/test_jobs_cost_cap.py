@@ -102,26 +102,39 @@ def prompt_after(out: Path, step: int) -> str:
 async def test_a_cap_passed_in_step_3_rolls_back_to_step_2_and_a_resume_ends_uncapped(
     tmp_path: Path, priced: str
 ) -> None:
-    job, _ = build_demo_job(priced, epochs=1)
-    uncapped = await run_job(job, tmp_path / "uncapped", progress=False)
+    def demo_job(cap: float | None) -> tuple[Job, Parameter]:
+        job, prompt = build_demo_job(priced, epochs=1)
+        # One validation, in step 3: steps 1 and 2 (without one) are what step 3 is
+        # estimated from, and its validation comes after its optimizer step.
+        job.validate_every, job.max_cost_usd = 3, cap
+        return job, prompt
+
+    spent: list[float] = [0.0]  # the running cost of the calls so far
+    after_optimizer: list[float] = []  # ... at the end of each step's optimizer call
+    improved: list[str] = []  # the optimizer's answers: the prompt after each step
+
+    def observe(call: Any) -> None:
+        spent[0] += call.cost_usd
+        if call.reply and "<IMPROVED_VARIABLE>" in call.reply:
+            improved.append(call.reply)
+            after_optimizer.append(spent[0])
+
+    job, _ = demo_job(None)
+    with observe_calls(observe):
+        uncapped = await run_job(job, tmp_path / "uncapped", progress=False)
     initial = json.loads((tmp_path / "uncapped" / "checkpoint.json").read_text())
     totals = [row["cost_usd"] for row in uncapped.history]
     before = [initial["initial_usage"]["cost_usd"], *totals[:-1]]
     costs = [b - a for a, b in zip(before, totals, strict=True)]
-    # Step 3 costs more than the dearest step before it (the estimate it is started on):
-    # a cap between the two lets it start, and it passes the cap before it ends.
-    assert len(costs) == 3 and costs[2] > max(costs[:2])
-    cap = totals[1] + (max(costs[:2]) + costs[2]) / 2
+    # A quarter into step 3's validation: past the estimate step 3 started on (the
+    # dearest step before it), after its optimizer step, well before its last call.
+    cap = after_optimizer[2] + (totals[2] - after_optimizer[2]) / 4
+    assert len(costs) == 3 and totals[1] + max(costs[:2]) < cap < totals[2]
     after_step_2 = prompt_after(tmp_path / "uncapped", 2)
-    improved: list[str] = []  # the optimizer's answers: the prompt after each step
 
-    def observe(call: Any) -> None:
-        if call.reply and "<IMPROVED_VARIABLE>" in call.reply:
-            improved.append(call.reply)
-
-    job, prompt = build_demo_job(priced, epochs=1)
-    job.max_cost_usd = cap
+    job, prompt = demo_job(cap)
     out = tmp_path / "cut"
+    improved.clear()
     with observe_calls(observe):
         result = await run_job(job, out, progress=False)
     assert result.stopped_at_cost_cap and not result.interrupted and result.steps_done == 2
@@ -134,15 +147,15 @@ async def test_a_cap_passed_in_step_3_rolls_back_to_step_2_and_a_resume_ends_unc
     assert [row["cost_usd"] for row in checkpoint["history"]] == pytest.approx(totals[:2])
     assert run_events(out)[-1] == ("stop", 2, "cost_cap")
     # What was paid: the two whole steps and the cut part of step 3.
-    assert totals[1] < cap < result.cost_usd <= totals[2] * (1 + 1e-9)
+    assert totals[1] < cap < result.cost_usd < totals[2]
     assert checkpoint["spent"]["cost_usd"] == pytest.approx(result.cost_usd)
     cut_step = result.cost_usd - totals[1]
 
-    job, prompt = build_demo_job(priced, epochs=1)
-    job.max_cost_usd = totals[2] * 10
+    job, prompt = demo_job(totals[2] * 10)
     resumed = await run_job(job, out, resume=True, progress=False)
     assert not resumed.stopped_at_cost_cap and resumed.steps_done == 3
     assert resumed.parameters == uncapped.parameters == [prompt.data]
+    assert resumed.final_val_score == uncapped.final_val_score is not None
     spending = frozenset({"step_s", "tokens", "cost_usd"})  # the cut step's calls add to these
     assert without(resumed.history, spending) == without(uncapped.history, spending)
     assert resumed.cost_usd == pytest.approx(totals[2] + cut_step)
