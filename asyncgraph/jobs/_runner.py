@@ -471,8 +471,12 @@ class _JobRun:
 
     @property
     def capped(self) -> bool:
-        """True when the cost cap stopped the run (before a step, or cutting one)."""
-        return self.spending is not None and self.spending.capped
+        """True when the cost cap stopped the run (before a step, or cutting one). Not when
+        the call that passed it was the last of the job and no await followed it to take
+        the stop (on trio): the job finished, with that step's checkpoint."""
+        return (
+            self.spending is not None and self.spending.capped and self.step < self.job.total_steps
+        )
 
     def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
         history, best, spent = self.history, self.best, self.spent() or {}

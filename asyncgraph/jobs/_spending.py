@@ -15,6 +15,9 @@ The cap is kept two ways:
   passes, cleanly, as Ctrl-C stops one: it is rolled back to the checkpoint of the last
   whole step, and a resume with a higher cap redoes it (its calls are paid twice, and
   counted twice: the totals, and the estimate of the step after a resume, include them).
+  Not counted, a known gap: the calls that workers made in remote tasks the cut
+  cancelled (a worker's usage reaches the job with its task's reply, which a cancelled
+  task never sends), so on a fleet a cut step can cost more than the totals say.
 
 A cap needs prices. Before its first call (before the initial validation), a capped job
 looks for the models it can reach without running anything (``_reachable``: the

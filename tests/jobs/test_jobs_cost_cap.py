@@ -13,6 +13,7 @@ import pytest
 
 from asyncgraph import Parameter, Variable
 from asyncgraph.jobs import Evaluation, Job, run_job
+from asyncgraph.jobs._ui import run_summary
 from asyncgraph.jobs.demo import INITIAL_PROMPT, DemoProgram, build_demo_job, demo_responder
 from asyncgraph.models import ModelConfigError, OpenAIChat, Pricing, SimulatedModel, observe_calls
 from asyncgraph.models._testing import OpenAITestServer
@@ -163,6 +164,26 @@ async def test_a_cap_passed_in_step_3_rolls_back_to_step_2_and_a_resume_ends_unc
     assert json.loads((out / "checkpoint.json").read_text())["spent"]["cost_usd"] == pytest.approx(
         resumed.cost_usd
     )
+
+
+async def test_a_cap_passed_by_the_jobs_last_call_is_reported_as_what_happened(
+    tmp_path: Path, priced: str
+) -> None:
+    costs = await uncapped_costs(tmp_path, priced)
+    job, _ = build_demo_job(priced, epochs=1)
+    job.max_cost_usd = costs[-1] - 1e-9  # the very last call passes it
+    out = tmp_path / "last"
+    result = await run_job(job, out, progress=False)
+    summary = run_summary(out)
+    step = json.loads((out / "checkpoint.json").read_text())["step"]
+    if result.steps_done == job.total_steps:
+        # No await after that call took the stop (trio): the job finished, and says so.
+        assert not result.stopped_at_cost_cap and summary["stopped"] is None
+        assert step == job.total_steps
+    else:  # the stop cut the last step: rolled back to the one before, and says so
+        assert result.stopped_at_cost_cap and summary["stopped_at_cost_cap"]
+        assert result.steps_done == step == job.total_steps - 1
+    assert result.cost_usd == pytest.approx(costs[-1])  # every call was paid
 
 
 @pytest.fixture
