@@ -8,6 +8,7 @@ Real processes: a redis-server and worker processes (``local_fleet``), and the C
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -247,12 +248,26 @@ def _eval_on(
     return proc.stdout, [line.split() for line in pids.read_text().splitlines()]
 
 
+@contextlib.contextmanager
+def _job_file_fleet(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str, prefix: str
+) -> Iterator[tuple[str, str]]:
+    """For ``--redis URL``: 2 workers of a fleet started here on ``redis_url``, serving
+    fleet_job.py's Functions on a queue of their own; yields the URL and the queue."""
+    from asyncgraph.distributed import local_fleet
+
+    paths = [str(TESTS / "jobs"), str(JOB_FILES), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+    queue = f"{prefix}-{secrets.token_hex(4)}"
+    imports = ["fleet_functions", "fleet_job"]
+    with local_fleet(2, imports, redis_url=redis_url, queue=queue, secret=SECRET) as url:
+        yield url, queue
+
+
 @pytest.mark.slow
 def test_eval_with_workers_or_redis_runs_the_forwards_there_for_the_in_process_score(
     tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncgraph.distributed import local_fleet
-
     # 2.0 * 0.2i against 0.5i: a squared error under 0.1 for i <= 3, 3 of the 8 examples.
     here, here_pids = _eval_on(tmp_path, "here")
     assert "forwards: in-process" in here and "score: 0.3750" in here, here
@@ -262,12 +277,7 @@ def test_eval_with_workers_or_redis_runs_the_forwards_there_for_the_in_process_s
     )
     assert "forwards: on the workers" in workers and "score: 0.3750" in workers, workers
     assert len(worker_pids) == 8 and all(client != forward for client, forward in worker_pids)
-    # --redis URL: workers of a fleet started here, serving the job file's Functions.
-    paths = [str(TESTS / "jobs"), str(JOB_FILES), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
-    queue = f"eval-{secrets.token_hex(4)}"
-    imports = ["fleet_functions", "fleet_job"]
-    with local_fleet(2, imports, redis_url=redis_server_url, queue=queue, secret=SECRET) as url:
+    with _job_file_fleet(monkeypatch, redis_server_url, "eval") as (url, queue):
         there, there_pids = _eval_on(
             tmp_path, "redis", "--redis", url, "--queue", queue, secret=SECRET
         )
@@ -298,16 +308,9 @@ def _run_fleet_job(tmp_path: Path, name: str, *fleet: str, secret: str = "") -> 
 def test_run_on_the_workers_of_a_redis_runs_the_forwards_there_for_the_in_process_result(
     tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncgraph.distributed import local_fleet
-
     here, here_out = _run_fleet_job(tmp_path, "here")
     assert "forwards on the workers" not in here
-    # --redis URL: the workers of a fleet started here, serving the job file's Functions.
-    paths = [str(TESTS / "jobs"), str(JOB_FILES), os.environ.get("PYTHONPATH", "")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
-    queue = f"run-{secrets.token_hex(4)}"
-    imports = ["fleet_functions", "fleet_job"]
-    with local_fleet(2, imports, redis_url=redis_server_url, queue=queue, secret=SECRET) as url:
+    with _job_file_fleet(monkeypatch, redis_server_url, "run") as (url, queue):
         there, there_out = _run_fleet_job(
             tmp_path, "there", "--redis", url, "--queue", queue, secret=SECRET
         )
