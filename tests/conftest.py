@@ -31,6 +31,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker more than the cores, since a fast test often waits (a local
+    server's reply, a rate limit's window) rather than computes. 3 on the 2-core machine:
+    36 s for the fast tier, against 43 s with 2 and 37 s with 4."""
+    return (os.cpu_count() or 1) + 1
+
+
 def _spawn_audit(event: str, args: tuple[object, ...]) -> None:
     if _fast_test_spawns is not None and event in _PROCESS_EVENTS:
         _fast_test_spawns.append(f"{event}{args[:2]!r}")

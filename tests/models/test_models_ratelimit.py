@@ -114,9 +114,9 @@ def test_invalid_limits_are_rejected() -> None:
 
 @pytest.mark.anyio
 async def test_in_process_limit_keeps_a_strict_server_happy() -> None:
-    # The server allows 5 requests per 0.5 s window (600/min) and answers 429 beyond.
-    with OpenAITestServer(requests_per_window=5, window_s=0.5) as server:
-        limit = RateLimit(requests_per_minute=600, window_s=0.5, margin_s=0.05)
+    # The server allows 5 requests per 0.25 s window (1,200/min) and answers 429 beyond.
+    with OpenAITestServer(requests_per_window=5, window_s=0.25) as server:
+        limit = RateLimit(requests_per_minute=1200, window_s=0.25, margin_s=0.05)
         model = OpenAIChat(
             "m", base_url=server.url, api_key="k", rate_limit=limit, retry=Retry(max_attempts=1)
         )
@@ -129,7 +129,7 @@ async def test_in_process_limit_keeps_a_strict_server_happy() -> None:
 
 @pytest.mark.anyio
 async def test_one_limiter_shared_by_two_models() -> None:
-    limiter = LocalRateLimiter(RateLimit(requests_per_minute=600, window_s=0.2, margin_s=0))
+    limiter = LocalRateLimiter(RateLimit(requests_per_minute=1200, window_s=0.1, margin_s=0))
     a = SimulatedModel(latency_s=0, rate_limit=limiter)
     b = SimulatedModel(latency_s=0, rate_limit=limiter)
     started = anyio.current_time()
@@ -137,8 +137,8 @@ async def test_one_limiter_shared_by_two_models() -> None:
         for i in range(3):
             tg.start_soon(a.complete, [{"role": "user", "content": f"a{i}"}])
             tg.start_soon(b.complete, [{"role": "user", "content": f"b{i}"}])
-    # Six requests from one budget of one per 0.1 s: the last starts 0.5 s in.
-    assert anyio.current_time() - started >= 0.49
+    # Six requests from one budget of one per 0.05 s: the last starts 0.25 s in.
+    assert anyio.current_time() - started >= 0.245
 
 
 # -- shared through Redis ----------------------------------------------------------------

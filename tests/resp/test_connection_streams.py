@@ -49,7 +49,9 @@ def unix_pong() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "redis.sock")
         with _UnixServer(path, _Pong) as server:
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+            ).start()
             try:
                 yield path
             finally:
