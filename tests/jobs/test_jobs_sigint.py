@@ -151,5 +151,18 @@ def test_sigint_mid_step_then_resume_ends_like_an_uninterrupted_run(
         "step", "epoch", "position", "job", "initial_val_score", "parameters", "module", "optimizer",
     ):  # fmt: skip
         assert final[key] == reference[key], key
-    assert without(final["history"], TIMING_FIELDS) == without(reference["history"], TIMING_FIELDS)
+    # The same rows, but for what was spent: the calls of the interrupted step were paid,
+    # and the rows after the resume count on from the checkpoint's "spent", which has them.
+    usage = {"tokens", "cost_usd", "unpriced_calls", "replayed_calls"}
+    assert without(final["history"], TIMING_FIELDS | usage) == without(
+        reference["history"], TIMING_FIELDS | usage
+    )
+    before = reference["history"][step - 1] if step else reference["initial_usage"]
+    if phase == "validation":  # the initial validation's calls: none counted before it
+        before = {"tokens": 0}
+    cut = ckpt["spent"]["tokens"] - before["tokens"]  # what the interrupted step spent
+    assert cut > 0
+    for got, want in zip(final["history"][step:], reference["history"][step:], strict=True):
+        assert got["tokens"] == want["tokens"] + cut
+    assert final["history"][:step] == ckpt["history"]
     assert read_json(out / "history.json") == {"history": final["history"]}
