@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -371,16 +370,9 @@ class AnthropicChat(HttpChatModel):
             return super().estimate_tokens(messages, params)
         return super().estimate_tokens(messages, {**params, "max_tokens": self.max_tokens})
 
-    async def _complete_once(
-        self, messages: list[dict[str, Any]], params: dict[str, Any]
-    ) -> Completion:
-        response = await self._post(self._body(messages, params))
+    def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         response_format = {**self.default_params, **params}.get("response_format")
-        try:
-            completion = messages_completion(response.json(), self.model, response_format)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise self._not_an_answer(response, exc) from exc
-        return replace(completion, text=self._redact(completion.text))
+        return messages_completion(data, self.model, response_format)
 
     def __repr__(self) -> str:
         return f"AnthropicChat({self.model!r}, base_url={redact_url(self.base_url)!r})"

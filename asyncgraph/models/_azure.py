@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -161,15 +160,8 @@ class AzureOpenAIChat(HttpChatModel):
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "messages": messages}
 
-    async def _complete_once(
-        self, messages: list[dict[str, Any]], params: dict[str, Any]
-    ) -> Completion:
-        response = await self._post(self._body(messages, params))
-        try:
-            completion = chat_completion(response.json(), self.deployment)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise self._not_an_answer(response, exc) from exc
-        return replace(completion, text=self._redact(completion.text))
+    def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
+        return chat_completion(data, self.deployment)
 
     def __repr__(self) -> str:
         return (

@@ -11,6 +11,7 @@ a log line or a repr.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -47,6 +48,7 @@ from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry, parse_retry_after
+from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
 
 __all__ = ["HttpChatModel", "checked_http_url", "error_body_message", "join_url"]
@@ -85,9 +87,9 @@ class HttpChatModel(BaseChatModel):
     """A model answered by ``POST``-ing JSON to an HTTP endpoint (see the module docstring).
 
     Subclasses pass the ``url`` they post to, their ``headers`` and the ``secrets`` they
-    hold (API keys; what ``url`` carries is added), call ``_post(body)`` in their
-    ``_complete_once``, and may override ``_server_message`` (how their error bodies
-    read) and ``_status_hints``. Everything shown (messages, the server's words, the
+    hold (API keys; what ``url`` carries is added), give the JSON body they send
+    (``_body``) and read the answer from the JSON reply (``_completion``), and may
+    override ``_server_message`` (how their error bodies read) and ``_status_hints``. Everything shown (messages, the server's words, the
     answer's text through ``_redact``) has those secrets and the environment's masked.
     """
 
@@ -146,6 +148,22 @@ class HttpChatModel(BaseChatModel):
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         """The JSON body this API takes for ``messages`` and ``params``."""
         raise NotImplementedError
+
+    def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
+        """The answer in the JSON reply ``data`` to a call with ``params``; raises
+        ``KeyError`` / ``TypeError`` / ... when ``data`` is not one."""
+        raise NotImplementedError
+
+    async def _complete_once(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> Completion:
+        response = await self._post(self._body(messages, params))
+        try:
+            completion = self._completion(response.json(), params)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise self._not_an_answer(response, exc) from exc
+        # A reply that quotes the key (a server echoing its request) must not carry it on.
+        return dataclasses.replace(completion, text=self._redact(completion.text))
 
     def _redact(self, text: str) -> str:
         """``text`` without this client's secrets, the environment's, URL credentials."""

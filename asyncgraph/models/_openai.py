@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from asyncgraph._exceptions import ModelConfigError
@@ -126,16 +125,8 @@ class OpenAIChat(HttpChatModel):
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "model": self.model, "messages": messages}
 
-    async def _complete_once(
-        self, messages: list[dict[str, Any]], params: dict[str, Any]
-    ) -> Completion:
-        response = await self._post(self._body(messages, params))
-        try:
-            completion = chat_completion(response.json(), self.model)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise self._not_an_answer(response, exc) from exc
-        # A reply that quotes the key (a server echoing its request) must not carry it on.
-        return replace(completion, text=self._redact(completion.text))
+    def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
+        return chat_completion(data, self.model)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r}, base_url={redact_url(self.base_url)!r})"
