@@ -3,8 +3,8 @@
 ``lint-imports`` (import-linter, contracts in pyproject.toml) checks which package may
 import which, in .ci/run. These tests check what it cannot say: that no package reaches
 into another's underscore modules (but the shared leaves at the root: the exception tree
-``asyncgraph._exceptions``, ``_redact`` and ``_files``), and that ``import asyncgraph`` loads
-the core only.
+``asyncgraph._exceptions``, ``_redact``, ``_files`` and ``_values``), and that ``import
+asyncgraph`` loads the core only.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
 # (it loads the core). The exception tree: every error class is defined there, and each
 # package imports the ones it raises. The one redaction of URLs and secrets, and the one way
 # to write a private file.
-SHARED_LEAVES = ("asyncgraph._exceptions", "asyncgraph._redact", "asyncgraph._files")
+SHARED_LEAVES = (
+    "asyncgraph._exceptions",
+    "asyncgraph._redact",
+    "asyncgraph._files",
+    "asyncgraph._values",
+)
 
 
 def owner(module: str) -> str:

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from asyncgraph._values import from_json, to_json
+
 from ._variable import Parameter
 
 __all__ = ["IncompatibleKeys", "Module"]
@@ -30,66 +32,6 @@ class IncompatibleKeys(NamedTuple):
 
     missing_keys: list[str]
     unexpected_keys: list[str]
-
-
-def _is_numpy(value: Any) -> bool:
-    return type(value).__module__ == "numpy" and hasattr(value, "tolist")
-
-
-def _to_json(value: Any) -> Any:
-    """A parameter's data as JSON data: numpy arrays as nested lists, tuples as lists."""
-    if _is_numpy(value):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_to_json(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _to_json(item) for key, item in value.items()}
-    return value
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, str):
-        return "str"
-    if _is_numpy(value):
-        return "array"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    if isinstance(value, Mapping):
-        return "map"
-    return "other"
-
-
-def _from_json(current: Any, saved: Any) -> Any:
-    """The value for a parameter holding ``current`` from its saved data.
-
-    Raises ``ValueError`` saying what does not fit: a text parameter gets text, a
-    number a number, an array an array of the same shape (converted to its dtype).
-    A parameter holding None (or an unusual type) takes any value.
-    """
-    want, have = _kind(current), _kind(saved)
-    if want in ("null", "other"):
-        return copy.deepcopy(saved)
-    if want == "array":
-        import numpy
-
-        if have not in ("list", "number", "array"):
-            raise ValueError(f"a {have}, not the numbers of an array")
-        try:
-            value = numpy.asarray(saved, dtype=current.dtype)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"not an array of {current.dtype} ({exc})") from None
-        if value.shape != current.shape:
-            raise ValueError(f"an array of shape {value.shape}, not {current.shape}")
-        return value
-    if have != want:
-        raise ValueError(f"a {have}, but the parameter holds a {want}")
-    return copy.deepcopy(saved)
 
 
 def _check_name(owner: Module, name: Any, what: str) -> None:
@@ -308,7 +250,7 @@ class Module:
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{dotted name: data}`` for every parameter, JSON data, copied."""
-        return {name: copy.deepcopy(_to_json(param.data)) for name, param in self._state_items()}
+        return {name: copy.deepcopy(to_json(param.data)) for name, param in self._state_items()}
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], strict: bool = True
@@ -340,7 +282,7 @@ class Module:
             if name not in state_dict:
                 continue
             try:
-                values.append((param, _from_json(param.data, state_dict[name])))
+                values.append((param, from_json(param.data, state_dict[name])))
             except RecursionError:  # copying a value nested deeper than Python recurses
                 raise ValueError(
                     f"cannot load {name!r} into {type(self).__name__}: the saved value is "

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncgraph import Parameter
 from asyncgraph._exceptions import CheckpointError
+from asyncgraph._values import from_json, to_json
 
 if TYPE_CHECKING:  # the job spec builds its identity with fingerprint_data from here
     from ._job import Job
@@ -146,62 +146,12 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _is_numpy(value: Any) -> bool:
-    return type(value).__module__ == "numpy" and hasattr(value, "tolist")
-
-
-def _kind(value: Any) -> str:
-    """The JSON kind of a parameter value, to check a saved value against."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, str):
-        return "str"
-    if _is_numpy(value):
-        return "array"
-    if is_number(value):
-        return "number"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    if isinstance(value, Mapping):
-        return "map"
-    return "other"
-
-
-def _parameter_data(param: Parameter) -> Any:
-    """A parameter's value as JSON data (numpy arrays as nested lists)."""
-    return param.data.tolist() if _is_numpy(param.data) else param.data
-
-
-def _saved_value(param: Parameter, saved: Any) -> tuple[Any, str | None]:
-    """The value to give ``param`` from its saved data, or why it does not fit."""
-    want, have = _kind(param.data), _kind(saved)
-    if want in ("null", "other"):
-        return saved, None  # nothing to check against
-    if want == "array":
-        import numpy
-
-        if have not in ("list", "number"):
-            return None, f"a {have}, not the numbers of an array"
-        try:
-            value = numpy.asarray(saved, dtype=param.data.dtype)
-        except (TypeError, ValueError) as exc:
-            return None, f"not an array of {param.data.dtype} ({exc})"
-        if value.shape != param.data.shape:
-            return None, f"an array of shape {value.shape}, not {param.data.shape}"
-        return value, None
-    if have != want:
-        return None, f"a {have}, but the parameter holds a {want}"
-    return saved, None
-
-
 def parameter_fields(job: Job) -> dict[str, Any]:
     """The job's parameter values as a checkpoint or ``best.json`` stores them: the
     field ``parameters`` (``{role, data}`` maps), or for a Module job ``parameters``
     (``{name, role}`` maps) and ``module`` (its ``state_dict()``)."""
     if job.module is None:
-        return {"parameters": [{"role": p.role, "data": _parameter_data(p)} for p in job.params]}
+        return {"parameters": [{"role": p.role, "data": to_json(p.data)} for p in job.params]}
     return {
         "parameters": [
             {"name": n, "role": p.role} for n, p in zip(job.param_names, job.params, strict=True)
@@ -245,10 +195,10 @@ def put_values(job: Job, saved: Mapping[str, Any], wrong: Callable[[str], Checkp
     for i, (param, item) in enumerate(zip(job.params, items, strict=True)):
         if item.get("role") != param.role:
             raise wrong(f"parameter {i} has role {item.get('role')!r}, not {param.role!r}")
-        value, problem = _saved_value(param, item["data"])
-        if problem is not None:
-            raise wrong(f"the value of parameter {i} ({param.role!r}) is {problem}")
-        new.append(value)
+        try:
+            new.append(from_json(param.data, item["data"]))
+        except ValueError as exc:
+            raise wrong(f"the value of parameter {i} ({param.role!r}) is {exc}") from None
     for param, value in zip(job.params, new, strict=True):
         param.data = value
 
