@@ -8,7 +8,9 @@ command) on a throwaway redis-server, around:
 - a backward of ``--tasks`` remote no-op nodes (one pass, fanned out) on ``--workers``
   worker processes: commands per task, Redis CPU microseconds per task, by command;
 - ``--idle-s`` seconds with the same workers and no work: commands per second and Redis
-  CPU per second of one idle worker (heartbeats, lease checks, blocking reads).
+  CPU per second of one idle worker (heartbeats, lease checks, blocking reads);
+- ``--round-trips`` passes of one remote no-op node each, one after the other: the
+  median round trip and the commands each one sends (what a lone task costs).
 
 Then an extrapolation (printed as such): how many tasks per second and idle workers one
 Redis primary's core serves before it is the bottleneck.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -62,11 +65,33 @@ def delta(
     return out
 
 
+async def sequential(url: str, client: redis.Redis, n: int) -> tuple[float, dict[str, float]]:
+    """``n`` passes of one remote no-op node, one after the other: the median round trip,
+    and the commands per pass (``INFO`` itself left out)."""
+    async with open_redis_executor(url, queue=QUEUE, timeout_s=120) as ex:
+        for _ in range(50):  # warm up
+            await backward([F.Noop.apply(Parameter(1.0))], executor=ex)
+        before = commandstats(client)
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await backward([F.Noop.apply(Parameter(1.0))], executor=ex)
+            times.append(time.perf_counter() - started)
+        after = commandstats(client)
+    per_pass = {
+        name: calls / n
+        for name, (calls, _) in delta(after, before).items()
+        if name != "info" and calls >= n / 2
+    }
+    return statistics.median(times), per_pass
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--round-trips", type=int, default=400)
     args = parser.parse_args()
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -83,6 +108,7 @@ def main() -> int:
                     await backward([F.Noop.apply(p) for p in leaves], executor=ex)
 
             anyio.run(run, 200)  # warm up
+            round_trip_s, per_pass = anyio.run(sequential, server.url, client, args.round_trips)
             time.sleep(1.0)
             assert server._proc is not None
             pid = server._proc.pid
@@ -123,6 +149,12 @@ def main() -> int:
             f"  {name:22s} {c / args.idle_s / args.workers:6.2f} calls/s  "
             f"{u / args.idle_s / args.workers:6.1f} us/s"
         )
+    print(
+        f"one at a time: {args.round_trips} passes of one remote no-op node, median round trip "
+        f"{round_trip_s * 1e3:.3f} ms, {sum(per_pass.values()):.2f} commands a pass:"
+    )
+    for name, calls in sorted(per_pass.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {name:22s} {calls:7.3f} calls/pass")
     per_task = busy_cpu / args.tasks * 1e6
     # An idle Redis's process CPU is mostly its own cron (hz 10), whatever the workers do:
     # idle workers are counted by their commands' CPU, doubled for their networking.
