@@ -79,10 +79,17 @@ EXPIRY_GRACE_MS = 500
 # {entry id, memory key, expiry (Redis ms), 1 if this entry won the memory, its holder}.
 CLAIM_SCRIPT = """
 local rows = redis.call('XPENDING', KEYS[1], ARGV[1], '(' .. ARGV[3], '+', ARGV[4], ARGV[2])
-local out = {}
+local out, fresh, first = {}, {}, nil
 for _, row in ipairs(rows) do
-  local entry = row[4] == 1 and redis.call('XRANGE', KEYS[1], row[1], row[1])[1]
-  if entry then
+  if row[4] == 1 then
+    fresh[row[1]] = true
+    first = first or row[1]
+  end
+end
+if not first then return out end
+-- One read's entries lie next to each other in the stream: one XRANGE reads them.
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], first, '+', 'COUNT', #rows)) do
+  if fresh[entry[1]] then
     local client, task, expiry
     local f = entry[2]
     for i = 1, #f - 1, 2 do
@@ -94,8 +101,11 @@ for _, row in ipairs(rows) do
         and #task > 0 and #task <= 64 and #expiry <= 15 and expiry:match('^[0-9]+$') then
       local key = ARGV[5] .. client .. ':' .. task
       local at = tonumber(expiry) + tonumber(ARGV[9])
-      local won = redis.call('SET', key, row[1], 'NX', 'PXAT', at) and 1 or 0
-      out[#out + 1] = {row[1], key, at, won, redis.call('GET', key)}
+      if redis.call('SET', key, entry[1], 'NX', 'PXAT', at) then
+        out[#out + 1] = {entry[1], key, at, 1, entry[1]}
+      else
+        out[#out + 1] = {entry[1], key, at, 0, redis.call('GET', key)}
+      end
     end
   end
 end
