@@ -523,9 +523,7 @@ class TaskChannel:
                         commands, max_bulk=self._max_bulk, timeout_s=limit_s
                     )
                     if isinstance(replies[0], ReplyError):
-                        raise RedisConnectionLost(
-                            f"XREAD of the reply stream failed: {replies[0]}"
-                        )
+                        raise RedisConnectionLost(f"XREAD of the reply stream failed: {replies[0]}")
                 except (RedisConnectionLost, TimeoutError) as exc:
                     what = (
                         str(exc)
