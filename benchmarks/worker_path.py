@@ -65,7 +65,7 @@ def task_entries(n: int) -> list[tuple[bytes, list[bytes]]]:
     now_ms = int(time.time() * 1000)
     entries = []
     for i in range(n):
-        task_id, _, packed, signature, expiry_ms = client._encode(
+        task_id, _, packed, signature = client._encode(
             F.Noop, "backward", backward_payload(node, (None,)), node.ctx, dict
         )
         fields = [
@@ -77,8 +77,6 @@ def task_entries(n: int) -> list[tuple[bytes, list[bytes]]]:
             client.client_id.encode(),
             keys.F_TASK_HINT,
             task_id.encode(),
-            keys.F_EXPIRY_HINT,
-            str(expiry_ms).encode(),
         ]
         entries.append((f"{now_ms}-{i}".encode(), fields))
     return entries

@@ -82,7 +82,6 @@ class _Pending:
     event: anyio.Event
     packed: bytes
     signature: bytes
-    expiry_ms: int  # the message's signed expiry, repeated in the entry's hint
     deadline: float
     entry_id: bytes | None = None
     reply: ReplyMessage | None = None
@@ -157,7 +156,6 @@ class TaskChannel:
         function: str,
         packed: bytes,
         signature: bytes,
-        expiry_ms: int,
         more_coming: Callable[[], bool],
     ) -> _Pending:
         """Send one task (batched with others) and wait until it is answered, failed or timed out.
@@ -172,7 +170,6 @@ class TaskChannel:
             anyio.Event(),
             packed,
             signature,
-            expiry_ms,
             anyio.current_time() + self.timeout_s,
         )
         self._pending[task_id] = pending
@@ -387,8 +384,6 @@ class TaskChannel:
                 p.task_id,
                 keys.F_BEATS_HINT,
                 b"1",
-                keys.F_EXPIRY_HINT,
-                p.expiry_ms,
             ]
             for p in outbox
         ]

@@ -156,16 +156,14 @@ class RedisExecutor:
             payload = backward_payload(node, grad_outputs)
         except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
             raise TypeError(f"{fn.__name__}: {exc}") from None
-        task_id, name, packed, signature, expiry_ms = self._encode(
+        task_id, name, packed, signature = self._encode(
             fn,
             "backward",
             payload,
             node.ctx,
             lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
         )
-        pending = await self.channel.send_and_wait(
-            task_id, name, packed, signature, expiry_ms, more_coming
-        )
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
         result = await self._result(pending, fn, node, node.input_roles)
         return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
 
@@ -186,12 +184,10 @@ class RedisExecutor:
         ctx, record = fn._prepare(inputs)
         payload = forward_payload(args, kwargs, ctx.needs_input_grad)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
-        task_id, name, packed, signature, expiry_ms = self._encode(
+        task_id, name, packed, signature = self._encode(
             fn, "forward", payload, None, lambda: _forward_values(args, kwargs)
         )
-        pending = await self.channel.send_and_wait(
-            task_id, name, packed, signature, expiry_ms, _nothing_more
-        )
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
         result = await self._result(pending, fn, None, roles)
         try:
             outputs, state, non_diff, is_tuple = _forward_result(result, fn)
@@ -218,8 +214,8 @@ class RedisExecutor:
         payload: dict[str, Any],
         ctx: Any,
         values: Callable[[], dict[str, Any]],
-    ) -> tuple[str, str, bytes, bytes, int]:
-        """The task's id, remote name, message, signature and signed expiry.
+    ) -> tuple[str, str, bytes, bytes]:
+        """The task's id, remote name, message and signature.
 
         A value that cannot travel raises the TypeError of ``diagnose_unpackable``, which
         names it among ``ctx``'s and ``values()``'s.
@@ -249,7 +245,7 @@ class RedisExecutor:
             packed, signature = encode(message, self._signer, self._limits)
         except TypeError:
             raise diagnose_unpackable(fn, ctx, values()) from None
-        return task_id, name, packed, signature, message.expiry_ms
+        return task_id, name, packed, signature
 
     async def _result(
         self,

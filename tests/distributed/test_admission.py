@@ -16,14 +16,11 @@ from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._admission import (
     EXPIRY_GRACE_MS,
     Admitted,
-    Claim,
     Rules,
     admit,
-    altered,
     batch_clients,
     claim_commands,
     first_run,
-    read_claims,
     replayed,
 )
 from asyncgraph.distributed.worker._metrics import Metrics
@@ -129,78 +126,6 @@ def test_only_the_entry_that_claimed_a_task_runs_it() -> None:
     assert not first_run(held, None, b"8-0")  # another entry ran it: a replay
     assert first_run(held, ReplyError("OOM command not allowed"), None)  # not recorded: runs
     assert first_run(held, None, None)  # expired between the two commands: nothing ran it
-
-
-def claim_of(task_id: str = "t1", expires_ms: int | None = None, won: bool = True) -> Claim:
-    """What the read's claim script returns for an entry whose hints name ``task_id``."""
-    at = REDIS_NOW_MS + 5000 + EXPIRY_GRACE_MS if expires_ms is None else expires_ms
-    return Claim(keys.ran_key(QUEUE, CLIENT, task_id), at, won, b"1-0" if won else b"0-1")
-
-
-def test_the_claim_scripts_rows_are_read_by_entry_id() -> None:
-    key = keys.ran_key(QUEUE, CLIENT, "t1").encode()
-    claims = read_claims(
-        [
-            [b"1-0", key, 42, 1, b"1-0"],
-            [b"2-0", key, 42, 0, b"1-0"],
-            [b"3-0", key, 42, 0, None],  # the holder's memory expired meanwhile
-            [b"4-0", key, 42],  # not a row: left out (claimed in a round trip instead)
-            b"junk",
-        ]
-    )
-    assert claims == {
-        b"1-0": Claim(key.decode(), 42, True, b"1-0"),
-        b"2-0": Claim(key.decode(), 42, False, b"1-0"),
-        b"3-0": Claim(key.decode(), 42, False, None),
-    }
-    assert read_claims(ReplyError("NOSCRIPT No matching script")) == {}
-
-
-def test_a_claim_made_from_the_hints_counts_only_for_the_verified_message() -> None:
-    the_rules, replies = rules()
-    held, admitted = run(entry(), rules=(the_rules, replies))
-    assert isinstance(admitted, Admitted)
-    assert altered(held, admitted, claim_of(), replies) is None  # hints and message agree
-    # Hints that name another task, or another expiry: the entry was altered after its
-    # client sent it. Dead-lettered unanswered (its signed original answers), never run.
-    for wrong in (claim_of("t2"), claim_of(expires_ms=REDIS_NOW_MS + 60_000)):
-        settled = altered(held, admitted, wrong, replies)
-        assert isinstance(settled, Settled) and settled.outcome == "rejected"
-        assert settled.client is None
-        (dead,) = settled.commands
-        assert dead[dead.index(keys.F_REASON) + 1] == keys.REASON_MALFORMED
-        assert b"hints" in dead[dead.index(keys.F_ERROR) + 1].encode()
-
-
-def test_an_entry_settled_unrun_gives_back_the_memory_it_won() -> None:
-    """A client whose heartbeat lapsed sends its skipped tasks again, in new entries:
-    the memory of the entry that was skipped must not refuse them."""
-    from asyncgraph.distributed import Worker, WorkerConfig
-    from asyncgraph.distributed.worker._registry import build_registry
-
-    worker = Worker(
-        WorkerConfig("redis://127.0.0.1:1/0", queue=QUEUE, secret=SECRET),
-        build_registry(["agdist_functions"]),
-    )
-    worker._writer.batching = True  # built, never sent
-    worker._ctx.slots.runner = _Runner()
-    ttl_ms = 10**12  # the worker's own clock reads Redis's: far from REDIS_NOW_MS
-    fields, expires_ms = entry(ttl_ms=ttl_ms), REDIS_NOW_MS + ttl_ms + EXPIRY_GRACE_MS
-    gone = lambda client: True  # noqa: E731
-    for entry_id, won in ((b"1-0", True), (b"2-0", False)):
-        claim = claim_of(expires_ms=expires_ms, won=won)
-        assert worker._tasks.admit(entry_id, fields, 1, gone, claim) is None
-    won, lost = worker._writer._outgoing
-    assert won.outcome == lost.outcome == "client_gone"
-    assert won.commands == [["DEL", keys.ran_key(QUEUE, CLIENT, "t1")]]
-    assert lost.commands == []  # another entry's memory is left alone
-
-
-class _Runner:
-    """What ``Tasks.admit`` asks of the runner: its clock."""
-
-    def now(self) -> float:
-        return 100.0
 
 
 def test_a_replayed_task_is_dead_lettered_unanswered() -> None:

@@ -112,31 +112,6 @@ async def test_a_task_replayed_within_its_deadline_runs_at_most_once(
     client.close()
 
 
-async def test_a_copy_with_altered_hints_is_dead_lettered_and_leaves_no_memory(
-    redis_url: str, start_worker: StartWorker
-) -> None:
-    """The read's claim script claims by the entry's unsigned hints; a copy whose hints
-    name another task is caught when its verified message disagrees (NOTE [Replays])."""
-    start_worker(redis_url, "hints", *FAST, env=SIGNED)
-    client = redis.Redis.from_url(redis_url)
-
-    async def replay_renamed(entry: dict[bytes, bytes]) -> None:
-        client.xadd(keys.task_stream("hints"), {**entry, keys.F_TASK_HINT: b"ff"})  # type: ignore[dict-item]
-        await wait_until(lambda: reasons(client, "hints") == ["malformed"])
-
-    _, message = await run_and_capture(
-        redis_url, "hints", "hints", timeout_s=60, then=replay_renamed
-    )
-    ((_, dead),) = client.xrange(keys.dead_stream("hints"))
-    assert b"hints" in dead[keys.F_ERROR] and b"altered" in dead[keys.F_ERROR]
-    await anyio.sleep(0.6)  # a run would have started by now
-    assert count(client, "agdist:started:hints") == 1
-    # The memory the copy took for the task it named is given back; the real one stays.
-    assert client.get(keys.ran_key("hints", message.client, "ff")) is None
-    assert client.get(keys.ran_key("hints", message.client, message.id)) is not None
-    client.close()
-
-
 async def test_a_reclaimed_entry_still_runs_after_its_worker_is_killed(
     redis_url: str, start_worker: StartWorker
 ) -> None:

@@ -43,7 +43,6 @@ __all__ = [
     "client_key",
     "dead_stream",
     "ran_key",
-    "ran_prefix",
     "reply_stream",
     "task_stream",
     "workers_hash",
@@ -75,10 +74,6 @@ F_TASK_HINT = b"i"
 # A task entry's hint that its client keeps a heartbeat key (``client_key``): workers ask
 # about the clients whose entries say so, and take those of older versions for alive.
 F_BEATS_HINT = b"b"
-# A task entry's signed expiry again (decimal ms), for the claim its worker makes in the
-# read's round trip (NOTE [Replays] in ``worker._admission``): a claim whose key or
-# expiry disagree with the verified message does not let the task run.
-F_EXPIRY_HINT = b"e"
 
 # Dead-letter entry fields.
 F_REASON = b"reason"
@@ -193,9 +188,4 @@ def ran_key(queue: str, client: str, task_id: str) -> str:
     (NOTE [Replays] in ``worker._admission``; ``client``: a validated 32-hex-digit id)."""
     if not is_client_id(client):
         raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
-    return f"{ran_prefix(queue)}{client}:{task_id}"
-
-
-def ran_prefix(queue: str) -> str:
-    """What every ``ran_key`` of ``queue`` starts with (the claim script builds them from it)."""
-    return f"{_base(queue)}:ran:"
+    return f"{_base(queue)}:ran:{client}:{task_id}"

@@ -10,25 +10,13 @@ sent: a signed task copied from the stream (``XRANGE``) and added again would pa
 check. Two things stop it. The task carries its expiry inside the signed bytes (``exp``:
 the Redis server's ``TIME`` when the client encoded it, as its last heartbeat read it,
 plus its timeout), and a task read after it (``EXPIRY_GRACE_MS`` later) is dead-lettered
-``expired`` without running. Within its deadline, a task runs only once its worker holds
-the replay memory ``ran_key(queue, client, task id)``, written with ``SET NX`` and kept
-until the deadline: the value is the id of the entry that ran it, so a redelivery of
-that same entry (a worker died; the reclaimer hands it to another) still runs, while
-another entry carrying the same task, added by anyone, is dead-lettered ``replayed``.
-The memory lives in Redis, for every worker of the queue at once (memory in one worker
-would not see a copy read by another).
-
-The claim costs no round trip of its own for a fresh read: the reader sends
-``CLAIM_SCRIPT`` in the same write as its ``XREADGROUP``, and Redis runs it as soon as
-the read returns. The script sees the entries just delivered to this consumer
-(``XPENDING`` after the last one read before) and claims each by its unsigned hints
-(client, task id, expiry: ``F_*_HINT``), before the worker has verified anything. So a
-claim counts only when its key and expiry are those of the verified message
-(``Claim.fits``); an entry whose hints lie is dead-lettered ``malformed``, and an entry
-that does not run gives back a memory it won (``DEL`` with its acknowledgement), so a
-task its client sends again (after a lapse of its heartbeat) still runs. Entries the
-script did not claim (reclaimed ones, a client of an older version, a script Redis
-refused) are claimed by ``claim_commands``: one round trip per batch.
+``expired`` without running. Within its deadline, a task that admission lets through
+runs only after its worker wrote the replay memory ``ran_key(queue, client, task id)``
+with ``SET NX PX`` (kept until the deadline): the value is the id of the entry that ran
+it, so a redelivery of that same entry (a worker died; the reclaimer hands it to
+another) still runs, while another entry carrying the same task, added by anyone, is
+dead-lettered ``replayed``. One round trip per batch of admitted tasks, for every worker
+of the queue at once (memory in one worker would not see a copy read by another).
 In an unsigned fleet nothing is authenticated: the expiry and the memory still apply,
 but whoever can add an entry can also write any expiry.
 """
@@ -50,17 +38,12 @@ from asyncgraph.resp import Oversize, Wide
 
 __all__ = [
     "EXPIRY_GRACE_MS",
-    "CLAIM_SCRIPT",
     "Admitted",
-    "Claim",
     "Rules",
     "admit",
-    "altered",
     "batch_clients",
     "claim_commands",
-    "claim_script_args",
     "first_run",
-    "read_claims",
     "replayed",
     "task_deadline",
 ]
@@ -70,103 +53,6 @@ MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
 # Redis where the task is, then cancels it; expired here first, the task would be gone
 # from the stream, and the diagnosis could no longer say which worker held it.
 EXPIRY_GRACE_MS = 500
-
-
-# Run by Redis right after the reader's XREADGROUP, in the same round trip (NOTE
-# [Replays]). KEYS[1]: the task stream. ARGV: the group, the consumer, the last entry id
-# read before, how many entries the read asked for, the ``ran_key`` prefix, the client,
-# task and expiry hint fields, EXPIRY_GRACE_MS. One row per entry just delivered:
-# {entry id, memory key, expiry (Redis ms), 1 if this entry won the memory, its holder}.
-CLAIM_SCRIPT = """
-local rows = redis.call('XPENDING', KEYS[1], ARGV[1], '(' .. ARGV[3], '+', ARGV[4], ARGV[2])
-local out, fresh, first = {}, {}, nil
-for _, row in ipairs(rows) do
-  if row[4] == 1 then
-    fresh[row[1]] = true
-    first = first or row[1]
-  end
-end
-if not first then return out end
--- One read's entries lie next to each other in the stream: one XRANGE reads them.
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], first, '+', 'COUNT', #rows)) do
-  if fresh[entry[1]] then
-    local client, task, expiry
-    local f = entry[2]
-    for i = 1, #f - 1, 2 do
-      if f[i] == ARGV[6] then client = f[i + 1]
-      elseif f[i] == ARGV[7] then task = f[i + 1]
-      elseif f[i] == ARGV[8] then expiry = f[i + 1] end
-    end
-    if client and task and expiry and #client == 32 and client:match('^[0-9a-f]+$')
-        and #task > 0 and #task <= 64 and #expiry <= 15 and expiry:match('^[0-9]+$') then
-      local key = ARGV[5] .. client .. ':' .. task
-      local at = tonumber(expiry) + tonumber(ARGV[9])
-      if redis.call('SET', key, entry[1], 'NX', 'PXAT', at) then
-        out[#out + 1] = {entry[1], key, at, 1, entry[1]}
-      else
-        out[#out + 1] = {entry[1], key, at, 0, redis.call('GET', key)}
-      end
-    end
-  end
-end
-return out
-"""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What ``CLAIM_SCRIPT`` did for one entry: the memory ``key`` it wrote (kept until
-    ``expires_ms``, Redis time), whether this entry ``won`` it, and the entry ``holder``
-    that holds it now."""
-
-    key: str
-    expires_ms: int
-    won: bool
-    holder: bytes | None
-
-    def fits(self, queue: str, message: TaskMessage) -> bool:
-        """Whether this is the memory of the verified ``message`` (its hints told the truth)."""
-        return (
-            self.key == keys.ran_key(queue, message.client, message.id)
-            and self.expires_ms == message.expiry_ms + EXPIRY_GRACE_MS
-        )
-
-
-def claim_script_args(queue: str, consumer: str, after: bytes | str, count: int) -> list[Any]:
-    """``CLAIM_SCRIPT``'s keys and arguments (after ``EVALSHA sha``/``EVAL source``)."""
-    return [
-        1,
-        keys.task_stream(queue),
-        keys.GROUP,
-        consumer,
-        after,
-        count,
-        keys.ran_prefix(queue),
-        keys.F_CLIENT_HINT,
-        keys.F_TASK_HINT,
-        keys.F_EXPIRY_HINT,
-        EXPIRY_GRACE_MS,
-    ]
-
-
-def read_claims(reply: Any) -> dict[bytes, Claim]:
-    """The claims in ``CLAIM_SCRIPT``'s reply, by entry id (rows not well formed are left out:
-    their entries are claimed by ``claim_commands``)."""
-    claims: dict[bytes, Claim] = {}
-    if not isinstance(reply, list):
-        return claims
-    for row in reply:
-        if not (isinstance(row, list) and len(row) == 5):
-            continue
-        entry_id, key, expires_ms, won, holder = row
-        if isinstance(entry_id, bytes) and isinstance(key, bytes) and isinstance(expires_ms, int):
-            claims[entry_id] = Claim(
-                key.decode(errors="replace"),
-                expires_ms,
-                won == 1,
-                holder if isinstance(holder, bytes) else None,
-            )
-    return claims
 
 
 @dataclass(frozen=True)
@@ -212,9 +98,8 @@ def admit(
     client is gone (``client_gone`` of the verified client id: its heartbeat key expired,
     NOTE [Client liveness] in ``distributed._liveness``; no reply, nobody would read it),
     one delivered more than ``max_attempts`` times, an unknown function or one whose code
-    differs. An ``Admitted`` task runs only once its replay memory is claimed: by the
-    read's ``CLAIM_SCRIPT`` (if its ``Claim`` is not ``altered``), else by
-    ``claim_commands``.
+    differs. An ``Admitted`` task runs only once its replay memory is claimed
+    (``claim_commands``).
     """
     data: dict[Any, Any] = {}
     if isinstance(fields, list):
@@ -282,22 +167,6 @@ def admit(
         )
         return replies.error(held, message.client, message.id, info, "fingerprint")
     return Admitted(message, registered, data)
-
-
-def altered(held: Held, admitted: Admitted, claim: Claim, replies: Replies) -> Settled | None:
-    """Settle an admitted entry whose ``claim`` is not its verified message's memory: its
-    unsigned hints were altered after its client sent it (dead-lettered ``malformed``,
-    unanswered: the signed original answers). None when the claim is the message's."""
-    message = admitted.message
-    if claim.fits(replies.queue, message):
-        return None
-    text = (
-        f"task {message.id} of {message.function!r}: the entry's unsigned hints (client, "
-        f"task id, expiry) disagree with its signed message, so it was altered after its "
-        f"client sent it: not run"
-    )
-    dead = replies.dead_letter(held, keys.REASON_MALFORMED, text, admitted.data)
-    return replies.settled(held, "rejected", [dead])
 
 
 def _too_big(

@@ -6,15 +6,13 @@ a bulk string above ``max_message_bytes`` (plus a small margin) is skipped unrea
 (``Oversize``), and so is an entry with more fields than a task has (``Wide``): the
 parser is linear, so such an entry costs its bytes once, and admission dead-letters it.
 Before a batch is taken, the intake asks whether its clients are alive (at most one
-round trip; NOTE [Client liveness] in ``distributed._liveness``). The replay memory of
-fresh entries is claimed by a script sent with the read; reclaimed entries, and any the
-script did not claim, are claimed in one round trip before they run (NOTE [Replays] in
+round trip; NOTE [Client liveness] in ``distributed._liveness``); before the tasks it
+admits run, it claims their replay memory (one round trip; NOTE [Replays] in
 ``worker._admission``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
@@ -23,15 +21,7 @@ import anyio
 from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.worker._admission import (
-    CLAIM_SCRIPT,
-    MAX_FIELDS,
-    Admitted,
-    Claim,
-    batch_clients,
-    claim_script_args,
-    read_claims,
-)
+from asyncgraph.distributed.worker._admission import MAX_FIELDS, Admitted, batch_clients
 from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.distributed.worker._membership import ensure_group
 from asyncgraph.distributed.worker._outcomes import Held
@@ -44,7 +34,6 @@ __all__ = ["Intake", "ReadSizer"]
 log = logging.getLogger("asyncgraph.distributed.worker")
 
 BLOCK_MS = 2000
-CLAIM_SHA = hashlib.sha1(CLAIM_SCRIPT.encode()).hexdigest()
 # Bytes one read of the task stream should buffer at most: after a read with big
 # entries, the next reads ask for fewer (at least one).
 READ_BUDGET = 64 * 1024 * 1024
@@ -105,8 +94,6 @@ class Intake:
         self.sizer = ReadSizer(
             ctx.config.batch_size, ctx.config.limits.max_message_bytes + keys.BULK_MARGIN
         )
-        self._last_read: bytes = b"0-0"  # the newest entry id read (the claim script's start)
-        self._script_known = False  # EVALSHA once Redis ran the source (NOSCRIPT: again)
 
     async def _ensure_group(self) -> None:
         await ensure_group(self._pool, self.config.queue)
@@ -120,7 +107,7 @@ class Intake:
                 try:
                     if conn is None:
                         conn = await self._pool.connect()
-                    reply, claims = await self._read(conn, count)
+                    reply = await self._read(conn, count)
                     backoff = 0.05
                 except (RedisConnectionLost, TimeoutError, ReplyError) as exc:
                     if isinstance(exc, ReplyError) and exc.code == "NOGROUP":
@@ -140,50 +127,30 @@ class Intake:
                     continue
                 self._health.ok()
                 if reply:
-                    await self._start(reply[0][1], claims)
+                    await self._start(reply[0][1])
         finally:
             if self._writer.pending:
                 self._writer.wake()  # never strand settled tasks when intake stops
             if conn is not None:
                 await conn.aclose()
 
-    async def _read(self, conn: Connection, count: int) -> tuple[Any, dict[bytes, Claim]]:
-        """XREADGROUP, and in the same write the script that claims what it reads (NOTE
-        [Replays]): the entries read, and the claims made for them."""
-        script = ["EVALSHA", CLAIM_SHA] if self._script_known else ["EVAL", CLAIM_SCRIPT]
-        args = claim_script_args(self.config.queue, self.consumer, self._last_read, count)
-        reply, claimed = await conn.pipeline(
-            [
-                [
-                    "XREADGROUP",
-                    "GROUP",
-                    keys.GROUP,
-                    self.consumer,
-                    "COUNT",
-                    count,
-                    "BLOCK",
-                    BLOCK_MS,
-                    "STREAMS",
-                    self._stream,
-                    ">",
-                ],
-                [*script, *args],
-            ],
+    async def _read(self, conn: Connection, count: int) -> Any:
+        return await conn.execute(
+            "XREADGROUP",
+            "GROUP",
+            keys.GROUP,
+            self.consumer,
+            "COUNT",
+            count,
+            "BLOCK",
+            BLOCK_MS,
+            "STREAMS",
+            self._stream,
+            ">",
             max_bulk=self.sizer.max_bulk,
             max_items=self.sizer.max_items(count),
             timeout_s=BLOCK_MS / 1000 + self.config.redis_timeout_s,
         )
-        if isinstance(reply, ReplyError):
-            raise reply
-        if isinstance(claimed, ReplyError):
-            # Claimed in a round trip of their own instead (``_start_first_runs``).
-            self._script_known = False
-            log.debug("worker %s: claim script: %s", self.consumer, claimed)
-        else:
-            self._script_known = True
-        if reply:
-            self._last_read = reply[0][1][-1][0]
-        return reply, read_claims(claimed)
 
     async def _ask_clients(self, entries: list[Any]) -> None:
         """Learn which clients of a batch died: one round trip at most (NOTE [Client liveness])."""
@@ -217,23 +184,16 @@ class Intake:
         for i, (held, task) in enumerate(admitted):
             self._tasks.start(held, task, replies[2 * i], replies[2 * i + 1])
 
-    async def _start(self, entries: list[Any], claims: dict[bytes, Claim]) -> None:
+    async def _start(self, entries: list[Any]) -> None:
         self.sizer.note(entries)
         await self._ask_clients(entries)
         gone = self.clients.gone
         self._writer.batching = True
         try:
-            unclaimed = []
-            for entry_id, fields in entries:
-                claim = claims.get(entry_id)
-                admitted = self._tasks.admit(entry_id, fields, 1, gone, claim)
-                if admitted is None:
-                    continue
-                if claim is None:
-                    unclaimed.append(admitted)
-                else:
-                    self._tasks.start(*admitted, b"OK" if claim.won else None, claim.holder)
-            await self._start_first_runs(unclaimed)
+            admitted = [
+                self._tasks.admit(entry_id, fields, 1, gone) for entry_id, fields in entries
+            ]
+            await self._start_first_runs([a for a in admitted if a is not None])
             # Let the tasks just started take their first step. Those that finish at once
             # queue their replies for this reader, which sends them before its next
             # blocking read: writing to Redis first would wake the server, which can take

@@ -17,10 +17,8 @@ from asyncgraph.distributed.wire._keys import calls_key
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.worker._admission import (
     Admitted,
-    Claim,
     Rules,
     admit,
-    altered,
     claim_commands,
     first_run,
     replayed,
@@ -69,14 +67,11 @@ class Tasks:
         fields: Any,
         deliveries: int,
         client_gone: Callable[[str], bool] = lambda client: False,
-        claim: Claim | None = None,
     ) -> tuple[Held, Admitted] | None:
         """Hold and admit the entry's task, or settle it at once (None; None too if it is
         held already or was just settled). An admitted task waits for ``start``.
 
         ``client_gone``: whether a client died, as the intake found for this batch.
-        ``claim``: the replay memory the read's claim script wrote for the entry (NOTE
-        [Replays]); settled at once, the entry gives back a memory it won.
         """
         held = self._slots.hold(entry_id, deliveries)
         if held is None:
@@ -94,11 +89,7 @@ class Tasks:
             redis_now_ms=self._membership.redis_now_ms(),
             client_gone=client_gone,
         )
-        if claim is not None and isinstance(decided, Admitted):
-            decided = altered(held, decided, claim, self._replies) or decided
         if isinstance(decided, Settled):
-            if claim is not None and claim.won:
-                decided.commands.append(["DEL", claim.key])
             self._writer.queue(decided)
             return None
         return held, decided
