@@ -73,7 +73,17 @@ def _text(value: Any) -> str:
     data = value.data if isinstance(value, Variable) else value
     if isinstance(data, str):
         return data
-    return describe_content(data) if is_image(data) else str(data)
+    if is_image(data):
+        return describe_content(data)
+    if not isinstance(value, Variable) and isinstance(data, (list, tuple, set, dict)):
+        # Its text would be the container's repr, and the Variables in it would leave the
+        # graph (no gradient, no error): say so instead.
+        raise TypeError(
+            f"a {type(data).__name__} where a text was expected ({data!r:.80}): give a str "
+            f"or a Variable; for several, pass each as an input of its own, or join them "
+            f"with concat(...), which keeps each one in the graph"
+        )
+    return str(data)
 
 
 def _images(values: Any) -> list[dict[str, Any]]:
@@ -714,6 +724,12 @@ async def chat_call(
             raise TypeError(
                 f"chat_call: message {i} must be a dict with 'role' and 'content', got "
                 f"{message!r:.80}"
+            )
+        if isinstance(message["content"], (list, tuple)):
+            raise TypeError(
+                f"chat_call: message {i}'s content is a {type(message['content']).__name__}; "
+                f"give one str or Variable (join several with concat(...), which keeps each "
+                f"one in the graph), or one message each"
             )
     roles = tuple(m["role"] for m in messages)
     options = _given(

@@ -81,6 +81,28 @@ async def test_plain_string_turns_get_no_gradient_and_bad_messages_are_clear() -
         await chat_call([{"role": "user"}], model=rec.model)
 
 
+async def test_a_list_where_a_text_goes_is_an_error_not_its_repr() -> None:
+    """afnio writes a message's content as a list of Variables: sent as the list's repr,
+    the Variables in it would get no gradient, and nothing would say so."""
+    from asyncgraph.text import concat, llm_call
+
+    rec = Recorder(responder)
+    system = Parameter("You are a dev.", role="agent behaviour")
+    with pytest.raises(TypeError, match="message 0's content is a list; give one str or Variable"):
+        await chat_call([{"role": "system", "content": [system]}], model=rec.model)
+    with pytest.raises(TypeError, match="a list where a text was expected.*concat"):
+        await llm_call(None, [system], model=rec.model)
+    with pytest.raises(TypeError, match="a tuple where a text was expected"):
+        concat("a", ("b", "c"))
+    assert rec.requests == []  # nothing was sent
+    # Joined with concat, each stays in the graph.
+    reply = await chat_call(
+        [{"role": "system", "content": concat(system, "Answer in one line.")}], model=rec.model
+    )
+    await reply.backward("shorter")
+    assert system.grad is not None
+
+
 async def test_structured_chat_replies() -> None:
     rec = Recorder(lambda m: json.dumps({"answer": 6}))
     out = await chat_call(
