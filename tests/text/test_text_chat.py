@@ -90,7 +90,7 @@ async def test_a_list_where_a_text_goes_is_an_error_not_its_repr() -> None:
     system = Parameter("You are a dev.", role="agent behaviour")
     with pytest.raises(TypeError, match="message 0's content is a list; give one str or Variable"):
         await chat_call([{"role": "system", "content": [system]}], model=rec.model)
-    with pytest.raises(TypeError, match="a list where a text was expected.*concat"):
+    with pytest.raises(TypeError, match=r"a list where a text was expected.*concat"):
         await llm_call(None, [system], model=rec.model)
     with pytest.raises(TypeError, match="a tuple where a text was expected"):
         concat("a", ("b", "c"))
