@@ -118,14 +118,25 @@ def test_the_tutorial_job_runs_from_the_command_line_as_the_tutorial_says(tmp_pa
             check=False,
         )
 
-    done = cli("run", "job.py", "--out", "runs/even-odd")
+    # In the reader's order: `python job.py` first (its main() fills runs/even-odd), so the
+    # CLI's run needs a folder of its own, or it stops on that run's checkpoint.
+    done = subprocess.run(
+        [sys.executable, "job.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    done = cli("run", "job.py", "--out", "runs/even-odd-cli")
     assert done.returncode == 0, done.stderr
     assert "finished after 4 step(s)" in done.stdout
     assert "prompt: Label the number. Even numbers are 'even'. Odd numbers are 'odd'." in (
         done.stdout
     )
     assert "Traceback" not in done.stderr and "ExceptionGroup" not in done.stderr
-    done = cli("eval", "job.py", "--params", "runs/even-odd/best.json")
+    done = cli("eval", "job.py", "--params", "runs/even-odd-cli/best.json")
     assert done.returncode == 0, done.stderr
     assert "score: 1.0000" in done.stdout
 
@@ -196,7 +207,7 @@ def test_the_job_tutorial_runs_on_a_fleet_of_real_workers(
             worker.wait(30)
     assert done.returncode == 0, done.stderr
     # The page's output, but the wall time: every other line as the page shows it.
-    for line in done.stdout.splitlines()[1:4]:
+    for line in done.stdout.splitlines()[1:]:
         assert line in page, line
     assert "finished after 4 step(s)" in done.stdout
 
