@@ -225,6 +225,21 @@ def sum_grads(grads: Sequence[Variable | None], create_graph: bool) -> Variable 
     return Variable(data)
 
 
+def own_grad(grad: Variable, create_graph: bool) -> Variable:
+    """The gradient a ``.grad`` keeps: a Variable of its own, never the caller's or another
+    leaf's (as PyTorch clones it), with its own copy of a list or numpy array, so that
+    changing one ``.grad`` in place changes no other. Under create_graph, ``grad`` itself
+    (its history is the point)."""
+    if create_graph:
+        return grad
+    data = grad.data
+    if isinstance(data, list):
+        data = list(data)
+    elif type(data).__module__ == "numpy" and hasattr(data, "copy"):
+        data = data.copy()
+    return Variable(data, role=grad.role)
+
+
 def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:
     """Check a backward's return value against the node's inputs; wrap raw data."""
     n = len(node.next_edges)
@@ -687,7 +702,7 @@ class Engine:
                 var = ref()
                 g = grads[nr]
                 if var is not None and g is not None:
-                    self.retained[var] = g
+                    self.retained[var] = own_grad(g, self.create_graph)
         if node in self._capture_nodes:
             for nr in range(node.num_outputs):
                 self.captured[(node, nr)] = grads[nr]
@@ -720,7 +735,7 @@ class Engine:
                 return
         self.captured[leaf] = grad
         if self._accumulate:
-            self.staged[leaf] = grad
+            self.staged[leaf] = grad = own_grad(grad, self.create_graph)
             if leaf._post_hooks:
                 try:
                     await run_post_hooks(leaf._post_hooks, leaf, grad)
@@ -780,11 +795,26 @@ class Engine:
 
     # -- committing -------------------------------------------------------------
     def commit(self) -> None:
-        """Write staged gradients into ``.grad`` (existing gradient first, then new)."""
+        """Write staged gradients into ``.grad`` (existing gradient first, then new).
+
+        As PyTorch's AccumulateGrad: without create_graph, onto an existing ``.grad``
+        that has no history the sum is written in place (a reference to ``x.grad``
+        taken before sees it); otherwise ``.grad`` becomes a new Variable.
+        """
         # Sum everything first: if one sum fails, no .grad has changed.
-        updates = [
-            (var, grad if var.grad is None else sum_grads([var.grad, grad], self.create_graph))
-            for var, grad in (*self.staged.items(), *self.retained.items())
-        ]
+        updates: list[tuple[Variable, Variable]] = []
+        in_place: list[tuple[Variable, Any]] = []
+        for var, grad in (*self.staged.items(), *self.retained.items()):
+            old = var.grad
+            if old is None:
+                updates.append((var, grad))
+            elif self.create_graph or old.grad_fn is not None or old.requires_grad:
+                total = sum_grads([old, grad], self.create_graph)
+                assert total is not None
+                updates.append((var, total))
+            else:
+                in_place.append((old, accumulate(old.data, grad.data)))
         for var, total in updates:
             var.grad = total
+        for old, data in in_place:
+            old.data = data

@@ -190,9 +190,10 @@ class Node:
         return hooks
 
     def release(self) -> None:
-        """Free what forward saved; a later backward through this node raises."""
-        self.freed = True
-        self.ctx._free()
+        """Free what forward saved; a later backward through this node raises if it saved
+        anything (``ctx.save_for_backward``), as in PyTorch."""
+        if self.ctx._free():
+            self.freed = True
 
     def __repr__(self) -> str:
         return f"<Node {self.describe()} seq={self.seq}>"

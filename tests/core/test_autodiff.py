@@ -128,6 +128,51 @@ async def test_second_backward_with_retain_graph_works_and_accumulates() -> None
 
 
 @pytest.mark.anyio
+async def test_a_second_backward_through_nodes_that_saved_nothing_works() -> None:
+    """PyTorch's test_backward_twice_without_saved_values: only saved variables are freed."""
+    x = Variable(np.zeros(3), requires_grad=True)
+    y = Add.apply(x, Variable(np.ones(3)))
+    await y.backward(np.ones(3))
+    await y.backward(np.ones(3))  # Add saved nothing: nothing was freed
+    assert x.grad is not None
+    np.testing.assert_array_equal(x.grad.data, np.full(3, 2.0))
+
+
+@pytest.mark.anyio
+async def test_a_grad_is_never_the_callers_gradient_or_another_leafs() -> None:
+    """As PyTorch clones a gradient it cannot steal: changing one .grad in place changes
+    neither the gradient given to backward nor another leaf's .grad."""
+    x, w = Variable(np.ones(3), requires_grad=True), Variable(np.ones(3), requires_grad=True)
+    g = Variable(np.ones(3))
+    await Add.apply(x, w).backward(g)
+    assert x.grad is not None and w.grad is not None
+    assert x.grad is not w.grad and x.grad is not g and x.grad.data is not w.grad.data
+    x.grad.data *= 0
+    np.testing.assert_array_equal(w.grad.data, np.ones(3))
+    np.testing.assert_array_equal(g.data, np.ones(3))
+
+
+@pytest.mark.anyio
+async def test_accumulation_is_in_place_without_create_graph_and_out_of_place_with() -> None:
+    """PyTorch's test_accumulate_grad: a reference to x.grad taken between two backwards
+    sees the sum, unless the second records a graph (then .grad is a new Variable)."""
+
+    async def compute_grad(create_graph: bool) -> tuple[Variable, np.ndarray]:
+        x = Variable(np.ones(5), requires_grad=True)
+        y = Add.apply(x, Variable(np.full(5, 2.0)))
+        await y.backward(np.ones(5), retain_graph=True)
+        assert x.grad is not None
+        x_grad, x_grad_clone = x.grad, x.grad.data.copy()
+        await y.backward(np.ones(5), create_graph=create_graph)
+        return x_grad, x_grad_clone
+
+    x_grad, clone = await compute_grad(create_graph=False)
+    np.testing.assert_array_equal(x_grad.data, clone * 2)
+    x_grad, clone = await compute_grad(create_graph=True)
+    np.testing.assert_array_equal(x_grad.data, clone)
+
+
+@pytest.mark.anyio
 async def test_retain_graph_defaults_to_create_graph() -> None:
     x = Variable(2.0, requires_grad=True)
     y = Mul.apply(x, x)
