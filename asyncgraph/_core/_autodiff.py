@@ -9,7 +9,7 @@ from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
 
 from ._awaited import must_await
-from ._engine import Engine, Listener
+from ._engine import Engine, Listener, own_grad
 from ._graph import Edge, Node
 from ._variable import Variable
 
@@ -130,7 +130,7 @@ async def backward(
     ``retain_graph`` (default: ``create_graph``) keeps the graph for another
     backward. ``create_graph`` records the backward's own operations, so the
     gradients can be differentiated again. ``inputs`` restricts accumulation to
-    these leaves. ``executor`` chooses where backwards run (default:
+    these variables (a non-leaf among them gets its gradient in ``.grad`` too). ``executor`` chooses where backwards run (default:
     ``use_executor``'s, else in-process). ``listeners`` get a ``NodeEvent`` when
     each node starts, finishes or fails.
 
@@ -158,25 +158,32 @@ async def backward(
         sequence=isinstance(variables, (list, tuple)),
     )
     capture: list[Variable] | None = None
+    non_leaves: list[Variable] = []
     if inputs is not None:
-        capture = _as_variables(inputs, "inputs")
-        if not capture:
+        wanted = _as_variables(inputs, "inputs")
+        if not wanted:
             raise GraphError("backward(inputs=...) got an empty sequence; pass None for all leaves")
-        for i, var in enumerate(capture):
-            if not var.is_leaf:
-                raise GraphError(
-                    f"inputs[{i}] ({var!r}) is not a leaf: backward(inputs=...) accumulates "
-                    f"into leaves only; use asyncgraph.grad() for intermediate variables"
-                )
+        for i, var in enumerate(wanted):
             if not var.requires_grad:
                 raise GraphError(f"inputs[{i}] ({var!r}) does not require grad")
+        # A non-leaf among them gets its gradient in .grad too (PyTorch >= 1.10).
+        capture = [var for var in wanted if var.grad_fn is None]
+        non_leaves = [var for var in wanted if var.grad_fn is not None]
     engine = Engine(
         executor or current_executor(),
         create_graph=create_graph,
         keep_graph=create_graph if retain_graph is None else retain_graph,
         listeners=listeners,
     )
-    await engine.run(roots, capture_leaves=capture)
+    await engine.run(
+        roots,
+        capture_leaves=capture,
+        capture_outputs=[(var.grad_fn, var.output_nr) for var in non_leaves],  # type: ignore[misc]
+    )
+    for var in non_leaves:
+        g = engine.captured.get((var.grad_fn, var.output_nr))  # type: ignore[arg-type]
+        if g is not None:
+            engine.retained[var] = own_grad(g, create_graph)
     engine.commit()
 
 

@@ -210,13 +210,17 @@ async def test_backward_inputs_restricts_accumulation_to_those_leaves() -> None:
 
 
 @pytest.mark.anyio
-async def test_backward_inputs_must_be_leaves() -> None:
+async def test_backward_inputs_may_be_non_leaves_whose_grad_is_filled() -> None:
+    """PyTorch's test_backward_with_nonleaf_inputs (>= 1.10): a non-leaf among ``inputs``
+    gets its gradient in ``.grad``; what lies behind it is not accumulated into."""
     x = Variable(2.0, requires_grad=True)
-    h = Mul.apply(x, x)
-    y = Mul.apply(h, h)
-    with pytest.raises(RuntimeError, match="not a leaf"):
-        await backward(y, inputs=[h])
-    assert x.grad is None
+    h = Mul.apply(x, x)  # 4
+    y = Mul.apply(h, h)  # 16: dy/dh = 2h = 8, dy/dx = 8 * 2x = 32
+    await backward(y, inputs=[h], retain_graph=True)
+    assert h.grad is not None and h.grad.data == 8.0 and x.grad is None
+    await backward(y, inputs=[x, h])
+    assert x.grad is not None and x.grad.data == 32.0
+    assert h.grad.data == 16.0  # accumulated
 
 
 @pytest.mark.anyio
