@@ -88,9 +88,10 @@ def _roots(
 ) -> list[tuple[Edge, Variable | None]]:
     grad_list = _grad_list(grads, len(outputs), sequence)
     if len(grad_list) != len(outputs):
-        raise ValueError(
-            f"{grads_name} has {len(grad_list)} entries but {what} has {len(outputs)}; "
-            f"give one gradient (or None for an implicit one) per output"
+        raise GraphError(
+            f"{grads_name} has {len(grad_list)} entries but {what} has {len(outputs)} (got "
+            f"{len(outputs)} variables and {len(grad_list)} gradients); give one gradient "
+            f"(or None for an implicit one) per output"
         )
     roots: list[tuple[Edge, Variable | None]] = []
     for i, (out, g) in enumerate(zip(outputs, grad_list, strict=True)):
@@ -162,7 +163,9 @@ async def backward(
     if inputs is not None:
         wanted = _as_variables(inputs, "inputs")
         if not wanted:
-            raise GraphError("backward(inputs=...) got an empty sequence; pass None for all leaves")
+            raise GraphError(
+                "'inputs' argument to backward() cannot be empty: pass None for all leaves"
+            )
         for i, var in enumerate(wanted):
             if not var.requires_grad:
                 raise GraphError(f"inputs[{i}] ({var!r}) does not require grad")
@@ -217,7 +220,7 @@ async def grad(
         raise GraphError("grad() got no outputs to differentiate")
     ins = _as_variables(inputs, "inputs")
     if not ins:
-        raise GraphError("grad() needs at least one input")
+        raise GraphError("grad requires non-empty inputs: grad() needs at least one input")
     roots = _roots(
         outs, grad_outputs, "outputs", "grad_outputs", sequence=isinstance(outputs, (list, tuple))
     )
@@ -226,8 +229,7 @@ async def grad(
     for i, var in enumerate(ins):
         if not var.requires_grad:
             raise GraphError(
-                f"inputs[{i}] ({var!r}) does not require grad: one of the differentiated "
-                f"Variables does not require grad"
+                f"One of the differentiated Variables does not require grad: inputs[{i}] ({var!r})"
             )
         if var.grad_fn is None:
             leaves.append(var)
@@ -248,8 +250,9 @@ async def grad(
         g = engine.captured.get(key)
         if g is None and not allow_unused:
             raise GraphError(
-                f"inputs[{i}] ({var!r}) appears to not have been used in the graph (no "
-                f"gradient reached it). Set allow_unused=True if this is the desired behavior."
+                f"One of the differentiated Variables appears to not have been used in the "
+                f"graph: no gradient reached inputs[{i}] ({var!r}). Set allow_unused=True if "
+                f"this is the desired behavior."
             )
         result.append(g)
     return tuple(result)

@@ -156,7 +156,10 @@ class Variable:
         node = self.grad_fn
         if node is None:
             if not self._requires_grad:
-                raise GraphError(f"retain_grad() on {self!r}, which does not require grad")
+                raise GraphError(
+                    f"can't retain_grad on Variable that has requires_grad=False: {self!r} "
+                    f"does not require grad"
+                )
             return
         if node.retained is None:
             node.retained = {}
@@ -178,7 +181,10 @@ class Variable:
         order they were registered. ``handle.remove()`` unregisters.
         """
         if not self._requires_grad:
-            raise GraphError(f"cannot register a hook on {self!r}: it does not require grad")
+            raise GraphError(
+                f"cannot register a hook on a Variable that doesn't require gradient: "
+                f"{self!r} does not require grad"
+            )
         if self.grad_fn is not None:
             return add_hook(self.grad_fn.hooks_for(self._output_nr), fn)
         if self._hooks is None:
