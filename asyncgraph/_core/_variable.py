@@ -227,6 +227,14 @@ class Variable:
         """A new leaf with the same data and role, cut from the graph."""
         return Variable(self.data, role=self.role)
 
+    def detach_(self) -> Variable:
+        """Cut this Variable from the graph in place (PyTorch's ``detach_``): it becomes a
+        leaf that does not require grad. Returns it."""
+        self.grad_fn = None
+        self._output_nr = 0
+        self._requires_grad = False
+        return self
+
     @must_await("loss.backward")
     async def backward(
         self,

@@ -128,6 +128,14 @@ def test_detach_returns_a_new_leaf_with_same_data_and_role() -> None:
     assert not Mul.apply(d, d).requires_grad  # cut from the graph
 
 
+def test_detach_in_place_makes_the_same_variable_a_leaf() -> None:
+    x = Variable(2.0, role="x", requires_grad=True)
+    y = Mul.apply(x, x)
+    assert y.detach_() is y
+    assert y.is_leaf and not y.requires_grad and y.grad_fn is None and y.data == 4.0
+    assert not Mul.apply(y, y).requires_grad  # cut from the graph
+
+
 def test_retain_grad_on_a_leaf_that_needs_no_grad_raises() -> None:
     with pytest.raises(RuntimeError, match="does not require grad"):
         Variable(1.0).retain_grad()
