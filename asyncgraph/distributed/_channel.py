@@ -495,7 +495,10 @@ class TaskChannel:
                         backoff = min(backoff * 2, 2.0)
                         continue
                     backoff = 0.05
-                commands: list[list[Any]] = [
+                commands: list[list[Any]] = []
+                if trim_below is not None:  # drop what was read, in the same round trip
+                    commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
+                commands.append(
                     [
                         "XREAD",
                         "COUNT",
@@ -506,19 +509,16 @@ class TaskChannel:
                         self._reply_stream,
                         last_id,
                     ]
-                ]
-                if trim_below is not None:
-                    # Drop what was read. After the blocking read, not before: Redis runs it
-                    # when the read returns and answers both at once, so this process is
-                    # not woken for the trim's reply alone.
-                    commands.append(["XTRIM", self._reply_stream, "MINID", trim_below])
+                )
                 limit_s = _BLOCK_MS / 1000 + self._pool.timeout_s
                 try:
                     replies = await conn.pipeline(
                         commands, max_bulk=self._max_bulk, timeout_s=limit_s
                     )
-                    if isinstance(replies[0], ReplyError):
-                        raise RedisConnectionLost(f"XREAD of the reply stream failed: {replies[0]}")
+                    if isinstance(replies[-1], ReplyError):
+                        raise RedisConnectionLost(
+                            f"XREAD of the reply stream failed: {replies[-1]}"
+                        )
                 except (RedisConnectionLost, TimeoutError) as exc:
                     what = (
                         str(exc)
@@ -534,8 +534,8 @@ class TaskChannel:
                     conn = None  # reconnect at once; if that fails, the waiting nodes fail
                     continue
                 trim_below = None
-                if replies[0]:
-                    entries = replies[0][0][1]
+                if replies[-1]:
+                    entries = replies[-1][0][1]
                     for _entry_id, fields in entries:
                         self._on_reply(fields)
                     await self._before_next_read()
