@@ -10,7 +10,7 @@ from asyncgraph._exceptions import GraphError
 
 from ._awaited import must_await
 from ._engine import Engine, Listener, own_grad
-from ._graph import Edge, Node
+from ._graph import Edge, Node, make_zero, zero_template
 from ._variable import Variable
 
 __all__ = ["backward", "grad"]
@@ -197,8 +197,9 @@ async def grad(
     grad_outputs: Any = None,
     retain_graph: bool | None = None,
     create_graph: bool = False,
-    allow_unused: bool = False,
+    allow_unused: bool | None = None,
     *,
+    materialize_grads: bool = False,
     executor: Executor | None = None,
     listeners: Iterable[Listener] = (),
 ) -> tuple[Variable | None, ...]:
@@ -206,7 +207,9 @@ async def grad(
 
     ``inputs`` may be leaves or intermediate variables. An input that the
     outputs do not depend on gets None with ``allow_unused=True`` and raises
-    ``GraphError`` otherwise. Other arguments as in :func:`backward`.
+    ``GraphError`` otherwise; with ``materialize_grads=True`` (which implies
+    ``allow_unused``) it gets a zero like its data instead (None for text, which has
+    no zero), as in PyTorch. Other arguments as in :func:`backward`.
 
     Example::
 
@@ -215,6 +218,12 @@ async def grad(
         (dx,) = await grad(y, x)
         print(dx.data, x.grad)                       # 6.0 None
     """
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    elif materialize_grads and not allow_unused:
+        raise ValueError(
+            "grad(): materialize_grads=True needs allow_unused=True (or allow_unused left out)"
+        )
     outs = _as_variables(outputs, "outputs")
     if not outs:
         raise GraphError("grad() got no outputs to differentiate")
@@ -248,6 +257,9 @@ async def grad(
             var if var.grad_fn is None else (var.grad_fn, var.output_nr)
         )
         g = engine.captured.get(key)
+        if g is None and materialize_grads:
+            zero = zero_template(var.data)
+            g = None if zero is None else Variable(make_zero(zero))
         if g is None and not allow_unused:
             raise GraphError(
                 f"One of the differentiated Variables appears to not have been used in the "

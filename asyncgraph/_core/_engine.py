@@ -32,7 +32,7 @@ from asyncgraph._exceptions import BackwardError, GraphError
 from ._accumulate import accumulate
 from ._function import Function
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import Edge, Hook, Node, PostAccumulateHook, Seq
+from ._graph import Edge, Hook, Node, PostAccumulateHook, Seq, make_zero
 from ._planning import make_plan
 from ._variable import Variable
 
@@ -708,6 +708,11 @@ class Engine:
                 self.captured[(node, nr)] = grads[nr]
         if self._execute is not None and node not in self._execute:
             return None  # captured only: nothing downstream needs its backward
+        if node.zeros is not None and any(g is None for g in grads):
+            grads = [
+                g if g is not None or z is None else Variable(make_zero(z))
+                for g, z in zip(grads, node.zeros, strict=True)
+            ]
         return tuple(grads)
 
     async def _complete_leaf(self, leaf: Variable, contributions: list[Contribution]) -> None:

@@ -11,7 +11,7 @@ from asyncgraph._exceptions import GraphError
 
 from ._executor import ForwardExecutor, current_forward_executor
 from ._grad_mode import _GRAD_ENABLED
-from ._graph import _ORDER, Edge, Node, Seq, next_seq
+from ._graph import _ORDER, Edge, Node, Seq, next_seq, zero_template
 from ._variable import Variable
 
 __all__ = ["Function", "FunctionCtx"]
@@ -45,6 +45,7 @@ class FunctionCtx:
         self._function_name = ""
         self._seq: Seq = ()
         self.needs_input_grad: tuple[bool, ...] = ()
+        self._materialize_grads = True
 
     def save_for_backward(self, *variables: Any) -> None:
         for i, item in enumerate(variables):
@@ -71,8 +72,15 @@ class FunctionCtx:
         """Alias of ``saved_variables``, so Functions ported from PyTorch run unchanged."""
         return self.saved_variables
 
+    def set_materialize_grads(self, value: bool) -> None:
+        """Whether an output that gets no gradient reaches ``backward`` as a zero (True, the
+        default, as in PyTorch) or as None. Only numbers and numpy arrays have a zero
+        (of the output's type, shape and dtype); a text output gets None either way."""
+        self._materialize_grads = bool(value)
+
     def mark_non_differentiable(self, *outputs: Variable) -> None:
-        """Declare outputs that get no gradient (backward receives None for them)."""
+        """Declare outputs that get no gradient: backward receives a zero for them (None for
+        text, or after ``set_materialize_grads(False)``), as in PyTorch."""
         for out in outputs:
             if not isinstance(out, Variable):
                 raise TypeError(f"mark_non_differentiable expects outputs, got {out!r:.60}")
@@ -347,6 +355,10 @@ class Function:
             out._requires_grad = True
             result.append(out)
         node.output_roles = tuple(o.role for o in result)
+        if ctx._materialize_grads:
+            zeros = tuple(zero_template(o.data) for o in result)
+            if any(z is not None for z in zeros):
+                node.zeros = zeros
         return tuple(result) if is_tuple else result[0]
 
 

@@ -28,7 +28,9 @@ __all__ = [
     "RemovableHandle",
     "Seq",
     "graph_order",
+    "make_zero",
     "next_seq",
+    "zero_template",
 ]
 
 Target = Union["Node", "Variable"]
@@ -140,6 +142,7 @@ class Node:
         "requires_input_grad",
         "retained",
         "seq",
+        "zeros",
     )
 
     def __init__(
@@ -170,6 +173,9 @@ class Node:
         # Filled lazily: most nodes never get hooks or retained outputs.
         self.output_hooks: dict[int, dict[int, Hook]] | None = None
         self.retained: dict[int, weakref.ref[Variable]] | None = None
+        # Per output, how to make its zero gradient (``ctx.set_materialize_grads``): None
+        # when no output is a number or a numpy array.
+        self.zeros: tuple[Any, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -197,3 +203,23 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.describe()} seq={self.seq}>"
+
+
+def zero_template(data: Any) -> Any:
+    """How to make a zero like ``data`` later, without keeping ``data``: its type for a
+    number, (shape, dtype) for a numpy array; None for anything else (text)."""
+    kind = type(data)
+    if kind is int or kind is float:
+        return kind
+    if kind.__module__ == "numpy" and hasattr(data, "shape") and hasattr(data, "dtype"):
+        return (data.shape, data.dtype)
+    return None
+
+
+def make_zero(template: Any) -> Any:
+    """A zero made from ``zero_template``'s template."""
+    if isinstance(template, tuple):
+        import numpy
+
+        return numpy.zeros(template[0], dtype=template[1])
+    return template()

@@ -174,6 +174,22 @@ async def test_accumulation_is_in_place_without_create_graph_and_out_of_place_wi
 
 
 @pytest.mark.anyio
+async def test_grad_materialize_grads_gives_zeros_for_unused_inputs() -> None:
+    """PyTorch's autograd.grad(materialize_grads=True): implies allow_unused, and an
+    unused input gets a zero like its data (text, which has no zero, gets None)."""
+    x = Variable(2.0, requires_grad=True)
+    unused = Variable(np.ones((2, 3), dtype=np.float32), requires_grad=True)
+    text = Variable("t", requires_grad=True)
+    y = Mul.apply(x, x)
+    dx, du, dt = await grad(y, [x, unused, text], materialize_grads=True)
+    assert dx is not None and dx.data == 4.0 and dt is None
+    assert du is not None and du.data.shape == (2, 3) and du.data.dtype == np.float32
+    assert not du.data.any()
+    with pytest.raises(ValueError, match="materialize_grads=True needs allow_unused=True"):
+        await grad(y, [x], materialize_grads=True, allow_unused=False)
+
+
+@pytest.mark.anyio
 async def test_retain_graph_defaults_to_create_graph() -> None:
     x = Variable(2.0, requires_grad=True)
     y = Mul.apply(x, x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 
 import asyncgraph
@@ -206,13 +207,38 @@ async def test_multiple_outputs_get_one_gradient_each() -> None:
 
 
 @pytest.mark.anyio
-async def test_backward_gets_none_for_outputs_no_gradient_flowed_into() -> None:
+async def test_an_output_no_gradient_flowed_into_gets_a_zero_or_none() -> None:
+    """As PyTorch's materialized gradients (test_set_materialize_grads): a number or
+    array output that got no gradient reaches backward as a zero of its kind, or as None
+    after ``ctx.set_materialize_grads(False)``; a text output, which has no zero, as None."""
     SplitHalves.grads_seen.clear()
     x = Variable(1.0, requires_grad=True)
     _, t = SplitHalves.apply(x)
     await Mul.apply(t, t).backward()
-    assert SplitHalves.grads_seen == [(None, 6.0)]
+    assert SplitHalves.grads_seen == [(0.0, 6.0)]
     assert x.grad is not None and x.grad.data == 18.0
+
+    class Pair(Function):
+        seen: ClassVar[list[Any]] = []
+
+        @staticmethod
+        def forward(ctx: Any, x: Variable, materialize: bool) -> tuple[Variable, ...]:
+            ctx.set_materialize_grads(materialize)
+            return Variable(np.full(2, x.data)), Variable(x.data), Variable("text")
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Variable | None) -> tuple[Any, None]:
+            Pair.seen.append([None if g is None else g.data for g in grads])
+            return sum(float(np.sum(g.data)) for g in grads if g is not None), None
+
+    y = Pair.apply(Variable(1.0, requires_grad=True), True)[1]
+    await y.backward()
+    zeros, one, text = Pair.seen.pop()
+    assert one == 1.0 and text is None
+    assert zeros.dtype == np.float64 and zeros.tolist() == [0.0, 0.0]
+    y = Pair.apply(Variable(1.0, requires_grad=True), False)[1]
+    await y.backward()
+    assert Pair.seen.pop() == [None, 1.0, None]
 
 
 class WithIndex(Function):
@@ -231,14 +257,15 @@ class WithIndex(Function):
 
 
 @pytest.mark.anyio
-async def test_mark_non_differentiable_outputs_have_no_history_and_get_none() -> None:
+async def test_mark_non_differentiable_outputs_have_no_history_and_get_a_zero() -> None:
     WithIndex.seen.clear()
     x = Variable(1.0, requires_grad=True)
     y, index = WithIndex.apply(x)
     assert y.requires_grad and not y.is_leaf
     assert index.is_leaf and not index.requires_grad
     await y.backward()
-    assert WithIndex.seen == [None]
+    (g_index,) = WithIndex.seen  # a zero of its type, as PyTorch's zero tensor
+    assert g_index is not None and g_index.data == 0 and type(g_index.data) is int
     assert x.grad is not None and x.grad.data == 2.0
 
 
