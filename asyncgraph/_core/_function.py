@@ -350,7 +350,7 @@ class Function:
             if any(out is nd for nd in non_diff):
                 result.append(out)
                 continue
-            out.grad_fn = node
+            out._grad_fn = node
             out._output_nr = i
             out._requires_grad = True
             result.append(out)

@@ -63,12 +63,12 @@ class Variable:
     __slots__ = (
         "__weakref__",
         "_grad",
+        "_grad_fn",
         "_hooks",
         "_output_nr",
         "_post_hooks",
         "_requires_grad",
         "data",
-        "grad_fn",
         "role",
     )
 
@@ -85,12 +85,24 @@ class Variable:
         self.role = role
         self._requires_grad = bool(requires_grad)
         self._grad: Variable | None = None
-        self.grad_fn: Node | None = None
+        self._grad_fn: Node | None = None
         self._output_nr = 0
         self._hooks: dict[int, Hook] | None = None
         self._post_hooks: dict[int, PostAccumulateHook] | None = None
 
     # -- graph properties -------------------------------------------------
+    @property
+    def grad_fn(self) -> Node | None:
+        """The node that computed this Variable (None for a leaf)."""
+        return self._grad_fn
+
+    @grad_fn.setter
+    def grad_fn(self, value: Any) -> None:
+        raise AttributeError(
+            "attribute 'grad_fn' of 'Variable' objects is not writable: it is set when a "
+            "Function computes the Variable; use detach() or detach_() to cut it from the graph"
+        )
+
     @property
     def requires_grad(self) -> bool:
         return self._requires_grad
@@ -230,7 +242,7 @@ class Variable:
     def detach_(self) -> Variable:
         """Cut this Variable from the graph in place (PyTorch's ``detach_``): it becomes a
         leaf that does not require grad. Returns it."""
-        self.grad_fn = None
+        self._grad_fn = None
         self._output_nr = 0
         self._requires_grad = False
         return self

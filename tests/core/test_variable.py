@@ -128,6 +128,14 @@ def test_detach_returns_a_new_leaf_with_same_data_and_role() -> None:
     assert not Mul.apply(d, d).requires_grad  # cut from the graph
 
 
+def test_grad_fn_is_not_writable() -> None:
+    """As PyTorch's (and afnio's test_set_grad_fn_raises): only a Function sets it."""
+    x = Variable(2.0, requires_grad=True)
+    with pytest.raises(AttributeError, match="'grad_fn' of 'Variable' objects is not writable"):
+        x.grad_fn = Mul.apply(x, x).grad_fn  # type: ignore[misc]
+    assert x.is_leaf
+
+
 def test_detach_in_place_makes_the_same_variable_a_leaf() -> None:
     x = Variable(2.0, role="x", requires_grad=True)
     y = Mul.apply(x, x)
