@@ -131,9 +131,10 @@ async def backward(
     ``retain_graph`` (default: ``create_graph``) keeps the graph for another
     backward. ``create_graph`` records the backward's own operations, so the
     gradients can be differentiated again. ``inputs`` restricts accumulation to
-    these variables (a non-leaf among them gets its gradient in ``.grad`` too). ``executor`` chooses where backwards run (default:
-    ``use_executor``'s, else in-process). ``listeners`` get a ``NodeEvent`` when
-    each node starts, finishes or fails.
+    these variables (a non-leaf among them gets its gradient in ``.grad`` too).
+    ``executor`` chooses where backwards run (default: ``use_executor``'s, else
+    in-process). ``listeners`` get a ``NodeEvent`` when each node starts, finishes
+    or fails.
 
     Raises ``BackwardError`` naming the failing node (others are cancelled and
     no ``.grad`` is changed), ``GraphError`` for a freed graph or bad inputs.

@@ -708,7 +708,9 @@ class Engine:
                 self.captured[(node, nr)] = grads[nr]
         if self._execute is not None and node not in self._execute:
             return None  # captured only: nothing downstream needs its backward
-        if node.zeros is not None and any(g is None for g in grads):
+        # Zeros for the outputs that got none, when some got one: a node that got none
+        # at all is skipped (``_dispatch``), as in PyTorch.
+        if node.zeros is not None and None in grads and any(g is not None for g in grads):
             grads = [
                 g if g is not None or z is None else Variable(make_zero(z))
                 for g, z in zip(grads, node.zeros, strict=True)

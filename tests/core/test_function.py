@@ -240,6 +240,23 @@ async def test_an_output_no_gradient_flowed_into_gets_a_zero_or_none() -> None:
     await y.backward()
     assert Pair.seen.pop() == [None, 1.0, None]
 
+    class Block(Function):
+        """Passes no gradient back."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            return Variable(x.data)
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> None:
+            return None
+
+    # A node none of whose outputs got a gradient is skipped, not run on zeros.
+    SplitHalves.grads_seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    await Block.apply(SplitHalves.apply(x)[1]).backward()
+    assert SplitHalves.grads_seen == [] and x.grad is None
+
 
 class WithIndex(Function):
     seen: ClassVar[list[Any]] = []
