@@ -75,7 +75,7 @@ def _text(value: Any) -> str:
         return data
     if is_image(data):
         return describe_content(data)
-    if not isinstance(value, Variable) and isinstance(data, (list, tuple, set, dict)):
+    if not isinstance(value, Variable) and isinstance(data, (list, tuple, set)):
         # Its text would be the container's repr, and the Variables in it would leave the
         # graph (no gradient, no error): say so instead.
         raise TypeError(
