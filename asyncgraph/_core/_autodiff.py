@@ -160,7 +160,7 @@ async def backward(
         sequence=isinstance(variables, (list, tuple)),
     )
     capture: list[Variable] | None = None
-    non_leaves: list[Variable] = []
+    non_leaves: list[tuple[Variable, tuple[Node, int]]] = []
     if inputs is not None:
         wanted = _as_variables(inputs, "inputs")
         if not wanted:
@@ -172,7 +172,9 @@ async def backward(
                 raise GraphError(f"inputs[{i}] ({var!r}) does not require grad")
         # A non-leaf among them gets its gradient in .grad too (PyTorch >= 1.10).
         capture = [var for var in wanted if var.grad_fn is None]
-        non_leaves = [var for var in wanted if var.grad_fn is not None]
+        non_leaves = [
+            (var, (node, var.output_nr)) for var in wanted if (node := var.grad_fn) is not None
+        ]
     engine = Engine(
         executor or current_executor(),
         create_graph=create_graph,
@@ -180,15 +182,19 @@ async def backward(
         listeners=listeners,
     )
     await engine.run(
-        roots,
-        capture_leaves=capture,
-        capture_outputs=[(var.grad_fn, var.output_nr) for var in non_leaves],  # type: ignore[misc]
+        roots, capture_leaves=capture, capture_outputs=[target for _, target in non_leaves]
     )
-    for var in non_leaves:
-        g = engine.captured.get((var.grad_fn, var.output_nr))  # type: ignore[arg-type]
+    for var, target in non_leaves:
+        g = engine.captured.get(target)
         if g is not None:
             engine.retained[var] = own_grad(g, create_graph)
     engine.commit()
+
+
+def _target(var: Variable) -> Variable | tuple[Node, int]:
+    """Where the engine captures ``var``'s gradient: the leaf itself, or its node's output."""
+    node = var.grad_fn
+    return var if node is None else (node, var.output_nr)
 
 
 @must_await("grad")
@@ -254,10 +260,7 @@ async def grad(
     await engine.run(roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False)
     result: list[Variable | None] = []
     for i, var in enumerate(ins):
-        key: Variable | tuple[Node, int] = (
-            var if var.grad_fn is None else (var.grad_fn, var.output_nr)
-        )
-        g = engine.captured.get(key)
+        g = engine.captured.get(_target(var))
         if g is None and materialize_grads:
             zero = zero_template(var.data)
             g = None if zero is None else Variable(make_zero(zero))

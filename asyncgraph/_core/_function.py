@@ -86,13 +86,11 @@ class FunctionCtx:
                 raise TypeError(f"mark_non_differentiable expects outputs, got {out!r:.60}")
         self._non_differentiable = self._non_differentiable + tuple(outputs)
 
-    def _free(self) -> bool:
-        """Free the saved variables; whether there were any (as PyTorch, a node that saved
-        nothing can be run again after its graph was freed)."""
-        if not self._saved:
-            return False
-        self._saved = None
-        return True
+    def _free(self) -> None:
+        """Free the saved variables, if there are any (as in PyTorch, a node that saved
+        nothing can be run again after a backward without retain_graph)."""
+        if self._saved:
+            self._saved = None
 
 
 class Function:

@@ -131,7 +131,6 @@ class Node:
     __slots__ = (
         "__weakref__",
         "ctx",
-        "freed",
         "function",
         "input_roles",
         "input_variables",
@@ -169,7 +168,6 @@ class Node:
         self.output_roles: tuple[str, ...] = ()
         self.num_outputs = num_outputs
         self.seq = seq
-        self.freed = False
         # Filled lazily: most nodes never get hooks or retained outputs.
         self.output_hooks: dict[int, dict[int, Hook]] | None = None
         self.retained: dict[int, weakref.ref[Variable]] | None = None
@@ -195,11 +193,15 @@ class Node:
             hooks = self.output_hooks[output_nr] = new_hook_dict()
         return hooks
 
+    @property
+    def freed(self) -> bool:
+        """Whether an earlier backward freed what forward saved: a later backward through
+        this node raises. A node that saved nothing is never freed, as in PyTorch."""
+        return self.ctx._saved is None
+
     def release(self) -> None:
-        """Free what forward saved; a later backward through this node raises if it saved
-        anything (``ctx.save_for_backward``), as in PyTorch."""
-        if self.ctx._free():
-            self.freed = True
+        """Free what forward saved (``ctx.save_for_backward``)."""
+        self.ctx._free()
 
     def __repr__(self) -> str:
         return f"<Node {self.describe()} seq={self.seq}>"
