@@ -26,7 +26,7 @@ from typing import Any
 from asyncgraph import remote_forwards
 
 from ._checkpoint import BEST_FORMAT, load_parameters
-from ._cli_common import EXIT_ERROR, run_command, usage_error
+from ._cli_common import run_command, usage_error
 from ._job import Job
 from ._run_cli import (
     JobFileError,
@@ -35,12 +35,10 @@ from ._run_cli import (
     add_max_attempts,
     apply_logging,
     apply_max_attempts,
-    build,
     fleet_problem,
     job_file_problem,
-    load_job_file,
+    load_job,
     open_fleet,
-    unserved_queue,
 )
 from ._runner import evaluate, forwards_executor
 
@@ -94,15 +92,10 @@ def run(args: argparse.Namespace) -> int:
     apply_logging(args)
 
     async def main() -> int:
-        missing = await unserved_queue(args)
-        if missing is not None:
-            print(f"error: {missing}", file=sys.stderr)
-            return EXIT_ERROR
-        try:
-            module = load_job_file(args.job_file)
-            job = await build(module)
-        except JobFileError as exc:
-            return usage_error(str(exc))
+        loaded = await load_job(args)
+        if isinstance(loaded, int):
+            return loaded
+        module, job = loaded
         if (args.redis or args.workers) and not job.forward_on_workers:
             return usage_error(
                 f"job {job.name!r} runs its forwards in this process (it does not set "

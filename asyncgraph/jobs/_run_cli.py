@@ -167,6 +167,20 @@ async def build(module: ModuleType) -> Job:
     return job
 
 
+async def load_job(args: argparse.Namespace) -> tuple[ModuleType, Job] | int:
+    """``args.job_file`` loaded and its job built, once the fleet's queue is known to be
+    served (``--redis``); or, said on stderr, the exit code of what went wrong."""
+    missing = await unserved_queue(args)
+    if missing is not None:
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        module = load_job_file(args.job_file)
+        return module, await build(module)
+    except JobFileError as exc:
+        return usage_error(str(exc))
+
+
 def run(args: argparse.Namespace) -> int:
     # A missing file or a file without build_job() is a usage error, not a crash of the
     # user's code: say so without a traceback.
@@ -178,17 +192,12 @@ def run(args: argparse.Namespace) -> int:
     used_out: list[Path] = []  # the run directory, once the job is built
 
     async def main() -> int:
-        missing = await unserved_queue(args)
-        if missing is not None:
-            print(f"error: {missing}", file=sys.stderr)
-            return EXIT_ERROR
-        try:
-            module = load_job_file(args.job_file)
-            job = await build(module)
-            if args.max_cost is not None:
-                job.max_cost_usd = args.max_cost
-        except JobFileError as exc:
-            return usage_error(str(exc))
+        loaded = await load_job(args)
+        if isinstance(loaded, int):
+            return loaded
+        module, job = loaded
+        if args.max_cost is not None:
+            job.max_cost_usd = args.max_cost
         out = Path(args.out) if args.out else Path(DEFAULT_RUNS_DIR) / job.name
         if not args.out:
             announce_default_out(out)
