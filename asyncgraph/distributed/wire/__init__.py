@@ -9,7 +9,8 @@ and ``asyncgraph.distributed.worker`` (the server):
 - ``_schema``: the versioned task, reply and cancel messages, each field declared once
   (key, type, bound, presence) on its class and validated on receipt;
 - ``_fields``: what reads, writes and documents a record from those declarations;
-- ``_signing``: HMAC-SHA256 signatures with a shared secret;
+- ``_signing``: HMAC-SHA256 signatures with a shared secret, of messages (``sign``,
+  ``verify``) and of the records the fleet keeps in Redis (``seal``, ``unseal``);
 - ``_payload``: a Function's remote identity and how its ctx and gradients travel.
 """
 
