@@ -9,7 +9,7 @@ from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
 
 from ._awaited import must_await
-from ._engine import Engine, Listener, own_grad
+from ._engine import Engine, Listener
 from ._graph import Edge, Node, make_zero, zero_template
 from ._variable import Variable
 
@@ -187,7 +187,7 @@ async def backward(
     for var, target in non_leaves:
         g = engine.captured.get(target)
         if g is not None:
-            engine.retained[var] = own_grad(g, create_graph)
+            engine.stage(var, g, retained=True)
     engine.commit()
 
 

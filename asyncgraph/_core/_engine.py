@@ -702,7 +702,7 @@ class Engine:
                 var = ref()
                 g = grads[nr]
                 if var is not None and g is not None:
-                    self.retained[var] = own_grad(g, self.create_graph)
+                    self.stage(var, g, retained=True)
         if node in self._capture_nodes:
             for nr in range(node.num_outputs):
                 self.captured[(node, nr)] = grads[nr]
@@ -742,7 +742,7 @@ class Engine:
                 return
         self.captured[leaf] = grad
         if self._accumulate:
-            self.staged[leaf] = grad = own_grad(grad, self.create_graph)
+            grad = self.stage(leaf, grad)
             if leaf._post_hooks:
                 try:
                     await run_post_hooks(leaf._post_hooks, leaf, grad)
@@ -801,6 +801,17 @@ class Engine:
                 _log.exception("backward listener %r raised on %s", listener, event)
 
     # -- committing -------------------------------------------------------------
+    def stage(self, var: Variable, grad: Variable, *, retained: bool = False) -> Variable:
+        """Stage ``grad`` for ``var``'s ``.grad`` (a copy of its own: ``own_grad``); return it.
+
+        The one way into ``.grad``: ``backward``, ``GradManager.backward`` and the engine's
+        own leaves stage here and write with :meth:`commit`, so a ``.grad`` never shares
+        its object with a caller's gradient or another variable's.
+        """
+        owned = own_grad(grad, self.create_graph)
+        (self.retained if retained else self.staged)[var] = owned
+        return owned
+
     def commit(self) -> None:
         """Write staged gradients into ``.grad`` (existing gradient first, then new).
 

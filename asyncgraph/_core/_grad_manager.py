@@ -19,9 +19,9 @@ from typing import Any, Self
 from asyncgraph._core._executor import Executor, current_executor
 from asyncgraph._exceptions import GraphError
 
-from ._autodiff import _as_variables, _roots
+from ._autodiff import _as_variables, _roots, _target
 from ._awaited import must_await
-from ._engine import Engine, Listener, sum_grads
+from ._engine import Engine, Listener
 from ._graph import Node, next_seq
 from ._variable import Variable
 
@@ -232,14 +232,13 @@ class GradManager(_RecordingBlock):
             finally:
                 for handle in handles:
                     handle.remove()
-            updates: list[tuple[Variable, Variable]] = []
+            # Committed only once the whole pass succeeded, through the engine's one
+            # commit path (each .grad its own object; a caller's dy is never written).
             for var, _ in live:
-                key = var if var.grad_fn is None else (var.grad_fn, var.output_nr)
-                g = engine.captured.get(key)
+                g = engine.captured.get(_target(var))
                 if g is not None:
-                    updates.append((var, g))
-            for var, g in updates:  # commit only once the whole pass succeeded
-                var.grad = g if var.grad is None else sum_grads([var.grad, g], False)
+                    engine.stage(var, g)
+            engine.commit()
         finally:
             self.release()
 

@@ -318,3 +318,95 @@ def test_attached_variables_are_held_weakly() -> None:
     del p
     gc.collect()
     assert gm.attached_variables() == []
+
+
+# -- one commit path: GradManager.backward writes .grad as backward() does ---------------
+
+
+class _Fan(Function):
+    """y = sum of the inputs; backward hands every input the same gradient object."""
+
+    @staticmethod
+    def forward(ctx, *xs):  # type: ignore[no-untyped-def]
+        ctx.n = len(xs)
+        return sum(x.data for x in xs)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return (g,) * ctx.n
+
+
+class _Double(Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return 2 * x.data
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return Variable(2 * g.data)
+
+
+@pytest.mark.anyio
+async def test_gm_backward_gives_each_leaf_its_own_grad_and_never_writes_dy() -> None:
+    """The issue's reproduction: attached leaves sharing one .grad (and the caller's dy)
+    were all changed by the next in-place accumulation."""
+    from asyncgraph import backward
+
+    a, b = Parameter(1.0), Parameter(2.0)
+    gm = GradManager().attach([a, b])
+    dy = Variable(1.0)
+    with gm:
+        await gm.backward(_Fan.apply(a, b), dy)
+    assert a.grad is not b.grad and a.grad is not dy and b.grad is not dy
+    await backward(_Double.apply(a))  # only a gets +2
+    assert (a.grad.data, b.grad.data, dy.data) == (3.0, 1.0, 1.0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", range(12))
+async def test_random_mixes_of_backward_grad_and_gm_commit_through_one_path(seed: int) -> None:
+    """Random mixes of backward, grad and GradManager.backward (with and without an output
+    gradient), fanning out to several leaves, accumulating later: no two leaves ever
+    share a .grad, the caller's gradient is never written, and every value equals a
+    sequential reference computed by hand."""
+    import random
+
+    from asyncgraph import backward, grad
+
+    rng = random.Random(seed)
+    leaves = [Parameter(float(i + 1), role=f"x{i}") for i in range(5)]
+    expected: dict[int, float] = {}
+    for _ in range(20):
+        chosen = rng.sample(range(len(leaves)), rng.randint(1, len(leaves)))
+        doubled = {i for i in chosen if rng.random() < 0.3}
+        # y = sum over chosen of (2 * x_i if doubled else x_i): a fan-out of one object
+        terms = [_Double.apply(leaves[i]) if i in doubled else leaves[i] for i in chosen]
+        kind = rng.choice(["backward", "grad", "gm", "gm"])
+        dy_value = rng.choice([None, 1.0, 0.5, 3.0])
+        dy = None if dy_value is None else Variable(dy_value)
+        g = 1.0 if dy_value is None else dy_value
+        if kind == "grad":
+            y = _Fan.apply(*terms)
+            got = await grad(y, [leaves[i] for i in chosen], dy)
+            for i, gi in zip(chosen, got, strict=True):
+                assert gi is not None and gi.data == g * (2 if i in doubled else 1)
+        elif kind == "backward":
+            await backward(_Fan.apply(*terms), dy)
+            for i in chosen:
+                expected[i] = expected.get(i, 0.0) + g * (2 if i in doubled else 1)
+        else:
+            attached = rng.sample(range(len(leaves)), rng.randint(1, len(leaves)))
+            gm = GradManager().attach([leaves[i] for i in attached])
+            with gm:
+                y = _Fan.apply(
+                    *[_Double.apply(leaves[i]) if i in doubled else leaves[i] for i in chosen]
+                )
+                await gm.backward(y, dy)
+            for i in set(attached) & set(chosen):
+                expected[i] = expected.get(i, 0.0) + g * (2 if i in doubled else 1)
+        if dy is not None:
+            assert dy.data == dy_value, f"{kind} wrote the caller's gradient"
+        grads = [x.grad for x in leaves if x.grad is not None]
+        assert len({id(gr) for gr in grads}) == len(grads), f"leaves share a .grad after {kind}"
+        got_values = {i: x.grad.data for i, x in enumerate(leaves) if x.grad is not None}
+        assert got_values == pytest.approx(expected), kind
