@@ -6,7 +6,10 @@ heartbeat, version, draining), the task stream and its consumer group (depth, pe
 the oldest pending entry's idle time), the tasks per second the workers settle (what
 each publishes with its heartbeat, on Redis 6.2 as on 7), and the dead-letter stream (count and the
 latest reasons). Every value is parsed as data
-(integers, JSON); nothing read is ever imported or unpickled.
+(integers, JSON); nothing read is ever imported or unpickled. Anyone who can write to
+Redis chooses these values: one that does not parse (a heartbeat that is not a number,
+an info that is not a JSON object, a field of the wrong type, a key of the wrong type) is
+named in ``malformed`` and shown as unknown, and the rest of the reading is shown as ever.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -39,22 +43,127 @@ def _text(value: Any) -> str:
 _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {ord("\n"): "\\n"}
 
 
+# Unicode's bidi controls (the embeddings, overrides and isolates, U+202A..U+202E and
+# U+2066..U+2069, and the marks U+061C, U+200E, U+200F): U+202E shows the rest of a line
+# reversed on a terminal that renders bidi text. And the line and paragraph separators.
+_BIDI_CONTROLS = (0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F))
+_BIDI = {c: f"\\u{c:04x}" for c in (*_BIDI_CONTROLS, *range(0x2066, 0x206A))}
+
+
+def _escape_bidi(text: str) -> str:
+    """``text`` with every Unicode bidi control shown as its ``\\uXXXX`` escape."""
+    return text.translate(_BIDI)
+
+
 def _shown(value: Any) -> str:
-    """``value`` as text safe for a terminal: a stored escape sequence or carriage
-    return (anyone who can write to Redis chose it) is shown escaped, never sent raw."""
-    return str(value).translate(_CONTROL)
+    """``value`` as text safe for a terminal: a stored escape sequence, carriage return
+    or bidi override (anyone who can write to Redis chose it) is shown escaped, never
+    sent raw."""
+    return _escape_bidi(str(value).translate(_CONTROL))
 
 
-def _rate(value: Any) -> float:
-    """A worker's published rate, if it is one (anyone who can write to Redis wrote it)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
-    return float(value) if ok else 0.0
+def _raw_pairs(flat: Any) -> list[tuple[Any, Any]]:
+    if not isinstance(flat, list):
+        return []
+    return list(zip(flat[::2], flat[1::2], strict=False))
 
 
 def _pairs(flat: Any) -> dict[str, Any]:
-    if not isinstance(flat, list):
-        return {}
-    return {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=False)}
+    return {_text(k): v for k, v in _raw_pairs(flat)}
+
+
+# -- one worker's entry, parsed as data (pure) -----------------------------------------
+
+_MAX_INT = 2**63  # Redis's integers, and anything a worker writes, fit in 64 bits
+
+
+def _heartbeat_ms(value: Any) -> int | None:
+    """A heartbeat's expiry in ms of Redis's clock, or None when it is not one."""
+    if not isinstance(value, (bytes, int)):
+        return None
+    try:
+        number = int(value)
+    except ValueError:  # not an integer, or more digits than int() reads
+        return None
+    return number if -_MAX_INT < number < _MAX_INT else None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_INT
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e15
+
+
+# What each field of a worker's info must be (``_membership.info_json`` writes them), with
+# its value when the worker did not write it (an older one).
+_INFO_FIELDS: dict[str, tuple[str, Callable[[Any], bool], Any]] = {
+    "host": ("a text", lambda v: isinstance(v, str), None),
+    "pid": ("an integer", _is_count, None),
+    "concurrency": ("an integer", _is_count, None),
+    "in_flight": ("an integer", _is_count, None),
+    "abandoned": ("an integer", _is_count, 0),
+    "settled": ("an integer", _is_count, 0),
+    "settled_per_s": ("a number", lambda v: _is_number(v) and v < 1e9, 0.0),
+    "version": ("a text", lambda v: isinstance(v, str), None),
+    "draining": ("true or false", lambda v: isinstance(v, bool), None),
+    "started": ("a number", _is_number, None),
+}
+_JSON_KINDS = {list: "list", str: "text", int: "number", float: "number", bool: "boolean"}
+
+
+def _info(raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """A worker's info hash entry as its fields (each the expected type, else its default)
+    and what was malformed in it."""
+    info: Any = {}
+    if raw is not None:
+        try:
+            info = json.loads(_text(raw))
+        except (ValueError, RecursionError):
+            return _info(None)[0], ["info is not JSON"]
+    if not isinstance(info, dict):
+        kind = "null" if info is None else _JSON_KINDS.get(type(info), type(info).__name__)
+        return _info(None)[0], [f"info is a JSON {kind}, not an object"]
+    fields, malformed = {}, []
+    for field, (kind, valid, default) in _INFO_FIELDS.items():
+        value = info.get(field, default)
+        if value is not default and not valid(value):
+            malformed.append(f"{field} is not {kind}")
+            value = None
+        fields[field] = value
+    return fields, malformed
+
+
+def _worker(
+    name: bytes, beat: Any, raw_info: Any, now_ms: int, alive: set[bytes]
+) -> dict[str, Any]:
+    """One worker's entry of the reading, from its heartbeat and info as Redis holds them;
+    ``malformed`` names what did not parse (shown as None), empty when all did."""
+    expiry = _heartbeat_ms(beat)
+    fields, malformed = _info(raw_info)
+    if expiry is None:
+        malformed.insert(0, "heartbeat is not a number of ms")
+    return {
+        "name": _text(name),
+        "alive": expiry is not None and name in alive,
+        "expires_in_s": None if expiry is None else round((expiry - now_ms) / 1000, 1),
+        **fields,
+        "malformed": malformed,
+    }
+
+
+def _wrong_type(key: str, reply: Any, malformed: list[str]) -> bool:
+    """Whether ``reply`` says ``key`` holds another type than the one read (noted in
+    ``malformed``, once per key); any other error reply is raised as the connection's."""
+    if not isinstance(reply, ReplyError):
+        return False
+    if not str(reply).startswith("WRONGTYPE"):
+        raise reply
+    note = f"{key}: {reply}"
+    if note not in malformed:
+        malformed.append(note)
+    return True
 
 
 async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -67,21 +176,30 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=timeout_s)
     tasks, dead = keys.task_stream(queue), keys.dead_stream(queue)
+    beats_key, infos_key = keys.workers_hash(queue), keys.workers_info_hash(queue)
+    malformed: list[str] = []
     try:
         with anyio.fail_after(timeout_s):
             now, beats, infos, exists, dead_len, latest = await pool.pipeline(
                 [
                     ["TIME"],
-                    ["HGETALL", keys.workers_hash(queue)],
-                    ["HGETALL", keys.workers_info_hash(queue)],
+                    ["HGETALL", beats_key],
+                    ["HGETALL", infos_key],
                     ["EXISTS", tasks],
                     ["XLEN", dead],
                     ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
                 ]
             )
-            group: dict[str, Any] = {}
+            for reply in (now, exists):
+                if isinstance(reply, ReplyError):
+                    raise reply
+            beats = [] if _wrong_type(beats_key, beats, malformed) else beats
+            infos = [] if _wrong_type(infos_key, infos, malformed) else infos
+            dead_len = None if _wrong_type(dead, dead_len, malformed) else int(dead_len)
+            latest = [] if _wrong_type(dead, latest, malformed) else latest
+            group: dict[str, Any] | None = {}
             oldest_ms: int | None = None
-            length = 0
+            length: int | None = 0
             if exists == 1:
                 length, groups, oldest = await pool.pipeline(
                     [
@@ -90,6 +208,8 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                         ["XPENDING", tasks, keys.GROUP, "-", "+", 1],
                     ]
                 )
+                if _wrong_type(tasks, length, malformed):
+                    length, group, groups, oldest = None, None, [], []
                 for entry in groups if isinstance(groups, list) else []:
                     fields = _pairs(entry)
                     if _text(fields.get("name", b"")) == keys.GROUP:
@@ -109,30 +229,13 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     finally:
         with anyio.CancelScope(shield=True):
             await pool.aclose()
-    for reply in (now, beats, infos, exists, dead_len, latest):
-        if isinstance(reply, ReplyError):
-            raise RemoteConnectionError(f"Redis at {address.display} refused: {reply}")
     now_ms = redis_time_ms(now)
     alive = live_consumers(now, beats)
-    workers = []
-    info_by_name = _pairs(infos)
-    for name, expiry in _pairs(beats).items():
-        try:
-            info = json.loads(_text(info_by_name.get(name, b"{}")))
-        except ValueError:
-            info = {}
-        workers.append(
-            {
-                "name": name,
-                "alive": name.encode() in alive,
-                "expires_in_s": round((int(expiry) - now_ms) / 1000, 1),
-                **{k: info.get(k) for k in ("host", "pid", "concurrency", "in_flight")},
-                "abandoned": info.get("abandoned", 0),
-                "settled": info.get("settled") if isinstance(info.get("settled"), int) else 0,
-                "settled_per_s": _rate(info.get("settled_per_s")),
-                **{k: info.get(k) for k in ("version", "draining", "started")},
-            }
-        )
+    info_by_name = dict(_raw_pairs(infos))
+    workers = [
+        _worker(bytes(name), beat, info_by_name.get(name), now_ms, alive)
+        for name, beat in _raw_pairs(beats)
+    ]
     dead_letters = []
     for entry_id, fields in latest if isinstance(latest, list) else []:
         data = _pairs(fields)
@@ -155,12 +258,13 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
         # Each live worker publishes what it settled per second since its previous status
         # (every few seconds, with its heartbeat): one reading has the rate, on Redis 6.2
         # as on 7 (XINFO GROUPS' entries-read is 7.0's).
-        "tasks_per_s": round(sum(w["settled_per_s"] for w in workers if w["alive"]), 1),
-        "depth": int(length) if exists == 1 else 0,
-        "pending": int(group.get("pending") or 0) if group else 0,
+        "tasks_per_s": round(sum(w["settled_per_s"] or 0 for w in workers if w["alive"]), 1),
+        "depth": None if length is None else int(length),
+        "pending": None if group is None else int(group.get("pending") or 0),
         "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
-        "dead_letters": int(dead_len),
+        "dead_letters": dead_len,
         "latest_dead_letters": dead_letters,
+        "malformed": malformed,
     }
 
 
@@ -168,6 +272,10 @@ def format_status(status: dict[str, Any], rate: float | None = None) -> str:
     """The reading as a few lines for a terminal (every value read from Redis escaped)."""
     lines = [_shown(line) for line in _status_lines(status, rate)]
     return "\n".join(lines)
+
+
+def _unknown(value: Any) -> Any:
+    return "?" if value is None else value
 
 
 def _status_lines(status: dict[str, Any], rate: float | None) -> list[str]:
@@ -178,7 +286,7 @@ def _status_lines(status: dict[str, Any], rate: float | None) -> list[str]:
         ]
     lines = [
         f"queue {status['queue']!r} at {status['redis']}: {status['alive']} worker(s) alive, "
-        f"depth {status['depth']}, pending {status['pending']}"
+        f"depth {_unknown(status['depth'])}, pending {_unknown(status['pending'])}"
         + (
             f" (oldest idle {status['oldest_pending_s']} s)"
             if status["oldest_pending_s"] is not None
@@ -187,21 +295,36 @@ def _status_lines(status: dict[str, Any], rate: float | None) -> list[str]:
         + (f", {rate:.1f} tasks/s" if rate is not None else ""),
     ]
     for w in status["workers"]:
-        state = "draining" if w.get("draining") else ("alive" if w["alive"] else "silent")
-        lines.append(
-            f"  {w['name']}: {state}, host {w.get('host')}, pid {w.get('pid')}, "
-            f"{w.get('in_flight')}/{w.get('concurrency')} in flight, "
-            + (
-                f"{w['abandoned']} abandoned synchronous call(s) holding slots, "
-                if w.get("abandoned")
-                else ""
-            )
-            + f"heartbeat expires in {w['expires_in_s']} s, version {w.get('version')}"
-        )
-    lines.append(f"dead letters: {status['dead_letters']}")
+        lines.append(_worker_line(w))
+    lines.append(f"dead letters: {_unknown(status['dead_letters'])}")
     for d in status["latest_dead_letters"]:
         lines.append(f"  {d['id']} {d['reason']}: {d['error'][:100]}")
+    lines += [f"malformed: {note}" for note in status.get("malformed", [])]
     return lines
+
+
+def _worker_line(w: dict[str, Any]) -> str:
+    malformed = w.get("malformed") or []
+    if w["expires_in_s"] is None:  # no heartbeat to say whether it is alive
+        state = f"malformed ({'; '.join(malformed)})"
+    else:
+        state = "draining" if w.get("draining") else ("alive" if w["alive"] else "silent")
+        state += f", malformed ({'; '.join(malformed)})" if malformed else ""
+    beat = (
+        "heartbeat unreadable"
+        if w["expires_in_s"] is None
+        else f"heartbeat expires in {w['expires_in_s']} s"
+    )
+    return (
+        f"  {w['name']}: {state}, host {w.get('host')}, pid {w.get('pid')}, "
+        f"{w.get('in_flight')}/{w.get('concurrency')} in flight, "
+        + (
+            f"{w['abandoned']} abandoned synchronous call(s) holding slots, "
+            if w.get("abandoned")
+            else ""
+        )
+        + f"{beat}, version {w.get('version')}"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,5 +364,5 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except (RemoteConnectionError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_shown(exc)}", file=sys.stderr)
         return 1

@@ -177,3 +177,119 @@ async def test_every_reading_while_tasks_flow_shows_their_rate(
                 rates.append((await fleet_status(redis_server_url, shared_fleet))["tasks_per_s"])
                 await anyio.sleep(0.5)
     assert all(rate > 20 for rate in rates), rates  # about 160 a second flow
+
+
+def test_malformed_worker_entries_are_marked_and_the_rest_shown(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # Anyone who can write to Redis can leave a bad entry: one of them used to end the
+    # reading (a ValueError for the whole queue, or a traceback). Each is marked instead.
+    start_worker(redis_url, QUEUE, "--concurrency", "7")
+    client = redis.Redis.from_url(redis_url)
+    seconds, micros = client.time()
+    expiry = seconds * 1000 + micros // 1000 + 60_000
+    good_info = json.dumps({"host": "h", "pid": 1, "concurrency": 2, "in_flight": 0})
+    bad = {
+        "bad-beat": ("soon", good_info),
+        "huge-beat": ("9" * 4000, good_info),
+        "float-beat": ("1e400", good_info),
+        "list-info": (expiry, json.dumps([1, 2])),
+        "not-json": (expiry, "{"),
+        "bad-types": (
+            expiry,
+            json.dumps(
+                {
+                    "host": {"a": 1},
+                    "pid": "x",
+                    "concurrency": [],
+                    "in_flight": -1.5,
+                    "abandoned": "many",
+                    "settled": True,
+                    "settled_per_s": "fast",
+                    "version": 3,
+                    "draining": "yes",
+                    "started": "today",
+                }
+            ),
+        ),
+    }
+    for name, (beat, info) in bad.items():
+        client.hset(keys.workers_hash(QUEUE), name, beat)
+        client.hset(keys.workers_info_hash(QUEUE), name, info)
+    client.close()
+
+    done = status(redis_url, "--json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    reading = json.loads(done.stdout)
+    workers = {w["name"]: w for w in reading["workers"]}
+    assert set(workers) == {*bad, next(n for n in workers if n not in bad)}
+    (good,) = (w for name, w in workers.items() if name not in bad)
+    assert good["alive"] and good["concurrency"] == 7 and good["malformed"] == []
+    assert reading["alive"] == 4  # the good one, and the three whose heartbeat reads
+    for name in ("bad-beat", "huge-beat", "float-beat"):
+        assert workers[name]["expires_in_s"] is None and not workers[name]["alive"]
+        assert workers[name]["malformed"] == ["heartbeat is not a number of ms"], name
+        assert workers[name]["host"] == "h" and workers[name]["concurrency"] == 2
+    assert workers["list-info"]["malformed"] == ["info is a JSON list, not an object"]
+    assert workers["not-json"]["malformed"] == ["info is not JSON"]
+    assert workers["list-info"]["alive"] and workers["list-info"]["host"] is None
+    odd = workers["bad-types"]
+    assert odd["alive"] and odd["malformed"] == [
+        f"{field} is not {kind}"
+        for field, kind in (
+            ("host", "a text"), ("pid", "an integer"), ("concurrency", "an integer"),
+            ("in_flight", "an integer"), ("abandoned", "an integer"), ("settled", "an integer"),
+            ("settled_per_s", "a number"), ("version", "a text"), ("draining", "true or false"),
+            ("started", "a number"),
+        )
+    ]  # fmt: skip
+    assert all(odd[field] is None for field in ("host", "pid", "concurrency", "version"))
+
+    text = status(redis_url)
+    assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+    assert "5 worker(s) alive" not in text.stdout and "4 worker(s) alive" in text.stdout
+    assert text.stdout.count("0/7 in flight") == 1  # the good worker, shown as ever
+    assert "  bad-beat: malformed (heartbeat is not a number of ms), host h" in text.stdout
+    assert "  list-info: alive, malformed (info is a JSON list, not an object)" in text.stdout
+    assert "pid is not an integer; concurrency is not an integer" in text.stdout
+
+
+def test_keys_of_the_wrong_type_are_marked_and_the_rest_shown(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    seconds, micros = client.time()
+    client.hset(keys.workers_hash(QUEUE), "w1", seconds * 1000 + micros // 1000 + 60_000)
+    client.set(keys.workers_info_hash(QUEUE), "not a hash")
+    client.rpush(keys.task_stream(QUEUE), "not a stream")
+    client.set(keys.dead_stream(QUEUE), "not a stream either")
+    client.close()
+    done = status(redis_url, "--json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    reading = json.loads(done.stdout)
+    assert [w["name"] for w in reading["workers"]] == ["w1"] and reading["alive"] == 1
+    assert reading["depth"] is None and reading["dead_letters"] is None
+    assert sorted(m.split(": WRONGTYPE ")[0] for m in reading["malformed"]) == sorted(
+        [keys.workers_info_hash(QUEUE), keys.task_stream(QUEUE), keys.dead_stream(QUEUE)]
+    )
+    text = status(redis_url)
+    assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+    assert "1 worker(s) alive, depth ?, pending ?" in text.stdout
+    assert "  w1: alive, host None" in text.stdout and "dead letters: ?" in text.stdout
+    assert f"malformed: {keys.dead_stream(QUEUE)}: WRONGTYPE" in text.stdout
+
+
+def test_bidi_overrides_stored_in_redis_are_shown_escaped(redis_url: str) -> None:
+    # U+202E turns the rest of a line around on a terminal that renders bidi text: a
+    # name could make "silent" read as "alive". Every bidi control is shown escaped.
+    client = redis.Redis.from_url(redis_url)
+    seconds, micros = client.time()
+    expiry = seconds * 1000 + micros // 1000 + 60_000
+    name = "w\u202eevil\u202c\u2066x\u2069\u200f\u061c\u2028"
+    client.hset(keys.workers_hash(QUEUE), name, expiry)
+    client.hset(keys.workers_info_hash(QUEUE), name, json.dumps({"version": "1\u202d2"}))
+    client.close()
+    text = status(redis_url)
+    assert text.returncode == 0, text.stderr
+    for char in "\u202e\u202c\u2066\u2069\u200f\u061c\u2028\u202d":
+        assert char not in text.stdout, repr(char)
+    assert "w\\u202eevil\\u202c\\u2066x\\u2069\\u200f\\u061c\\u2028: alive" in text.stdout
+    assert "version 1\\u202d2" in text.stdout
