@@ -137,6 +137,25 @@ def test_import_asyncgraph_loads_the_core_only() -> None:
 
 
 @pytest.mark.slow
+def test_import_asyncgraph_text_loads_no_http_or_redis_client() -> None:
+    """Offline use (the simulated model) needs neither httpx nor the Redis client nor
+    msgpack: they load when a model or fleet is first used (#35)."""
+    code = (
+        "import asyncgraph.text, asyncgraph.optim, sys; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
+        "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    heavy, ours = done.stdout.splitlines()
+    assert heavy == "[]"
+    for name in ("distributed", "resp", "jobs"):
+        assert f"'asyncgraph.{name}" not in ours, ours
+
+
+@pytest.mark.slow
 def test_numpy_is_summed_once_it_is_used() -> None:
     code = (
         "import asyncgraph, sys; assert 'numpy' not in sys.modules; import numpy as np; "

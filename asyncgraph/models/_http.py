@@ -19,12 +19,11 @@ import ssl
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.lowlevel
-import httpx
 
 from asyncgraph._exceptions import (
     ModelConfigError,
@@ -50,6 +49,9 @@ from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry, parse_retry_after
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
+
+if TYPE_CHECKING:  # httpx loads with a model's first request, not with asyncgraph.models
+    import httpx
 
 __all__ = ["HttpChatModel", "checked_http_url", "error_body_message", "join_url"]
 
@@ -170,6 +172,8 @@ class HttpChatModel(BaseChatModel):
         return redact(text, self._secrets)
 
     def _new_client(self) -> httpx.AsyncClient:
+        import httpx
+
         return httpx.AsyncClient(
             headers=self._headers,
             timeout=httpx.Timeout(self.timeout_s, connect=self.connect_timeout_s),
@@ -226,6 +230,8 @@ class HttpChatModel(BaseChatModel):
 
     async def _post(self, body: Mapping[str, Any]) -> httpx.Response:
         """One POST of ``body`` to ``url``; a 2xx response, else a ``ModelError``."""
+        import httpx
+
         client = await self._http()
         try:
             with anyio.fail_after(self.timeout_s):
@@ -316,6 +322,8 @@ class HttpChatModel(BaseChatModel):
 def _default_ssl_context() -> ssl.SSLContext:
     """httpx's default verifying context, built once per process and shared by every client:
     loading the CA bundle takes tens of milliseconds, and a context is safe to share."""
+    import httpx
+
     return httpx.create_ssl_context()
 
 

@@ -42,8 +42,8 @@ from typing import Any
 
 import anyio
 
+from asyncgraph._redact import redact_url
 from asyncgraph.models._types import Completion
-from asyncgraph.resp import Pool, ReplyError, parse_redis_url, redact_url
 
 __all__ = [
     "MAX_RECORDS",
@@ -107,6 +107,9 @@ class JournalStore:
     async def run(self, *command: Any, max_bulk: int | None = None) -> Any:
         """One command on a connection of its own; ``RedisConnectionLost`` or
         ``ReplyError`` on failure."""
+        # The Redis client loads with a worker's first journal, not with asyncgraph.models.
+        from asyncgraph.resp import Pool, ReplyError, parse_redis_url
+
         pool = Pool(parse_redis_url(self.url), timeout_s=self.timeout_s, max_idle=0)
         try:
             (reply,) = await pool.pipeline([command], max_bulk=max_bulk, retry=True)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
 
 from asyncgraph._exceptions import ModelBackendError
-from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url, redact_url
+from asyncgraph._redact import redact_url
 
-__all__ = ["RedisHandle", "Script", "redact_url"]
+if TYPE_CHECKING:
+    from asyncgraph.resp import Pool
+
+__all__ = ["RedisHandle", "Script"]
 
 
 class Script:
@@ -44,6 +47,9 @@ class RedisHandle:
         self.url = url
         self.timeout_s = timeout_s
         self.purpose = purpose
+        # The Redis client loads with the first handle, not with ``asyncgraph.models``.
+        from asyncgraph.resp import parse_redis_url
+
         self._address = parse_redis_url(url)
         self._pools: dict[int, tuple[object, Pool]] = {}
 
@@ -52,6 +58,8 @@ class RedisHandle:
         loop = getattr(token, "native_token", token)
         entry = self._pools.get(id(loop))
         if entry is None or entry[0] is not loop:
+            from asyncgraph.resp import Pool
+
             entry = (loop, Pool(self._address, timeout_s=self.timeout_s, max_idle=4))
             self._pools[id(loop)] = entry
         return entry[1]
@@ -64,6 +72,8 @@ class RedisHandle:
         self, commands: Sequence[Sequence[Any]], *, retry: bool | None = None
     ) -> list[Any]:
         """Run ``commands`` in one round trip (``retry`` as in ``asyncgraph.resp.Pool.pipeline``)."""
+        from asyncgraph.resp import RedisConnectionLost, ReplyError
+
         try:
             replies = await self._pool().pipeline(commands, retry=retry)
         except RedisConnectionLost as exc:
@@ -85,6 +95,8 @@ class RedisHandle:
         try:
             return await self.call("EVALSHA", script.sha, len(keys), *keys, *args, retry=retry)
         except ModelBackendError as exc:
+            from asyncgraph.resp import ReplyError
+
             if not (isinstance(exc.__cause__, ReplyError) and exc.__cause__.code == "NOSCRIPT"):
                 raise
         return await self.call("EVAL", script.source, len(keys), *keys, *args, retry=retry)
