@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asyncgraph.models._journal import _JOURNAL, CallJournal, JournalStore
+from asyncgraph.models._journal import _JOURNAL, CallJournal, JournalStore, check_journal
 from asyncgraph.models._spec import restrict_base_urls
 from asyncgraph.models._usage import _SINKS, Usage, UsageMeter, meters_for
 from asyncgraph.taskhooks import install_task_hook
@@ -31,19 +31,35 @@ class ModelPolicy:
 
     def __init__(self) -> None:
         self._store: JournalStore | None = None  # while a worker serves: its Redis
+        self._probe_key = ""  # where the worker's start-up probe of the journal writes
 
     def serving(self, settings: Mapping[str, Any]) -> Callable[[], None]:
         restriction = restrict_base_urls(tuple(settings.get("allowed_base_urls", ())))
-        before = self._store
+        before = self._store, self._probe_key
         url, timeout_s = settings.get("redis_url"), settings.get("redis_timeout_s", 5.0)
-        if isinstance(url, str) and isinstance(timeout_s, (int, float)) and timeout_s > 0:
-            self._store = JournalStore(url, float(timeout_s))
+        # No journal without the fleet's seal: a record that cannot be verified is not read.
+        seal, on_ignored = settings.get("record_seal"), settings.get("on_ignored_record")
+        if (
+            isinstance(url, str)
+            and isinstance(timeout_s, (int, float))
+            and timeout_s > 0
+            and seal is not None
+        ):
+            counter = on_ignored if callable(on_ignored) else None
+            self._store = JournalStore(url, float(timeout_s), seal, counter)
+            self._probe_key = str(settings.get("journal_probe_key", ""))
 
         def undo() -> None:
-            self._store = before
+            self._store, self._probe_key = before
             restriction.remove()
 
         return undo
+
+    async def probe(self) -> None:
+        """Once a worker serves, before its first task: ``ConfigError`` when its Redis user
+        cannot write and read the call journal (see ``check_journal``)."""
+        if self._store is not None and self._probe_key:
+            await check_journal(self._store, self._probe_key)
 
     def task_metadata(self) -> None:
         return None  # the worker needs nothing from the client to count usage

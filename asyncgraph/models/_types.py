@@ -8,6 +8,10 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["ChatModel", "Completion", "Message", "normalize_messages"]
 
+MAX_TOKENS = 100_000_000
+"""The most tokens one call may count in a field of a stored ``Completion`` (a cached or
+journaled answer): far above any model's context window, far below a forged bill."""
+
 Message = Mapping[str, Any]
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
 
@@ -58,7 +62,9 @@ class Completion:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Completion:
-        """Inverse of ``to_dict``; raises ``ValueError`` if a field is missing or mistyped."""
+        """Inverse of ``to_dict``; raises ``ValueError`` if a field is missing or mistyped,
+        or a token count is not an integer from 0 to ``MAX_TOKENS`` (a stored answer is read
+        back from Redis: its counts reach the bill and the cost cap)."""
         text, model = data.get("text"), data.get("model")
         prompt, completion = data.get("prompt_tokens", 0), data.get("completion_tokens", 0)
         finish = data.get("finish_reason")
@@ -66,8 +72,19 @@ class Completion:
         read, write = data.get("cache_read_tokens", 0), data.get("cache_write_tokens", 0)
         if not isinstance(text, str) or not isinstance(model, str):
             raise ValueError(f"completion needs str 'text' and 'model', got {dict(data)!r}")
-        if not all(isinstance(n, int) for n in (prompt, completion, read, write)):
-            raise ValueError(f"completion token counts must be int, got {dict(data)!r}")
+        counts = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cache_read_tokens": read,
+            "cache_write_tokens": write,
+        }
+        for name, n in counts.items():
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ValueError(f"completion token count {name!r} must be an int, got {n!r:.40}")
+            if not 0 <= n <= MAX_TOKENS:
+                raise ValueError(
+                    f"completion token count {name!r} must be from 0 to {MAX_TOKENS:,}, got {n!r}"
+                )
         if finish is not None and not isinstance(finish, str):
             raise ValueError(f"completion finish_reason must be str or None, got {finish!r}")
         return cls(

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import agdist_functions as F
 import anyio
 import pytest
 import redis
-from agdist_helpers import StartWorker, wait_until
+from agdist_helpers import SECRET, StartWorker, http_get, wait_until
 
 from asyncgraph import Parameter, backward
 from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed._redis_server import free_port
 from asyncgraph.distributed.wire._keys import calls_key
+from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.models import OpenAIChat, track_usage
 from asyncgraph.models._journal import (
     MAX_RECORD_BYTES,
@@ -36,7 +39,7 @@ from asyncgraph.models._journal import (
     journaling,
 )
 from asyncgraph.models._testing import OpenAITestServer, Reply
-from asyncgraph.models._types import Completion
+from asyncgraph.models._types import MAX_TOKENS, Completion
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -78,15 +81,29 @@ async def _kill_after_the_call_then_rerun(
     tag: str,
     *,
     new_prompt: str | None = None,
+    tamper: Callable[[redis.Redis], None] | None = None,
+    fleet_url: str | None = None,
+    client_url: str | None = None,
+    secret: str = "",
+    rerun_flags: tuple[str, ...] = (),
 ) -> tuple[float, Any]:
     """Run ``AskThenHold`` on a worker, SIGKILL it once its model call returned (the task
-    holds before its reply), let another worker rerun it; the leaf's grad and the usage."""
+    holds before its reply), let another worker rerun it; the leaf's grad and the usage.
+
+    ``url`` is the admin's (the test's own reads and ``tamper(client)``, run between the
+    kill and the rerun); the workers connect with ``fleet_url`` and the client with
+    ``client_url`` (both ``url`` by default: other users under an ACL), signed with
+    ``secret`` when given."""
     client = _client(url)
     client.set(f"agdist:hold:{tag}", 1)
-    first = start_worker(url, queue, *FAST, "--allow-base-url", server.url)
+    env = {"AGDIST_REDIS_URL": url, **({"ASYNCGRAPH_SECRET": secret} if secret else {})}
+    worker_url = fleet_url or url
+    first = start_worker(worker_url, queue, *FAST, "--allow-base-url", server.url, env=env)
     x = Parameter(1.0, role="x")
     y = F.AskThenHold.apply(x, server.url, "what is one", tag)
-    async with open_redis_executor(url, queue=queue, timeout_s=30) as ex:
+    async with open_redis_executor(
+        client_url or url, queue=queue, timeout_s=30, secret=secret
+    ) as ex:
         with track_usage() as usage:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(functools.partial(backward, y, executor=ex))
@@ -95,8 +112,12 @@ async def _kill_after_the_call_then_rerun(
                 first.kill()  # ... and its reply is never written
                 if new_prompt is not None:
                     client.set(f"agdist:prompt:{tag}", new_prompt)
+                if tamper is not None:
+                    tamper(client)
                 client.delete(f"agdist:hold:{tag}")
-                start_worker(url, queue, *FAST, "--allow-base-url", server.url)
+                start_worker(
+                    worker_url, queue, *FAST, "--allow-base-url", server.url, *rerun_flags, env=env
+                )
         assert ex.stats.completed == 1
     client.close()
     assert _llen(url, f"agdist:called:{tag}") == 2  # the task did run twice
@@ -158,10 +179,18 @@ async def test_tasks_that_ran_once_leave_a_journal_that_expires_with_them(
 # -- the journal itself, on a real Redis, without workers ---------------------------------
 
 
-def _journal(url: str, task: str, *, rerun: bool, ttl_s: float = 30.0) -> CallJournal:
-    return CallJournal(
-        JournalStore(url, 5.0), calls_key("q", CLIENT, task), ttl_s=ttl_s, rerun=rerun
-    )
+def _journal(
+    url: str,
+    task: str,
+    *,
+    rerun: bool,
+    ttl_s: float = 30.0,
+    signer: Signer | None = None,
+    ignored: list[str] | None = None,
+) -> CallJournal:
+    signer = Signer(SECRET) if signer is None else signer
+    store = JournalStore(url, 5.0, signer, None if ignored is None else ignored.append)
+    return CallJournal(store, calls_key("q", CLIENT, task), ttl_s=ttl_s, rerun=rerun)
 
 
 async def test_a_model_call_in_a_task_is_replayed_by_its_rerun_only(redis_url: str) -> None:
@@ -228,23 +257,28 @@ async def test_a_typical_task_journal_uses_little_memory(redis_url: str) -> None
     assert used < 20_000
 
 
-async def test_an_unreadable_record_is_a_miss(redis_url: str) -> None:
-    journal = _journal(redis_url, "bad", rerun=True)
+@pytest.mark.parametrize("signer", [Signer(None), Signer(SECRET)], ids=["unsigned", "signed"])
+async def test_an_unreadable_record_is_a_miss(redis_url: str, signer: Signer) -> None:
+    ignored: list[str] = []
+    journal = _journal(
+        redis_url, f"bad-{signer.enabled}", rerun=True, signer=signer, ignored=ignored
+    )
     client = _client(redis_url)
     try:
-        client.hset(journal.key, "a:0", b"\x80not json")
-        client.hset(journal.key, "b:0", b'{"text": 3}')
+        for name, payload in [("a:0", b"\x80not json"), ("b:0", b'{"text": 3}')]:
+            client.hset(journal.key, name, signer.seal(journal.key, name, payload))
     finally:
         client.close()
     assert await journal.replay("a:0") is None
     assert await journal.replay("b:0") is None
+    assert ignored == ["journal", "journal"]
     assert decode_record(encode_record(Completion("ok", model="m"))) == Completion("ok", "m")
     assert decode_record(b"x" * (MAX_RECORD_BYTES + 1)) is None
 
 
 async def test_redis_down_costs_the_journal_not_the_call(caplog: pytest.LogCaptureFixture) -> None:
     journal = CallJournal(
-        JournalStore(f"redis://127.0.0.1:{free_port()}/0", 1.0),
+        JournalStore(f"redis://127.0.0.1:{free_port()}/0", 1.0, Signer(SECRET)),
         calls_key("q", CLIENT, "down"),
         ttl_s=30.0,
         rerun=True,
@@ -262,3 +296,145 @@ def test_the_journal_key_shares_the_queue_hash_slot() -> None:
     assert calls_key("q1", CLIENT, "7").startswith("asyncgraph:{q1}:")
     with pytest.raises(ValueError, match="client id"):
         calls_key("q1", "not-a-client", "7")
+
+
+# -- issue #33: nothing read back from Redis is trusted unless it is signed ----------------
+
+FORGED = {
+    "text": "FORGED",
+    "model": "gpt-test",
+    "prompt_tokens": 100_000_000_000,  # 1e11 tokens: $15,000 at $150 per million
+    "completion_tokens": 1,
+}
+
+
+def _forge_every_record(queue: str) -> Callable[[redis.Redis], None]:
+    """What the issue's attacker did with Redis access and no secret: overwrite each
+    recorded call of the queue's journals with a forged answer (the field names are the
+    call digests, readable by anyone who can read the journal)."""
+
+    def forge(client: redis.Redis) -> None:
+        forged = 0
+        for key in client.scan_iter(match=f"asyncgraph:{{{queue}}}:calls:*"):
+            for field in client.hkeys(key):
+                if not field.startswith(b"#"):
+                    client.hset(key, field, json.dumps(FORGED))
+                    forged += 1
+        assert forged == 1, "the first run recorded its one call"
+
+    return forge
+
+
+def _ignored_records(port: int) -> float:
+    status, body = http_get(port, "/metrics")
+    for line in body.splitlines() if status == 200 else ():
+        if line.startswith('asyncgraph_worker_ignored_records_total{record="journal"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+async def test_a_forged_journal_record_is_ignored_and_the_call_made_again(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    # The issue's attack on a signed fleet: the killed worker's journal record is replaced
+    # by a forged answer before the rerun. The rerun ignores it, reports it, pays again.
+    port = free_port()
+    with NumberedServer() as server:
+        grad, spent = await _kill_after_the_call_then_rerun(
+            redis_url,
+            start_worker,
+            server,
+            "forged",
+            "forged",
+            tamper=_forge_every_record("forged"),
+            secret=SECRET,
+            rerun_flags=("--health-port", str(port)),
+        )
+        assert len(server.requests) == 2  # asked again: paying twice beats a forgery
+    answer = "answer 2 to what is one"
+    assert grad == float(len(answer))  # not len("FORGED")
+    assert spent.requests == 1 and spent.replayed == 0 and spent.prompt_tokens == 3
+    assert spent.cost_usd == pytest.approx((3 * 1.0 + len(answer.split()) * 2.0) / 1e6)
+    assert _ignored_records(port) == 1.0  # reported where an operator looks
+    # The answer paid for the second time replaced the forgery, sealed.
+    client = _client(redis_url)
+    try:
+        (key,) = [
+            k for k in client.scan_iter(match="asyncgraph:{forged}:calls:*") if b":probe:" not in k
+        ]
+        ((field, stored),) = [(f, v) for f, v in client.hgetall(key).items() if f != b"#bytes"]
+    finally:
+        client.close()
+    record = decode_record(Signer(SECRET).unseal(key.decode(), field.decode(), stored))
+    assert record is not None and record.text == answer
+
+
+async def test_a_forged_or_moved_record_is_ignored_reported_and_replaced(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ignored: list[str] = []
+    first = _journal(redis_url, "f1", rerun=False)
+    other = _journal(redis_url, "f2", rerun=False)
+    client = _client(redis_url)
+    with NumberedServer() as server:
+        async with OpenAIChat("gpt-test", server.url, "sk-test") as model:
+            with journaling(first):
+                await model.complete([{"role": "user", "content": "hi"}])
+            with journaling(other):
+                await model.complete([{"role": "user", "content": "ho"}])
+            (call,) = [f for f in client.hkeys(first.key) if f != b"#bytes"]
+            (other_call,) = [f for f in client.hkeys(other.key) if f != b"#bytes"]
+            genuine = client.hget(first.key, call)
+            # Each of these, in place of the genuine record, is ignored and reported:
+            forgeries = [
+                json.dumps(FORGED).encode(),  # unsigned, as an attacker without the secret
+                Signer("another-secret-16b").seal(first.key, call.decode(), b"{}"),
+                client.hget(other.key, other_call),  # another task's sealed record
+                genuine.replace(b"answer 1", b"answer 9"),  # a sealed record, edited
+            ]
+            for n, forged in enumerate(forgeries, start=1):
+                client.hset(first.key, call, forged)
+                rerun = _journal(redis_url, "f1", rerun=True, ignored=ignored)
+                with caplog.at_level(logging.WARNING, "asyncgraph.models"), journaling(rerun):
+                    answer = await model.complete([{"role": "user", "content": "hi"}])
+                assert answer.text == f"answer {n + 2} to hi"  # asked again, never FORGED
+                assert ignored == ["journal"] * n
+                assert first.key in caplog.text and "failed verification" in caplog.text
+                # The new answer replaced the forgery: the next rerun replays it.
+                again = _journal(redis_url, "f1", rerun=True, ignored=ignored)
+                with journaling(again):
+                    assert await model.complete([{"role": "user", "content": "hi"}]) == answer
+            assert len(server.requests) == 2 + len(forgeries)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        {"prompt_tokens": -5},
+        {"completion_tokens": -1},
+        {"prompt_tokens": 100_000_000_000},
+        {"cache_read_tokens": MAX_TOKENS + 1},
+        {"prompt_tokens": 1.5},
+        {"prompt_tokens": True},
+        {"completion_tokens": "3"},
+    ],
+)
+async def test_token_counts_of_a_record_are_validated(
+    redis_url: str, counts: dict[str, Any]
+) -> None:
+    # Even on an unsigned fleet (nothing authenticated), a record's counts must be
+    # integers from 0 to MAX_TOKENS: they reach the bill and the cost cap.
+    data = {"text": "t", "model": "m", **counts}
+    with pytest.raises(ValueError, match="token count"):
+        Completion.from_dict(data)
+    ignored: list[str] = []
+    journal = _journal(redis_url, "counts", rerun=True, signer=Signer(None), ignored=ignored)
+    client = _client(redis_url)
+    try:
+        client.hset(journal.key, "c:0", json.dumps(data))
+    finally:
+        client.close()
+    assert await journal.replay("c:0") is None and ignored == ["journal"]
+    bound = {"text": "t", "model": "m", "prompt_tokens": MAX_TOKENS, "completion_tokens": 0}
+    assert Completion.from_dict(bound).prompt_tokens == MAX_TOKENS

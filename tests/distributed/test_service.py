@@ -129,6 +129,7 @@ def test_a_fresh_workers_series_exist_at_zero_and_durations_are_histograms_per_f
         "asyncgraph_worker_reclaimed_total 0",
         "asyncgraph_worker_abandoned_calls 0",
         'asyncgraph_worker_redis_refusals_total{code="OOM"} 0',
+        'asyncgraph_worker_ignored_records_total{record="journal"} 0',
     ):
         assert series + "\n" in text, series
     for process in (

@@ -109,6 +109,10 @@ CANCEL_MAXLEN = 10_000
 DEAD_MAXLEN = 10_000
 DEAD_MAX_BYTES = 8 * 1024 * 1024
 
+# The client id of the keys a worker writes to check its Redis user at start (the call
+# journal's probe): no client has it (a client's id is random).
+PROBE_CLIENT = "0" * 32
+
 _QUEUE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _CLIENT_RE = re.compile(r"[0-9a-f]{32}")
 

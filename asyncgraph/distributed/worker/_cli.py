@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from asyncgraph._exceptions import ConfigError
 from asyncgraph._redact import RedactingFormatter, url_secrets
 from asyncgraph.distributed.worker._config import WorkerConfig, add_arguments, log_level
 from asyncgraph.resp import RedisConnectionLost
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
     except RedisConnectionLost as exc:
         print(f"asyncgraph worker: {exc}", file=sys.stderr)
         code = 1
+    except ConfigError as exc:  # e.g. its Redis user cannot write the call journal
+        print(f"asyncgraph worker: {exc}", file=sys.stderr)
+        code = 2
     if worker.needs_replacing:  # drained for too many abandoned calls: ask to be replaced
         code = EXIT_REPLACE
     if worker.abandoned:

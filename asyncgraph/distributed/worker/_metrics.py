@@ -39,6 +39,11 @@ HELP: dict[str, tuple[str, str]] = {
         "Tasks reclaimed from workers whose lease expired.",
     ),
     "asyncgraph_worker_redis_errors_total": ("counter", "Redis calls that failed."),
+    "asyncgraph_worker_ignored_records_total": (
+        "counter",
+        "Records read back from Redis that failed verification or validation and were "
+        "ignored (the work is done again), by record.",
+    ),
     "asyncgraph_worker_task_seconds": ("summary", "Seconds spent running tasks."),
     "asyncgraph_worker_task_duration_seconds": (
         "histogram",
@@ -80,6 +85,7 @@ OUTCOMES = (
     "fingerprint",
     "client_gone",
 )
+RECORDS = ("journal",)  # the records read back from Redis (NOTE [Sealed records])
 DEAD_LETTER_REASONS = ("forged", "malformed", "oversize", "max_attempts", "error", "bad_cancel")
 # Task durations: from a no-op (about a millisecond) to an LLM call of minutes.
 DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -226,6 +232,8 @@ def worker_metrics() -> Metrics:
         "asyncgraph_worker_abandoned_calls",
     ):
         metrics.zero(name)
+    for record in RECORDS:
+        metrics.zero("asyncgraph_worker_ignored_records_total", record=record)
     metrics.zero("asyncgraph_worker_redis_refusals_total", code="OOM")
     return metrics
 

@@ -61,6 +61,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from asyncgraph._exceptions import ConfigError
+from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._cancels import Cancels
 from asyncgraph.distributed.worker._config import WorkerConfig
 from asyncgraph.distributed.worker._context import WorkerContext
@@ -131,7 +133,9 @@ class Worker:
         """Serve until cancelled or drained; ``task_status.started()`` once connected.
 
         Raises ``RedisConnectionLost`` if Redis did not answer within
-        ``connect_timeout_s`` (when set).
+        ``connect_timeout_s`` (when set), and ``ConfigError`` when an installed task hook
+        cannot work with this Redis user (the models hook: the call journal cannot be
+        written and read back, e.g. the ACL grants too little), before any task is taken.
         """
         # Policies installed by other layers (asyncgraph.text's model policy: only the
         # allowed base URLs may receive this process's API key), lifted when serving ends.
@@ -139,9 +143,16 @@ class Worker:
             "allowed_base_urls": self.config.allowed_base_urls,
             "redis_url": self.config.redis_url,  # for the journal of a task's model calls
             "redis_timeout_s": self.config.redis_timeout_s,
+            # Every record read back from Redis is sealed and verified with the fleet's
+            # secret (NOTE [Sealed records]); one that fails is ignored, and counted here.
+            "record_seal": self._ctx.signer,
+            "on_ignored_record": self._count_ignored_record,
+            "journal_probe_key": keys.calls_key(
+                self.config.queue, keys.PROBE_CLIENT, f"probe:{self.consumer}"
+            ),
         }
         undo = [hook.serving(settings) for hook in task_hooks().values()]
-        connect_error: RedisConnectionLost | None = None
+        connect_error: RedisConnectionLost | ConfigError | None = None
         try:
             async with anyio.create_task_group() as services:
                 if handle_signals:
@@ -162,9 +173,11 @@ class Worker:
                 with self._ctx.stopping.scope():
                     try:
                         await self._membership.connect()
-                    except RedisConnectionLost as exc:
+                        await self._probe_hooks()
+                    except (RedisConnectionLost, ConfigError) as exc:
                         connect_error = exc
-                if not self._membership.connected:  # gave up, or drained before Redis answered
+                if connect_error is not None or not self._membership.connected:
+                    # gave up, a hook cannot work here, or drained before Redis answered
                     task_status.started()
                     services.cancel_scope.cancel()
                 else:
@@ -258,6 +271,18 @@ class Worker:
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """Liveness: the process and its event loop answer (not tied to Redis: /livez)."""
         return True, {"status": "alive", "consumer": self.consumer}
+
+    async def _probe_hooks(self) -> None:
+        """Each task hook's optional ``probe()``: what it needs from Redis, checked once
+        before the first task (a journal the ACL does not allow fails the start, not each
+        call)."""
+        for hook in task_hooks().values():
+            probe = getattr(hook, "probe", None)
+            if probe is not None:
+                await probe()
+
+    def _count_ignored_record(self, record: str) -> None:
+        self.metrics.inc("asyncgraph_worker_ignored_records_total", record=record)
 
     # -- background --------------------------------------------------------------------
     async def _heartbeat(self) -> None:
