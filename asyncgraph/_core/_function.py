@@ -23,7 +23,10 @@ class FunctionCtx:
     ``ctx.save_for_backward(*variables)`` keeps Variables for backward
     (``ctx.saved_variables``; freed after a backward without
     ``retain_graph=True``). ``ctx.needs_input_grad[i]`` tells whether input
-    ``i`` needs a gradient. Any other attribute may be set freely.
+    ``i`` needs a gradient: whether it is a Variable that requires grad, as in
+    PyTorch, even under ``no_grad()``; ``ctx.recorded`` tells whether this
+    application is recorded at all (so that backward can run). Any other
+    attribute may be set freely.
 
     Example::
 
@@ -45,6 +48,7 @@ class FunctionCtx:
         self._function_name = ""
         self._seq: Seq = ()
         self.needs_input_grad: tuple[bool, ...] = ()
+        self._recorded = False
         self._materialize_grads = True
 
     def save_for_backward(self, *variables: Any) -> None:
@@ -55,6 +59,18 @@ class FunctionCtx:
                     f"{type(item).__name__} ({item!r:.60}). Store plain values as ctx attributes."
                 )
         self._saved = variables
+
+    @property
+    def recorded(self) -> bool:
+        """Whether this application is recorded in the graph (grad mode on and an input
+        requires grad), so that its backward can run.
+
+        ``needs_input_grad`` follows each input's ``requires_grad`` even under
+        ``no_grad()``, as in PyTorch; a forward that prepares something only backward
+        uses (a feedback model to resolve, say) reads ``ctx.recorded`` instead. PyTorch
+        has no counterpart: its forwards cannot tell.
+        """
+        return self._recorded
 
     @property
     def saved_variables(self) -> tuple[Any, ...]:
@@ -300,9 +316,11 @@ class Function:
         ctx = FunctionCtx()
         ctx._function_name = cls.__name__
         ctx._seq = next_seq()
+        # As PyTorch: each input's requires_grad, whether or not the node is recorded.
         needs = tuple(isinstance(v, Variable) and v._requires_grad for v in inputs)
         record = _GRAD_ENABLED.get() and any(needs)
-        ctx.needs_input_grad = needs if record else (False,) * len(inputs)
+        ctx.needs_input_grad = needs
+        ctx._recorded = record
         return ctx, record
 
     @classmethod

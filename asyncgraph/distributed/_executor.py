@@ -182,7 +182,10 @@ class RedisExecutor:
             raise TypeError(f"apply expects a Function subclass with dispatch='remote', got {fn!r}")
         inputs = fn._inputs(args, kwargs)  # signature order, as fn.apply records them
         ctx, record = fn._prepare(inputs)
-        payload = forward_payload(args, kwargs, ctx.needs_input_grad)
+        # "needs" on the wire: the gradients a recorded node will be asked for (all False
+        # when not recorded); the worker reads each input's requires_grad from its entry.
+        needs = ctx.needs_input_grad if record else (False,) * len(inputs)
+        payload = forward_payload(args, kwargs, needs)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
         task_id, name, packed, signature = self._encode(
             fn, "forward", payload, None, lambda: _forward_values(args, kwargs)

@@ -120,7 +120,7 @@ class PythonCall(_TextFunction):
             f"PythonCall of {_name(fn)}()",
             {key: kwargs[key] for key in keys if key in _PY_OPTIONS},
             default_role=f"output of {_name(fn)}",
-            needs_feedback=any(ctx.needs_input_grad),
+            needs_feedback=ctx.recorded,
         )
 
         values = [fn, *args, *(kwargs[key] for key in keys)]

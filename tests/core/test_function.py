@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 import asyncgraph
-from asyncgraph import BackwardError, Function, FunctionCtx, GraphError, Variable, is_grad_enabled
+from asyncgraph import (
+    BackwardError,
+    Function,
+    FunctionCtx,
+    GraphError,
+    Variable,
+    is_grad_enabled,
+    no_grad,
+)
 
 from ._ops import Add, Mul
 
@@ -510,3 +518,39 @@ async def test_shared_input_gradients_from_two_consumers_are_summed() -> None:
     y = Add.apply(Mul.apply(x, x), x)  # x**2 + x
     await y.backward()
     assert x.grad is not None and x.grad.data == 5.0
+
+
+class SeesNeeds(Function):
+    seen: ClassVar[list[tuple[tuple[bool, ...], bool]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, y: Any) -> Variable:
+        SeesNeeds.seen.append((ctx.needs_input_grad, ctx.recorded))
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, None]:
+        return g, None
+
+
+def test_needs_input_grad_follows_each_inputs_requires_grad_even_under_no_grad() -> None:
+    """PyTorch's rule (python_function.cpp, unpack_input): needs_input_grad[i] is whether
+    input i is a Tensor that requires grad, whatever the grad mode; only recording
+    depends on the mode. ``ctx.recorded`` says which."""
+    SeesNeeds.seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    with no_grad():
+        out = SeesNeeds.apply(x, Variable(2.0))
+    assert out.grad_fn is None
+    SeesNeeds.seen.append(((), False))  # a separator, for the reader of a failure
+    SeesNeeds.apply(x, Variable(2.0))
+    SeesNeeds.apply(Variable(1.0), 3)
+    with no_grad():
+        SeesNeeds.apply(x, Variable(2.0, requires_grad=True))
+    assert SeesNeeds.seen == [
+        ((True, False), False),
+        ((), False),
+        ((True, False), True),
+        ((False, False), False),
+        ((True, True), False),
+    ]

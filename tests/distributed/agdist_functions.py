@@ -190,6 +190,20 @@ class Double(Function):
         return grad.data * ctx.factor
 
 
+class Needs(Function):
+    """Remote forward that answers what its ctx says: needs_input_grad, then recorded."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, y: Variable) -> Variable:
+        return Variable([*ctx.needs_input_grad, ctx.recorded], role="needs")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Any:
+        return None, None
+
+
 class Ask(Function):
     """Remote backward that calls a (simulated) model: its usage travels back in the reply."""
 

@@ -22,6 +22,7 @@ from asyncgraph import (
     Variable,
     backward,
     grad,
+    no_grad,
     use_executor,
 )
 from asyncgraph.distributed import open_redis_executor
@@ -209,6 +210,20 @@ async def test_remote_forward_with_apply(redis_server_url: str, shared_fleet: st
         await backward(z, executor=ex)
     assert x.grad is not None and x.grad.data == 2.0
     assert w.grad is not None and w.grad.data == 3.0
+
+
+async def test_a_remote_forward_sees_needs_input_grad_as_in_process(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    # Each input's requires_grad, under no_grad() too (PyTorch's rule); ctx.recorded says
+    # whether the client records the node.
+    x = Parameter(1.0, role="x")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        recorded = await ex.apply(F.Needs, x, Variable(2.0))
+        with no_grad():
+            plain = await ex.apply(F.Needs, x, Variable(2.0))
+    assert recorded.data == [True, False, True] and recorded.grad_fn is not None
+    assert plain.data == [True, False, False] and plain.grad_fn is None
 
 
 class NotServed(Function):

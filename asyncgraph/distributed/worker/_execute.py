@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from asyncgraph import FunctionCtx, no_grad
+from asyncgraph import FunctionCtx, Variable, no_grad
 from asyncgraph.distributed.wire._payload import (
     ctx_from_state,
     ctx_state,
@@ -119,8 +119,10 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
     args, kwargs, needs = forward_args(payload)
     ctx = FunctionCtx()
     ctx._function_name = fn.__name__
-    ctx.needs_input_grad = needs
     inputs = fn._inputs(args, kwargs)  # signature order, as the client recorded them
+    # As in-process: each input's requires_grad, and whether the client records the node.
+    ctx.needs_input_grad = tuple(isinstance(v, Variable) and v.requires_grad for v in inputs)
+    ctx._recorded = any(needs)
     with no_grad():
         if fn._uses_setup_context:
             output = await _call(threads, _is_async(fn.forward), fn.forward, *args, **kwargs)
