@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -66,9 +67,17 @@ def _version() -> str:
         return __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error is one line (what was wrong, where the usage is)
+    instead of the whole usage block before it; the exit code stays 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``asyncgraph`` parser; only ``command``'s module is imported (for its options)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="asyncgraph", description="Async autodiff for slow functions (textual gradients)."
     )
     parser.add_argument(

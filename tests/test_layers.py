@@ -30,6 +30,7 @@ SHARED_LEAVES = (
     "asyncgraph._redact",
     "asyncgraph._files",
     "asyncgraph._values",
+    "asyncgraph._install",
 )
 
 

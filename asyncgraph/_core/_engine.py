@@ -283,8 +283,11 @@ def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:
     return tuple(out)
 
 
-async def run_hooks(hooks: dict[int, Hook], grad: Variable, role: str) -> Variable:
-    """Run gradient hooks in registration order; a returned value replaces the gradient."""
+async def run_hooks(hooks: dict[int, Hook], grad: Variable | None, role: str) -> Variable | None:
+    """Run gradient hooks in registration order; a returned value replaces the gradient.
+
+    ``grad`` is None for an output that got no gradient while a sibling output did: its
+    hooks see None, as PyTorch's tensor hooks do, and may return one."""
     for fn in list(hooks.values()):
         try:
             result = fn(grad)
@@ -638,12 +641,14 @@ class Engine:
         if grads is None:
             return
         hooked = list(grads)
+        # A node none of whose outputs got a gradient does not run, nor do its hooks; when
+        # it runs, the hooks of an output that got none see None (PyTorch's tensor hooks).
+        runs = any(g is not None for g in hooked)
         for nr, hooks in (node.output_hooks or {}).items():
-            g = hooked[nr]
-            if g is not None and hooks:
+            if runs and hooks:
                 role = node.output_roles[nr] if nr < len(node.output_roles) else ""
                 try:
-                    hooked[nr] = await run_hooks(hooks, g, role)
+                    hooked[nr] = await run_hooks(hooks, hooked[nr], role)
                 except BackwardError as exc:
                     self._fail(node, exc)
                     return
@@ -736,10 +741,12 @@ class Engine:
             return
         if leaf._hooks:
             try:
-                grad = await run_hooks(leaf._hooks, grad, leaf.role)
+                hooked = await run_hooks(leaf._hooks, grad, leaf.role)
             except BackwardError as exc:
                 self._fail_leaf(leaf, exc)
                 return
+            assert hooked is not None  # a hook replaces a gradient, never removes it
+            grad = hooked
         self.captured[leaf] = grad
         if self._accumulate:
             grad = self.stage(leaf, grad)

@@ -191,6 +191,11 @@ class Variable:
         ``fn`` may be sync or ``async def``; returning a value (Variable or raw
         data) replaces the gradient, returning None keeps it. Hooks run in the
         order they were registered. ``handle.remove()`` unregisters.
+
+        On a computed variable (one output of a node), ``fn`` runs whenever the node's
+        backward runs: with None when no gradient reached this output but one reached
+        a sibling output, as in PyTorch (a node that got no gradient at all does not
+        run). On a leaf, ``fn`` runs only when a gradient reaches it.
         """
         if not self._requires_grad:
             raise GraphError(

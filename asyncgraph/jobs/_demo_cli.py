@@ -39,9 +39,9 @@ from ._cli_common import (
     run_command,
     usage_error,
 )
-from ._job import JobResult
+from ._job import Job, JobResult
 from ._run_cli import add_logging, add_max_attempts, apply_logging, apply_max_attempts, outputs
-from ._runner import run_job
+from ._runner import finished_run, run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
 
@@ -67,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--queue", default=DEMO_QUEUE, help=f"worker queue (default: {DEMO_QUEUE})")
     parser.add_argument(
-        "--model", default="demo", help="'demo' (simulated, offline; default) or openai:MODEL"
+        "--model",
+        default="demo",
+        help="'demo' or 'simulated' (the demo's scripted simulated model, offline; default), "
+        "or any model spec the library takes: openai:MODEL, anthropic:MODEL, "
+        "azure:DEPLOYMENT, litellm:MODEL",
     )
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --model")
     parser.add_argument(
@@ -105,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_observe_arguments(parser)
 
 
-async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
-    from ..models import track_usage
+def _build(args: argparse.Namespace) -> tuple[Job, Any, dict[str, Any]]:
+    """The demo's job, its prompt, and what the summary needs to know of the run."""
     from . import demo as _demo
     from .demo import build_demo_job
 
@@ -119,18 +123,35 @@ async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict
     )
     if args.max_cost is not None:
         job.max_cost_usd = args.max_cost
-    before = prompt.data
-    progress = not args.no_progress
     info: dict[str, Any] = {
-        "before": before,
+        "before": prompt.data,
         "simulated": simulated,
         "latency_s": args.latency_ms / 1000 if simulated else None,
     }
+    return job, prompt, info
+
+
+def _finished_before_start(args: argparse.Namespace, job: Job, out: Path) -> JobResult | None:
+    """Check ``out`` before anything starts (no banner, no fleet): CheckpointError for an
+    earlier run without --resume / --overwrite or another job's checkpoint; with --resume,
+    the result of a run that has nothing left to do (a fleet would start for nothing)."""
     problem = existing_run_problem(
         out, resume=args.resume, overwrite=getattr(args, "overwrite", False)
     )
     if problem is not None:
         raise CheckpointError(problem)
+    return finished_run(job, out) if args.resume else None
+
+
+async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
+    from ..models import track_usage
+    from . import demo as _demo
+
+    job, prompt, info = _build(args)
+    done = _finished_before_start(args, job, out)
+    if done is not None:
+        return done, info
+    progress = not args.no_progress
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
             from asyncgraph.distributed import local_fleet
@@ -221,33 +242,61 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
             f"one call at a time they would take {sequential:.1f}s: "
             f"{sequential / wall_s:.1f}x faster concurrently"
         )
+    if where != "in-process" and info.get("simulated"):
+        print(WORKERS_NOTE)
 
 
-# The real providers' spec prefixes (asyncgraph.models.parse_model_spec builds them).
-_REAL_MODELS = ("openai:", "openai/", "anthropic:", "anthropic/", "azure:", "azure/")
+# What the summary of a fleet run of the simulated demo says (README: "When --workers pays").
+WORKERS_NOTE = (
+    "note: on one machine the simulated demo runs faster in-process: its calls only wait, "
+    "so worker processes add their start and Redis round trips and save nothing. Workers "
+    "pay when model calls block a thread, metrics are CPU-bound, or workers run on "
+    "several machines."
+)
+
+
+def _simulated_spec(args: argparse.Namespace) -> str | None:
+    """``--model simulated`` / ``simulated:LATENCY_S`` (the library's spec for the offline
+    model) is the demo's own simulated model: ``args.model`` becomes 'demo' (and the
+    latency the spec's). What is wrong with the spec, or None."""
+    provider, _, latency = args.model.partition(":")
+    if provider.strip().lower() != "simulated":
+        return None
+    if latency:
+        try:
+            seconds = float(latency)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0:
+            return (
+                f"--model {args.model!r}: the simulated latency must be a number of seconds "
+                f">= 0, e.g. simulated:0.05"
+            )
+        args.latency_ms = seconds * 1000
+    args.model = "demo"
+    return None
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the combination of options, or None (argparse checked each one)."""
-    if args.model != "demo" and not args.model.lower().startswith(_REAL_MODELS):
-        return (
-            f"--model must be 'demo' or openai:MODEL (openai/MODEL, anthropic:MODEL and "
-            f"azure:DEPLOYMENT work too), got {args.model!r}"
-        )
+    problem = _simulated_spec(args)
+    if problem is not None:
+        return problem
     if args.model == "demo" and args.base_url is not None:
         return (
             "--base-url is for a real model (--model openai:MODEL); the simulated 'demo' "
             "model makes no requests"
         )
     if args.model != "demo":
-        # The model is built now (no request is made): a missing API key or a bad base URL
-        # is reported before any step, not at the first call.
+        # The model is built now (no request is made): a bad spec (with the library's
+        # suggestion, e.g. 'openai:gpt-4o-mini' for 'gpt-4o-mini'), a missing API key or a
+        # bad base URL is reported before any step, not at the first call.
         from ..models import parse_model_spec
 
         try:
             parse_model_spec(args.model, base_url=args.base_url)
-        except ValueError as exc:
-            return str(exc)
+        except (ValueError, ImportError) as exc:
+            return f"--model {args.model!r}: {exc}"
     if args.workers and len(os.environ.get(SECRET_ENV, "").strip().encode()) in range(1, 16):
         return (
             f"{SECRET_ENV} must be at least 16 bytes long (the demo's workers sign with it); "
@@ -276,6 +325,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
+        if args.out:  # a bad --out says so before the banner; a finished run starts nothing
+            done = _finished_before_start(args, _build(args)[0], Path(args.out))
+            if done is not None:
+                print(already_finished_line(done))
+                return 0
         if args.redis:
             missing = await check_live_workers(args.redis, args.queue, WORKER_IMPORTS)
             if missing is not None:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncgraph._install import install_hint
+
 from ._job import Job
 from ._report import Reporter
 
@@ -24,7 +26,7 @@ __all__ = ["MLflowReporter", "job_params", "step_metrics"]
 
 logger = logging.getLogger("asyncgraph.jobs")
 
-_INSTALL = "pip install 'asyncgraph[mlflow]'"
+_INSTALL = install_hint("mlflow")
 # MLflow refuses a param value longer than this (6,000 characters since MLflow 2.x).
 _PARAM_CHARS = 6000
 

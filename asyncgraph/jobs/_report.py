@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgraph._files import PRIVATE_MODE
+from asyncgraph._install import install_hint
 
 from ..models import format_cost
 from ._checkpoint import atomic_write_json
@@ -194,7 +195,7 @@ def write_plot(
     except ImportError:
         print(
             f"note: matplotlib is not installed, so {path} was not drawn "
-            f"(pip install 'asyncgraph[plot]'); the history is in history.json",
+            f"({install_hint('plot')}); the history is in history.json",
             file=sys.stderr,
         )
         return False

@@ -157,13 +157,8 @@ async def run_job(
     if resume:
         if overwrite:
             raise ValueError("run_job: resume=True and overwrite=True exclude each other")
-        saved = restore_checkpoint(job, ckpt_path, identity)
-        best = _Best(job, out, saved)
-        run = _JobRun(job, out, identity, started, executor, best, resume=True)
-        run.step, run.history, run.initial_val = saved.step, saved.history, saved.initial_val_score
-        run.initial_usage, run.spent_before = saved.initial_usage, saved.spent
-        run.resumed_at = len(saved.history)
-        if run.step >= job.total_steps or best.stopped_early:
+        run = _resumed(job, out, identity, started, executor)
+        if run.finished:
             return run.result(None, already_finished=True)
     else:
         if ckpt_path.exists() and not overwrite:
@@ -191,6 +186,30 @@ async def run_job(
 
 
 @contextlib.contextmanager
+def finished_run(job: Job, out_dir: str | Path) -> JobResult | None:
+    """What ``run_job(job, out_dir, resume=True)`` would return at once, without running
+    anything, when the run in ``out_dir`` has nothing left to do (all its steps done, or
+    stopped early); None when a resume would run steps. Raises ``CheckpointError`` as a
+    resume would. The CLIs ask before starting a fleet for nothing."""
+    out = Path(out_dir)
+    run = _resumed(job, out, job.identity(), time.perf_counter(), None)
+    return run.result(None, already_finished=True) if run.finished else None
+
+
+def _resumed(
+    job: Job, out: Path, identity: dict[str, Any], started: float, executor: Executor | None
+) -> _JobRun:
+    """The run of ``out``'s checkpoint, restored into ``job`` (``CheckpointError`` if it
+    is missing, corrupt or from another job)."""
+    saved = restore_checkpoint(job, out / CHECKPOINT_FILE, identity)
+    best = _Best(job, out, saved)
+    run = _JobRun(job, out, identity, started, executor, best, resume=True)
+    run.step, run.history, run.initial_val = saved.step, saved.history, saved.initial_val_score
+    run.initial_usage, run.spent_before = saved.initial_usage, saved.spent
+    run.resumed_at = len(saved.history)
+    return run
+
+
 def _quiet_about_feedback(optimizer: Any) -> Iterator[None]:
     """Silence the optimizer's per-step ``NoFeedbackWarning`` (``warn_unfed`` replaces it)."""
     if not hasattr(optimizer, "warn_no_feedback"):
@@ -264,6 +283,11 @@ class _JobRun:
         if self.spending is not None:
             return self.spending.totals()
         return self.spent_before or (self.history[-1] if self.history else self.initial_usage)
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left to do: every step done, or stopped early (patience, the cost cap)."""
+        return self.step >= self.job.total_steps or self.best.stopped_early
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self) -> None:

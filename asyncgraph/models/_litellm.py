@@ -26,6 +26,7 @@ from asyncgraph._exceptions import (
     ModelServerError,
     ModelTimeoutError,
 )
+from asyncgraph._install import install_hint
 from asyncgraph._redact import redact, redact_url, secret_values
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
@@ -36,7 +37,7 @@ from asyncgraph.models._usage import Pricing, UsageMeter
 
 __all__ = ["LiteLLMChat", "litellm_completion", "litellm_pricing"]
 
-_INSTALL = "pip install 'asyncgraph[litellm]'"
+_INSTALL = install_hint("litellm")
 
 
 def _litellm() -> Any:

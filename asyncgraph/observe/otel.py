@@ -40,8 +40,10 @@ try:
     from opentelemetry.trace import SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - exercised where the extra is missing
+    from asyncgraph._install import install_hint
+
     raise ImportError(
-        "asyncgraph.observe.otel needs OpenTelemetry: pip install 'asyncgraph[otel]'"
+        f"asyncgraph.observe.otel needs OpenTelemetry: {install_hint('otel')}"
     ) from exc
 
 

