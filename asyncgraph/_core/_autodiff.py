@@ -187,7 +187,7 @@ async def backward(
     for var, target in non_leaves:
         g = engine.captured.get(target)
         if g is not None:
-            engine.stage(var, g, retained=True)
+            engine.stage(var, g)
     engine.commit()
 
 
@@ -210,13 +210,16 @@ async def grad(
     executor: Executor | None = None,
     listeners: Iterable[Listener] = (),
 ) -> tuple[Variable | None, ...]:
-    """Return the gradients of ``outputs`` with respect to ``inputs``; ``.grad`` is untouched.
+    """Return the gradients of ``outputs`` with respect to ``inputs``; leaves' ``.grad`` is
+    untouched.
 
     ``inputs`` may be leaves or intermediate variables. An input that the
     outputs do not depend on gets None with ``allow_unused=True`` and raises
     ``GraphError`` otherwise; with ``materialize_grads=True`` (which implies
     ``allow_unused``) it gets a zero like its data instead (None for text, which has
-    no zero), as in PyTorch. Other arguments as in :func:`backward`.
+    no zero), as in PyTorch. A variable on the way that called ``retain_grad()`` gets its
+    gradient in ``.grad``, as in PyTorch (committed only if the pass succeeds). Other
+    arguments as in :func:`backward`.
 
     Example::
 
@@ -258,6 +261,7 @@ async def grad(
         listeners=listeners,
     )
     await engine.run(roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False)
+    engine.commit()  # retained variables only: grad() stages no leaf
     result: list[Variable | None] = []
     for i, var in enumerate(ins):
         g = engine.captured.get(_target(var))

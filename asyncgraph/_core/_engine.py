@@ -335,7 +335,8 @@ class Engine:
     ``captures``: when given, only gradients reaching these leaves or these
     ``(node, output_nr)`` pairs are computed (nodes that lead nowhere useful
     never run). ``accumulate``: stage leaves' gradients to be committed into
-    ``.grad`` (and retained non-leaves'); committing is the caller's choice.
+    ``.grad``; retained non-leaves' are staged in every pass. Committing is the
+    caller's choice.
     """
 
     def __init__(
@@ -356,7 +357,6 @@ class Engine:
         self.keep_graph = keep_graph
         self.listeners = (*_LISTENERS.get(), *listeners)
         self.staged: dict[Variable, Variable] = {}
-        self.retained: dict[Variable, Variable] = {}
         self.captured: dict[Variable | tuple[Node, int], Variable | None] = {}
         self._pending: dict[Target, int] = {}
         self._buffers: dict[Target, list[Contribution]] = {}
@@ -702,12 +702,14 @@ class Engine:
         self, node: Node, grads: list[Variable | None]
     ) -> tuple[Variable | None, ...] | None:
         """Retain and capture a node's output gradients; None if its backward need not run."""
-        if node.retained and self._accumulate:
+        # retain_grad() fills .grad in every pass that reaches the node (grad() and
+        # GradManager passes too), as PyTorch's retains_grad hooks.
+        if node.retained:
             for nr, ref in node.retained.items():
                 var = ref()
                 g = grads[nr]
                 if var is not None and g is not None:
-                    self.stage(var, g, retained=True)
+                    self.stage(var, g)
         if node in self._capture_nodes:
             for nr in range(node.num_outputs):
                 self.captured[(node, nr)] = grads[nr]
@@ -808,15 +810,17 @@ class Engine:
                 _log.exception("backward listener %r raised on %s", listener, event)
 
     # -- committing -------------------------------------------------------------
-    def stage(self, var: Variable, grad: Variable, *, retained: bool = False) -> Variable:
+    def stage(self, var: Variable, grad: Variable) -> Variable:
         """Stage ``grad`` for ``var``'s ``.grad`` (a copy of its own: ``own_grad``); return it.
 
-        The one way into ``.grad``: ``backward``, ``GradManager.backward`` and the engine's
-        own leaves stage here and write with :meth:`commit`, so a ``.grad`` never shares
-        its object with a caller's gradient or another variable's.
+        The one way into ``.grad``: ``backward``, ``grad`` (retained variables),
+        ``GradManager.backward`` and the engine's own leaves and retained variables stage
+        here and write with :meth:`commit`, so a ``.grad`` never shares its object with a
+        caller's gradient or another variable's. A variable has one gradient per pass:
+        staging it again (retained and among ``inputs=``, say) replaces, never adds.
         """
         owned = own_grad(grad, self.create_graph)
-        (self.retained if retained else self.staged)[var] = owned
+        self.staged[var] = owned
         return owned
 
     def commit(self) -> None:
@@ -829,7 +833,7 @@ class Engine:
         # Sum everything first: if one sum fails, no .grad has changed.
         updates: list[tuple[Variable, Variable]] = []
         in_place: list[tuple[Variable, Any]] = []
-        for var, grad in (*self.staged.items(), *self.retained.items()):
+        for var, grad in self.staged.items():
             old = var.grad
             if old is None:
                 updates.append((var, grad))

@@ -186,13 +186,48 @@ async def test_retained_gradient_is_the_hooked_gradient() -> None:
 
 
 @pytest.mark.anyio
-async def test_retain_grad_does_not_apply_to_grad_calls() -> None:
+async def test_retain_grad_fills_grad_inside_grad_calls_too() -> None:
+    """PyTorch runs a node's retains_grad hooks with its tensor hooks in every pass that
+    reaches it (Engine::evaluate_function calls call_tensor_pre_hooks for grad() too):
+    a retained variable gets .grad from grad(); the leaves' .grad stay untouched."""
     x = Variable(2.0, requires_grad=True)
     h = Mul.apply(x, x)
     h.retain_grad()
-    (gx,) = await grad(Mul.apply(h, h), x)
+    y = Mul.apply(h, h)
+    (gx,) = await grad(y, x, retain_graph=True)
     assert gx is not None and gx.data == 2 * 4.0 * 2 * 2.0
-    assert h.grad is None and x.grad is None
+    assert h.grad is not None and h.grad.data == 8.0 and x.grad is None
+    # Accumulated like any .grad, whichever pass it comes from.
+    await y.backward()
+    assert h.grad.data == 16.0 and x.grad is not None and x.grad.data == 32.0
+
+    # A retained variable that is itself an input of grad(): captured and retained both.
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    h.retain_grad()
+    (gh,) = await grad(Mul.apply(h, h), h)
+    assert gh is not None and gh.data == 8.0
+    assert h.grad is not None and h.grad.data == 8.0 and h.grad is not gh
+
+
+@pytest.mark.anyio
+async def test_a_grad_call_that_fails_leaves_retained_grads_unchanged() -> None:
+    class Fails(Function):
+        @staticmethod
+        def forward(ctx: Any, a: Variable, b: Variable) -> Variable:
+            return Variable(a.data + b.data)
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
+            raise ValueError("no")
+
+    x = Variable(2.0, requires_grad=True)
+    h = Mul.apply(x, x)
+    h.retain_grad()
+    y = Fails.apply(Mul.apply(h, Variable(1.0)), Mul.apply(x, Variable(1.0)))
+    with pytest.raises(BackwardError, match="no"):
+        await grad(y, x)
+    assert h.grad is None
 
 
 class NoneGradient(Function):
