@@ -169,6 +169,24 @@ async def test_attached_non_leaf_gets_its_gradient() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_retained_variable_gets_its_gradient_once_attached_or_not() -> None:
+    # retain_grad() fills .grad in a GradManager pass too (PyTorch's retains_grad hooks
+    # run in every pass); attached as well, it is staged once, not added twice.
+    w = Parameter(2.0)
+    gm = GradManager().attach(w)
+    with gm:
+        h = Mul.apply(w, w)
+        h.retain_grad()
+        k = Mul.apply(h, Variable(3.0))
+        k.retain_grad()
+        gm.attach(k)
+        await gm.backward(Mul.apply(k, Variable(5.0)))
+    assert k.grad is not None and k.grad.data == 5.0
+    assert h.grad is not None and h.grad.data == 15.0
+    assert w.grad is not None and w.grad.data == 60.0
+
+
+@pytest.mark.anyio
 async def test_grad_managers_grouped_with_or_record_together() -> None:
     a = Parameter(2.0, role="a")
     b = Parameter(3.0, role="b")
