@@ -185,7 +185,6 @@ async def run_job(
     return await run.execute(handle_sigint)
 
 
-@contextlib.contextmanager
 def finished_run(job: Job, out_dir: str | Path) -> JobResult | None:
     """What ``run_job(job, out_dir, resume=True)`` would return at once, without running
     anything, when the run in ``out_dir`` has nothing left to do (all its steps done, or
@@ -210,6 +209,7 @@ def _resumed(
     return run
 
 
+@contextlib.contextmanager
 def _quiet_about_feedback(optimizer: Any) -> Iterator[None]:
     """Silence the optimizer's per-step ``NoFeedbackWarning`` (``warn_unfed`` replaces it)."""
     if not hasattr(optimizer, "warn_no_feedback"):
@@ -393,9 +393,10 @@ class _JobRun:
         self.recorder.close()
         if not self.checkpointed:  # out could not even take the step-0 checkpoint
             return None
-        if self.interrupted or self.capped:
+        if self.interrupted or self.capped or failed:
             # Parameters may hold a half-finished step: put back the saved state, and keep
-            # what that step's calls cost (they were paid) for the resume to count on from.
+            # what that step's calls cost (they were paid, a failed step's too) for the
+            # resume to count on from.
             restore_checkpoint(self.job, self.ckpt_path, self.identity)
             self.save()
         try:
@@ -526,6 +527,7 @@ class _JobRun:
             stopped_at_cost_cap=self.capped,
             cost_usd=float(spent.get("cost_usd", 0.0)),
             replayed_calls=int(spent.get("replayed_calls", 0)),
+            cut_calls=int(spent.get("cut_calls", 0)),
             max_cost_usd=self.job.max_cost_usd,
             forward_on=self.forward_on,
         )
