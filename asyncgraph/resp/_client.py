@@ -11,7 +11,8 @@ synchronous client in worker threads costs a thread hop on every call and on eve
 wake-up of a blocking read: several of them per remote node, a large part of a round
 trip's budget (docs/guide/benchmarks.md has the measurement that chose this client). This client speaks just what the worker protocol needs:
 commands, pipelines (one write, N replies), blocking reads that a cancel scope
-interrupts at once. redis-py is still used to parse URLs.
+interrupts at once. redis-py is still used to parse URLs (their options are checked
+by ``_url_options``: see NOTE [Redis URL options]).
 
 Every call has a deadline (``timeout_s``); a connection that saw a timeout, a
 cancellation or a protocol error mid-command is closed, never reused. A pooled
@@ -48,6 +49,7 @@ from asyncgraph._exceptions import RedisConnectionLost, ReplyError
 from asyncgraph._redact import redact_url
 from asyncgraph.resp._asyncio_stream import open_asyncio_stream
 from asyncgraph.resp._idempotence import unsafe_command
+from asyncgraph.resp._url_options import tls_context, url_options
 
 if TYPE_CHECKING:
     from asyncgraph.resp._cluster import ClusterRouter
@@ -97,12 +99,16 @@ URL_SCHEMES = (
 
 
 def parse_redis_url(url: str) -> RedisAddress:
-    """``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS, ``?ssl_cert_reqs=none``,
-    ``ssl_ca_certs=``, ``ssl_certfile=``, ``ssl_keyfile=``, ``ssl_check_hostname=``),
+    """``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` (TLS, ``?ssl_cert_reqs=``
+    ``none|optional|required``, ``ssl_ca_certs=``, ``ssl_ca_path=``, ``ssl_certfile=``,
+    ``ssl_keyfile=``, ``ssl_password=``, ``ssl_check_hostname=``),
     ``unix:///path?db=N``, ``redis+sentinel://[user:pass@]host:port[,host:port...]/SERVICE[/db]``
     (``?sentinel_password=``; the password is the master's), or
     ``redis+cluster://[user:pass@]host:port[,host:port...]`` (``rediss+cluster://`` with the
-    TLS options above): some nodes of a Redis Cluster; raise ``ValueError`` for anything else.
+    TLS options above): some nodes of a Redis Cluster. ``?password=`` and ``?username=``
+    as well, but not on Sentinel. Raise ``ValueError`` for anything else: an option the scheme does
+    not honour (a TLS option on ``redis://``, any on ``redis+sentinel://``), one it does
+    not know, a TLS file that cannot be read (see NOTE [Redis URL options]).
 
     Example::
 
@@ -113,29 +119,24 @@ def parse_redis_url(url: str) -> RedisAddress:
         return _parse_sentinel_url(url)
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
         return _parse_cluster_url(url)
-    from redis.connection import parse_url
-
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(
             f"invalid Redis URL {redact_url(url)!r}: it must start with one of {URL_SCHEMES}"
         )
+    return _parse_one(url, url)
+
+
+def _parse_one(url: str, shown: str) -> RedisAddress:
+    """A ``redis://``, ``rediss://`` or ``unix://`` URL; errors name ``shown`` (the URL
+    the user wrote, of which ``url`` may be one node)."""
+    from redis.connection import parse_url
+
+    scheme = url.split("://", 1)[0]
+    options = url_options(shown, scheme, urlsplit(url).query)
     try:
         kw: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:
-        raise ValueError(f"invalid Redis URL {redact_url(url)!r}: {exc}") from None
-    context = None
-    if url.startswith("rediss://"):
-        context = ssl.create_default_context(cafile=kw.get("ssl_ca_certs"))
-        reqs = str(kw.get("ssl_cert_reqs", "required")).lower()
-        check = str(kw.get("ssl_check_hostname", "true")).lower() not in ("false", "0", "no")
-        if reqs == "none":
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        else:
-            context.check_hostname = check
-            context.verify_mode = ssl.CERT_OPTIONAL if reqs == "optional" else ssl.CERT_REQUIRED
-        if kw.get("ssl_certfile"):
-            context.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"))
+        raise ValueError(f"invalid Redis URL {redact_url(shown)!r}: {exc}") from None
     return RedisAddress(
         display=redact_url(url),
         host=kw.get("host", "127.0.0.1"),
@@ -144,12 +145,12 @@ def parse_redis_url(url: str) -> RedisAddress:
         db=int(kw.get("db", 0) or 0),
         username=kw.get("username"),
         password=kw.get("password"),
-        ssl_context=context,
+        ssl_context=tls_context(shown, options) if scheme == "rediss" else None,
     )
 
 
 def _parse_sentinel_url(url: str) -> RedisAddress:
-    from urllib.parse import parse_qs, unquote
+    from urllib.parse import unquote
 
     parts = urlsplit(url)
     sentinels = _host_ports(url, parts.netloc)
@@ -159,7 +160,7 @@ def _parse_sentinel_url(url: str) -> RedisAddress:
             f"invalid Redis URL {redact_url(url)!r}: expected "
             f"redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/db]"
         )
-    query = parse_qs(parts.query)
+    options = url_options(url, "redis+sentinel", parts.query)
     return RedisAddress(
         display=redact_url(url).split("?", 1)[0],  # no sentinel_password
         db=int(path[1]) if len(path) == 2 else 0,
@@ -167,7 +168,7 @@ def _parse_sentinel_url(url: str) -> RedisAddress:
         password=unquote(parts.password) if parts.password is not None else None,
         sentinels=tuple(sentinels),
         service=path[0],
-        sentinel_password=query.get("sentinel_password", [None])[0],
+        sentinel_password=options.get("sentinel_password"),
     )
 
 
@@ -185,19 +186,20 @@ def _host_ports(url: str, netloc: str) -> list[tuple[str, int]]:
 
 def _parse_cluster_url(url: str) -> RedisAddress:
     scheme, rest = url.split("+cluster://", 1)
-    netloc, _, tail = rest.partition("/")
+    rest, _, query = rest.partition("?")
+    netloc, _, db = rest.partition("/")
     nodes = _host_ports(url, netloc)
-    db, _, query = tail.partition("?")
     if not nodes or db not in ("", "0"):
         raise ValueError(
             f"invalid Redis URL {redact_url(url)!r}: expected "
             f"{scheme}+cluster://[user:password@]host:port[,host:port...] (a cluster has "
             f"database 0 only)"
         )
+    url_options(url, f"{scheme}+cluster", query)  # what the cluster scheme takes
     # Credentials and TLS options as for one node (the first).
     userinfo = netloc.rsplit("@", 1)[0] + "@" if "@" in netloc else ""
     host, port = nodes[0]
-    one = parse_redis_url(f"{scheme}://{userinfo}{host}:{port}/0" + (f"?{query}" if query else ""))
+    one = _parse_one(f"{scheme}://{userinfo}{host}:{port}/0" + (f"?{query}" if query else ""), url)
     return replace(one, display=redact_url(url).split("?", 1)[0], cluster=tuple(nodes))
 
 

@@ -19,7 +19,7 @@ from agdist_helpers import StartWorker, check_limiter_and_cache
 
 from asyncgraph import Parameter, RemoteConnectionError, backward
 from asyncgraph.distributed import open_redis_executor
-from asyncgraph.resp import parse_redis_url
+from asyncgraph.resp import Pool, RedisConnectionLost, parse_redis_url
 
 trustme = pytest.importorskip("trustme")
 
@@ -30,10 +30,13 @@ class TLSProxy:
     """Accepts TLS on 127.0.0.1:<port> (a certificate for 127.0.0.1 and localhost) and
     forwards the decrypted bytes to the plain Redis at ``target``."""
 
-    def __init__(self, target: tuple[str, int], cert: object) -> None:
+    def __init__(self, target: tuple[str, int], cert: object, client_ca: object = None) -> None:
         self.target = target
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         cert.configure_cert(self.context)  # type: ignore[attr-defined]
+        if client_ca is not None:  # clients must show a certificate this CA signed
+            self.context.verify_mode = ssl.CERT_REQUIRED
+            client_ca.configure_trust(self.context)  # type: ignore[attr-defined]
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self._stop = threading.Event()
@@ -113,3 +116,47 @@ async def test_a_pass_runs_over_verified_tls_and_a_wrong_ca_is_refused(
     with pytest.raises(RemoteConnectionError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
         async with open_redis_executor(bad_url, queue="tls", timeout_s=5, redis_timeout_s=3):
             pass
+
+
+@pytest.fixture
+def mutual_tls(redis_url: str, tmp_path: Path) -> Iterator[tuple[int, dict[str, Path]]]:
+    """(the port of a TLS proxy whose certificate names localhost only and which wants a
+    client certificate, the files: ca, certfile, keyfile)."""
+    ca = trustme.CA()
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "certfile", "keyfile")}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    client = ca.issue_cert("client.example")
+    client.cert_chain_pems[0].write_to_path(str(files["certfile"]))
+    client.private_key_pem.write_to_path(str(files["keyfile"]))
+    address = parse_redis_url(redis_url)
+    proxy = TLSProxy((address.host, address.port), ca.issue_cert("localhost"), client_ca=ca)
+    yield proxy.port, files
+    proxy.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_client_certificate_and_host_name_options_are_honoured(
+    mutual_tls: tuple[int, dict[str, Path]],
+) -> None:
+    port, files = mutual_tls
+    ca = f"ssl_ca_certs={files['ca']}"
+    cert = f"ssl_certfile={files['certfile']}&ssl_keyfile={files['keyfile']}"
+
+    async def ping(url: str) -> object:
+        pool = Pool(parse_redis_url(url), timeout_s=5)
+        try:
+            return await pool.execute("PING")
+        finally:
+            await pool.aclose()
+
+    # With its client certificate, to the name on the server's: served.
+    assert await ping(f"rediss://localhost:{port}/0?{ca}&{cert}") == b"PONG"
+    # Without one: the proxy closes the connection during or after the handshake.
+    with pytest.raises(RedisConnectionLost):
+        await ping(f"rediss://localhost:{port}/0?{ca}")
+    # To 127.0.0.1, which the server's certificate does not name: refused, unless the
+    # URL says not to check the host name.
+    with pytest.raises(RedisConnectionLost, match=r"CERTIFICATE_VERIFY_FAILED|match"):
+        await ping(f"rediss://127.0.0.1:{port}/0?{ca}&{cert}")
+    unchecked = f"rediss://127.0.0.1:{port}/0?{ca}&{cert}&ssl_check_hostname=false"
+    assert await ping(unchecked) == b"PONG"
