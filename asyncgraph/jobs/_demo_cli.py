@@ -355,38 +355,35 @@ def run(args: argparse.Namespace) -> int:
                 print(already_finished_line(result))
                 return 0
             _table(result, info, time.perf_counter() - start, where)
-            print_spending(result)
-            if result.best_val_score is not None and result.best_parameters is not None:
-                when = (
-                    "the initial prompt"
-                    if result.best_step == 0
-                    else f"after step {result.best_step}"
-                )
-                print(
-                    f"best validation accuracy: {_pct(result.best_val_score)} ({when})"
-                    + (f", saved in {result.best_path}" if args.out and result.best_path else "")
-                )
-                print(f"best system prompt: {result.best_parameters[0]}")
-            if args.out:
-                print(f"{outputs(result)}: {result.out_dir}")
-            else:
-                print(
-                    f"{outputs(result)} went to a temporary directory and are discarded "
-                    f"(pass --out DIR to keep them)"
-                )
-            if result.interrupted:
-                if args.out:
-                    print(
-                        "interrupted: the last completed step is checkpointed; resume with the "
-                        "same command plus --resume"
-                        + (" (instead of --overwrite)" if args.overwrite else "")
-                    )
-                else:
-                    print(
-                        "interrupted: nothing is kept without --out DIR, so this run cannot be "
-                        "resumed"
-                    )
-                return EXIT_INTERRUPTED
-            return 0
+            return _summary(args, result)
 
     return run_command(main)
+
+
+def _summary(args: argparse.Namespace, result: JobResult) -> int:
+    """The lines after the table: spend, the best prompt, the outputs, an interruption."""
+    print_spending(result)
+    if result.best_val_score is not None and result.best_parameters is not None:
+        when = "the initial prompt" if result.best_step == 0 else f"after step {result.best_step}"
+        print(
+            f"best validation accuracy: {_pct(result.best_val_score)} ({when})"
+            + (f", saved in {result.best_path}" if args.out and result.best_path else "")
+        )
+        print(f"best system prompt: {result.best_parameters[0]}")
+    if args.out:
+        print(f"{outputs(result)}: {result.out_dir}")
+    else:
+        print(
+            f"{outputs(result)} went to a temporary directory and are discarded "
+            f"(pass --out DIR to keep them)"
+        )
+    if not result.interrupted:
+        return 0
+    if args.out:
+        print(
+            "interrupted: the last completed step is checkpointed; resume with the "
+            "same command plus --resume" + (" (instead of --overwrite)" if args.overwrite else "")
+        )
+    else:
+        print("interrupted: nothing is kept without --out DIR, so this run cannot be resumed")
+    return EXIT_INTERRUPTED
