@@ -116,7 +116,9 @@ class Function:
 
     - ``forward(ctx, *args, **kwargs)``, or ``forward(*args, **kwargs)`` plus
       ``setup_context(ctx, inputs, output)``, returning one Variable or a tuple
-      (raw data is wrapped in a Variable);
+      (raw data is wrapped in a Variable; when no gradient reaches such an output,
+      backward receives None for it, whatever the value, as PyTorch passes None for a
+      non-Tensor output);
     - ``backward(ctx, *grad_outputs)``: one gradient (Variable or None) per
       forward output in, one gradient (Variable, raw data or None) per forward
       input out. The inputs are the positional arguments, then the keyword
@@ -372,7 +374,12 @@ class Function:
             result.append(out)
         node.output_roles = tuple(o.role for o in result)
         if ctx._materialize_grads:
-            zeros = tuple(zero_template(o.data) for o in result)
+            # A raw value forward returned (not a Variable) has no zero: PyTorch passes None
+            # for a non-Tensor output, whatever the value.
+            zeros = tuple(
+                None if not isinstance(raw, Variable) else zero_template(o.data)
+                for raw, o in zip(outputs, result, strict=True)
+            )
             if any(z is not None for z in zeros):
                 node.zeros = zeros
         return tuple(result) if is_tuple else result[0]

@@ -193,7 +193,7 @@ class RedisExecutor:
         pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
         result = await self._result(pending, fn, None, roles)
         try:
-            outputs, state, non_diff, is_tuple = _forward_result(result, fn)
+            outputs, state, non_diff, is_tuple, raw = _forward_result(result, fn)
             remote_ctx = ctx_from_state(state, fn)
         except WireError as exc:
             raise RemoteError(
@@ -207,7 +207,9 @@ class RedisExecutor:
                 setattr(ctx, key, value)
         if non_diff:
             ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
-        return fn._record(ctx, inputs, tuple(outputs) if is_tuple else outputs[0], record)
+        # What forward returned raw goes to _record raw, as in-process (no zero for it).
+        returned = [out.data if i in raw else out for i, out in enumerate(outputs)]
+        return fn._record(ctx, inputs, tuple(returned) if is_tuple else returned[0], record)
 
     # -- submitting and waiting -------------------------------------------------------
     def _encode(
@@ -322,7 +324,9 @@ class RedisExecutor:
         )
 
 
-def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], Any, list[int], bool]:
+def _forward_result(
+    result: Any, fn: type[Function]
+) -> tuple[list[Variable], Any, list[int], bool, set[int]]:
     if not isinstance(result, dict):
         raise WireError("forward result must be a map")
     outs, nd, is_tuple = result.get("out"), result.get("nd"), result.get("tuple")
@@ -338,7 +342,12 @@ def _forward_result(result: Any, fn: type[Function]) -> tuple[list[Variable], An
         isinstance(i, int) and 0 <= i < len(outputs) for i in nd
     ):
         raise WireError("forward result 'nd' must list output indices")
-    return outputs, result.get("ctx"), nd, is_tuple
+    raw = result.get("raw", [])  # absent from an older worker's reply
+    if not isinstance(raw, list) or not all(
+        isinstance(i, int) and 0 <= i < len(outputs) for i in raw
+    ):
+        raise WireError("forward result 'raw' must list output indices")
+    return outputs, result.get("ctx"), nd, is_tuple, set(raw)
 
 
 def _task_metadata() -> dict[str, Any] | None:
@@ -400,8 +409,11 @@ async def open_redis_executor(
             await loss.backward(executor=ex)
     """
     keys.check_queue_name(queue)
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if not 0 < timeout_s <= keys.MAX_TTL_MS / 1000:
+        raise ValueError(
+            f"timeout_s must be > 0 and at most {keys.MAX_TTL_MS // 1000} s (7 days: workers "
+            f"refuse a task that says it waits longer), got {timeout_s!r}"
+        )
     if secret is None:
         secret = secret_from_env()
     signer = Signer(secret or None)  # "" (or b""): explicitly unsigned

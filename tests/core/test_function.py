@@ -554,3 +554,83 @@ def test_needs_input_grad_follows_each_inputs_requires_grad_even_under_no_grad()
         ((False, False), False),
         ((True, True), False),
     ]
+
+
+class DoubleMul2(Function):
+    """PyTorch's DoubleMul2 (test_grad_fn_prehooks_multiple_outputs): the middle output is
+    the raw number ``a``, not a Variable."""
+
+    seen: ClassVar[list[Any]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, a: Any, y: Variable) -> tuple[Any, ...]:
+        ctx.a = a
+        return Variable(a * x.data * 2), a, Variable(a * y.data * 2)
+
+    @staticmethod
+    def backward(ctx: Any, g1: Variable, ga: Variable | None, g2: Variable) -> tuple[Any, ...]:
+        DoubleMul2.seen.append(ga)
+        return ctx.a * g1.data * 2, None, ctx.a * g2.data * 2
+
+
+@pytest.mark.anyio
+async def test_a_raw_output_gets_none_in_backward() -> None:
+    # Ported from test_grad_fn_prehooks_multiple_outputs: backward's gradient for the raw
+    # output ``a`` is None.
+    DoubleMul2.seen.clear()
+    a = Variable(1.5, requires_grad=True)
+    b = Variable(-2.0, requires_grad=True)
+    c, k, d = DoubleMul2.apply(a, 3, b)
+    assert isinstance(k, Variable) and k.data == 3
+    await Add.apply(c, d).backward()
+    assert DoubleMul2.seen == [None]
+    assert a.grad is not None and a.grad.data == 6.0
+    assert b.grad is not None and b.grad.data == 6.0
+
+
+class WithRaw(Function):
+    seen: ClassVar[list[Any]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, value: Any) -> tuple[Variable, Any]:
+        return Variable(x.data * 2), value
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable, g_raw: Variable | None) -> tuple[Any, None]:
+        WithRaw.seen.append(g_raw)
+        return g.data * 2, None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", [3, 2.5, True, None, "text", [1, 2]])
+async def test_a_raw_value_forward_returns_gets_none_whatever_the_value(value: Any) -> None:
+    """PyTorch passes None to backward for a non-Tensor output (PyNode::apply materializes
+    zeros only for Tensors): asyncgraph wraps the raw value in a Variable, and backward
+    receives None for it when no gradient reaches it, a number as much as text."""
+    WithRaw.seen.clear()
+    x = Variable(1.0, requires_grad=True)
+    out, raw = WithRaw.apply(x, value)
+    assert isinstance(raw, Variable) and raw.data == value
+    await out.backward()
+    assert WithRaw.seen == [None]
+    assert x.grad is not None and x.grad.data == 2.0
+
+
+@pytest.mark.anyio
+async def test_a_raw_text_output_still_gets_none_and_a_variable_output_still_gets_a_zero() -> None:
+    class Mixed(Function):
+        seen: ClassVar[list[Any]] = []
+
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> tuple[Any, ...]:
+            return Variable(x.data), 7, Variable(0)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Variable | None) -> Any:
+            Mixed.seen.append([None if g is None else g.data for g in grads])
+            return grads[0]
+
+    x = Variable(1.0, requires_grad=True)
+    out, _, _ = Mixed.apply(x)
+    await out.backward()
+    assert Mixed.seen == [[1.0, None, 0]]

@@ -204,6 +204,20 @@ class Needs(Function):
         return None, None
 
 
+class WithRaw(Function):
+    """Remote forward returning a raw number beside a Variable: backward gets None for it."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Any:
+        return Variable(x.data * 2), 7
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable, g_raw: Variable | None) -> Any:
+        return grad.data * 2 + (0 if g_raw is None else 100)
+
+
 class Ask(Function):
     """Remote backward that calls a (simulated) model: its usage travels back in the reply."""
 

@@ -226,6 +226,17 @@ async def test_a_remote_forward_sees_needs_input_grad_as_in_process(
     assert plain.data == [True, False, False] and plain.grad_fn is None
 
 
+async def test_a_raw_value_a_remote_forward_returns_gets_none_as_in_process(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    x = Parameter(1.0, role="x")
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        out, raw = await ex.apply(F.WithRaw, x)
+        assert raw.data == 7
+        await backward(out, executor=ex)
+    assert x.grad is not None and x.grad.data == 2.0  # 102.0 had the raw 7 got a zero
+
+
 class NotServed(Function):
     dispatch = "remote"
 

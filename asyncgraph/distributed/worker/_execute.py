@@ -137,6 +137,9 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
         "tuple": is_tuple,
         "ctx": ctx_state(ctx, fn),
         "nd": [i for i, o in enumerate(outputs) if any(o is n for n in non_diff)],
+        # Raw values forward returned (not Variables): the client records them as raw
+        # too, so that they get no materialized zero (as in-process).
+        "raw": [i for i, o in enumerate(outputs) if not isinstance(o, Variable)],
     }
 
 
