@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._variable import Variable
 
 __all__ = [
+    "AccumulateGrad",
     "Edge",
     "Hook",
     "Node",
@@ -121,11 +122,20 @@ def new_hook_dict() -> dict[int, Hook]:
 class Node:
     """One recorded Function application (the ``grad_fn`` of its outputs).
 
+    ``next_functions`` walks the graph as PyTorch's does: one ``(node, output_nr)`` pair
+    per forward input, where ``node`` is the Node that computed the input, an
+    ``AccumulateGrad`` (``.variable``: the leaf) for a leaf that requires grad, or None
+    for an input that needs no gradient. ``next_edges`` is the engine's form of the same
+    edges: the leaf Variable itself in place of its ``AccumulateGrad``, None for an
+    input that needs none.
+
     Example::
 
         y = Double.apply(Parameter(3.0, role="x"))
         node = y.grad_fn            # a Node
         print(node.name, node.describe())    # Double Double(inputs: 'x' -> outputs: '')
+        (leaf, nr), = node.next_functions
+        print(leaf.name, leaf.variable.role, nr)    # AccumulateGrad x 0
     """
 
     __slots__ = (
@@ -179,6 +189,22 @@ class Node:
     def name(self) -> str:
         return self.function.__name__
 
+    @property
+    def next_functions(self) -> tuple[tuple[Node | AccumulateGrad | None, int], ...]:
+        """One ``(node, output_nr)`` per forward input, as PyTorch's ``grad_fn.next_functions``:
+        the Node that computed the input, ``AccumulateGrad`` for a leaf, ``(None, 0)`` for
+        an input that needs no gradient."""
+        pairs: list[tuple[Node | AccumulateGrad | None, int]] = []
+        for edge in self.next_edges:
+            if edge is None:
+                pairs.append((None, 0))
+            else:
+                target, nr = edge
+                pairs.append(
+                    (target, nr) if isinstance(target, Node) else (AccumulateGrad(target), 0)
+                )
+        return tuple(pairs)
+
     def describe(self) -> str:
         """``Name(inputs: 'a', 'b' -> outputs: 'y')`` for error messages."""
         ins = ", ".join(repr(r) for r in self.input_roles) or "-"
@@ -205,6 +231,32 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.describe()} seq={self.seq}>"
+
+
+class AccumulateGrad:
+    """The leaf end of an edge in ``Node.next_functions``: PyTorch's AccumulateGrad node.
+
+    ``variable`` is the leaf whose ``.grad`` the edge fills; ``name`` is
+    ``"AccumulateGrad"``; ``next_functions`` is empty, where a walk of the graph stops.
+    Two of them are equal when they stand for the same leaf.
+    """
+
+    __slots__ = ("variable",)
+
+    name = "AccumulateGrad"
+    next_functions: tuple[tuple[Node | AccumulateGrad | None, int], ...] = ()
+
+    def __init__(self, variable: Variable) -> None:
+        self.variable = variable
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AccumulateGrad) and other.variable is self.variable
+
+    def __hash__(self) -> int:
+        return id(self.variable)
+
+    def __repr__(self) -> str:
+        return f"<AccumulateGrad of {self.variable!r}>"
 
 
 def zero_template(data: Any) -> Any:
