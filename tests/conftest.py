@@ -118,6 +118,19 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     return (yield from _guard_fast_test(item))
 
 
+@pytest.fixture(autouse=True)
+def _registered_secrets_per_test() -> Iterator[None]:
+    """The secrets a test registers (a model's API key, a ``Secret``) are forgotten after
+    it: the registry is the process's, and one test's key must not be masked in the
+    output another test compares."""
+    from asyncgraph import _redact
+
+    before = set(_redact.registered_secrets())
+    yield
+    with _redact._registry_lock:
+        _redact._registered.intersection_update(before)
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run every async test on both asyncio and trio (anyio's pytest plugin)."""
