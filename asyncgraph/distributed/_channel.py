@@ -20,13 +20,15 @@ executor's task group:
   can be read;
 - a *deadline watcher*: a task gets its reply within ``timeout_s`` or is woken
   ``timed_out`` (its caller diagnoses, then cancels it on the workers);
-- a *heartbeat*: while the channel is open, its key (``client_key``) and its reply
-  stream expire ``CLIENT_TTL_MS`` ahead, renewed every ``CLIENT_BEAT_MS``, and the beat
-  reads Redis's clock (a task's signed expiry is counted on it); workers skip
-  the tasks of a client whose key is gone (it died: nobody would read the reply), and
-  its reply stream expires on the same clock (NOTE [Client liveness] in ``_liveness``).
-  A beat that finds the key gone (this loop stalled that long) sends again the tasks
-  in flight that workers settled without a reply it can read (skipped, or expired).
+- a *heartbeat*: while the channel is open, its key (``client_key``) expires
+  ``CLIENT_TTL_MS`` ahead and its reply stream ``timeout_s`` ahead (``keys.reply_ttl_s``:
+  a reply outlives any stall of this client shorter than its deadline), renewed every
+  ``CLIENT_BEAT_MS``, and the beat reads Redis's clock (a task's signed expiry is counted
+  on it); workers skip the tasks of a client whose key is gone (it died: nobody would
+  read the reply; NOTE [Client liveness] in ``_liveness``). A beat that finds the key
+  gone (this loop, or its connection, stalled that long) sends again the tasks in flight
+  that workers settled without a reply it can read (skipped, or expired); a task that
+  ran meanwhile is not sent again: its reply waits in the reply stream.
 
 Every wait has a deadline: a Redis that is unreachable or goes away fails the
 waiting tasks with ``RemoteConnectionError`` within ``redis_timeout_s``.
@@ -137,6 +139,8 @@ class TaskChannel:
         self._reply_stream = keys.reply_stream(queue, self.client_id)
         self._client_key = keys.client_key(queue, self.client_id)
         self._max_bulk = limits.max_message_bytes + keys.BULK_MARGIN
+        # Kept as long as this client may wait for a reply in it (as each reply keeps it).
+        self._reply_ttl_s = keys.reply_ttl_s(max(1, int(timeout_s * 1000)))
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._outbox: list[_Pending] = []
@@ -209,7 +213,7 @@ class TaskChannel:
         was, _, now = await self._pool.pipeline(
             [
                 ["SET", self._client_key, b"1", "PX", keys.CLIENT_TTL_MS, "GET"],
-                ["EXPIRE", self._reply_stream, keys.REPLY_TTL_S],
+                ["EXPIRE", self._reply_stream, self._reply_ttl_s],
                 ["TIME"],
             ],
             timeout_s=min(self._pool.timeout_s, keys.CLIENT_TTL_MS / 1000),
@@ -242,12 +246,12 @@ class TaskChannel:
     async def _send_lost_again(self) -> None:
         """Send again the tasks in flight that workers settled with no reply to read.
 
-        After a lapse of this client's heartbeat (its loop stalled, or Redis restarted
-        empty) a worker may have skipped some of its tasks, and its reply stream may
-        have expired. A task whose entry is still in the task stream is queued or
-        running and will answer; one whose entry is gone and whose reply is not in the
-        reply stream either was skipped or its reply was lost: only those go again (a
-        reply that comes after all is joined once).
+        After a lapse of this client's heartbeat (its loop or its connection stalled, or
+        Redis restarted empty) a worker may have skipped some of its tasks. A task whose
+        entry is still in the task stream is queued or running and will answer; one
+        whose entry is gone and whose reply is not in the reply stream (kept until this
+        client's deadline) was skipped, or its reply was lost (Redis restarted): only
+        those go again (a reply that comes after all is joined once).
         """
         await let_ready_tasks_run()  # replies the listener already holds resolve first
         flight = [p for p in self._pending.values() if p.sent and p.entry_id is not None]

@@ -11,17 +11,24 @@ import pytest
 from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
-from asyncgraph.distributed.wire._schema import TaskMessage, encode
+from asyncgraph.distributed.wire._schema import ReplyMessage, TaskMessage, decode, encode
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._admission import (
+    CHUNK,
     EXPIRY_GRACE_MS,
+    EXPIRY_SLACK_MS,
+    WINDOW_MS,
     Admitted,
     Rules,
     admit,
     batch_clients,
     claim_commands,
-    first_run,
+    claimed,
+    expiry,
+    held_by,
+    memory_refused,
     replayed,
+    task_number,
 )
 from asyncgraph.distributed.worker._metrics import Metrics
 from asyncgraph.distributed.worker._outcomes import (
@@ -50,19 +57,24 @@ REDIS_NOW_MS = 1_795_575_131_132  # the Redis server's clock as the worker reads
 
 
 def entry(
-    function: str = "served", fingerprint: str = "f1", ttl_ms: int = 5000, sent_ms: int = 0
+    function: str = "served",
+    fingerprint: str = "f1",
+    ttl_ms: int = 5000,
+    sent_ms: int = 0,
+    task_id: str = "7f1",
+    expiry_ms: int | None = None,
 ) -> list[Any]:
     """A signed task entry, sent ``sent_ms`` before the worker reads it."""
     message = TaskMessage(
         QUEUE,
         CLIENT,
-        "t1",
+        task_id,
         function,
         fingerprint,
         "backward",
         ttl_ms,
         {},
-        expiry_ms=REDIS_NOW_MS - sent_ms + ttl_ms,
+        expiry_ms=REDIS_NOW_MS - sent_ms + ttl_ms if expiry_ms is None else expiry_ms,
     )
     packed, signature = encode(message, Signer(SECRET))
     return [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature]
@@ -79,13 +91,13 @@ def run(fields: Any, deliveries: int = 1, **kwargs: Any) -> tuple[Held, Admitted
 def test_a_valid_entry_is_admitted_with_its_key_and_deadline() -> None:
     held, result = run(entry())
     assert isinstance(result, Admitted)
-    assert result.message.id == "t1" and result.registered.function is F.Double
+    assert result.message.id == "7f1" and result.registered.function is F.Double
     # Its signed expiry (5 s after sending) plus the grace, on the worker's clock.
-    assert held.key == (CLIENT, "t1") and held.deadline == 100.0 + 5.0 + EXPIRY_GRACE_MS / 1000
+    assert held.key == (CLIENT, "7f1") and held.deadline == 100.0 + 5.0 + EXPIRY_GRACE_MS / 1000
 
 
 def test_cancelled_and_orphaned_tasks_are_settled_without_running() -> None:
-    assert run(entry(), cancelled={(CLIENT, "t1")})[1].outcome == "cancelled"  # type: ignore[union-attr]
+    assert run(entry(), cancelled={(CLIENT, "7f1")})[1].outcome == "cancelled"  # type: ignore[union-attr]
     assert run(entry(), client_gone=lambda client: client == CLIENT)[1].outcome == "client_gone"  # type: ignore[union-attr]
 
 
@@ -109,35 +121,122 @@ def test_a_task_past_its_signed_expiry_is_dead_lettered_and_its_live_client_told
     assert isinstance(run(entry(), entry_id=b"1-1")[1], Admitted)
 
 
-def test_the_replay_memory_is_claimed_until_the_deadline_with_the_entry_id() -> None:
+def test_a_task_is_claimed_with_its_sealed_entry_id_and_its_mark_asked() -> None:
     held, admitted = run(entry(), entry_id=b"7-0")
     assert isinstance(admitted, Admitted)
-    set_, get = claim_commands(QUEUE, held, admitted.message, now=100.0)
-    key = keys.ran_key(QUEUE, CLIENT, "t1")
-    assert key.startswith("asyncgraph:{q}:")  # the queue's hash tag: one slot in a Cluster
-    assert set_ == ["SET", key, b"7-0", "NX", "PX", 5000 + EXPIRY_GRACE_MS + 1]
-    assert get == ["GET", key]
+    memory = admitted.memory
+    window = (REDIS_NOW_MS + 5000) // WINDOW_MS  # of its signed expiry
+    assert memory.claims == keys.ran_claims_key(QUEUE, CLIENT, window)
+    assert memory.claims.startswith("asyncgraph:{q}:ran:")  # one slot, one ACL pattern
+    # Task number 0x7f1 = 2033: bit 2033 % 1024 of chunk 1.
+    assert memory.answered == keys.ran_answered_key(QUEUE, CLIENT, window, 1)
+    assert (memory.field, memory.bit) == ("7f1", 2033 - CHUNK)
+    # Kept until its window's end, the grace and a second: past every copy's expiry.
+    assert memory.expire_at_ms == (window + 1) * WINDOW_MS + EXPIRY_GRACE_MS + 1000
+    assert memory.expire_at_ms > REDIS_NOW_MS + 5000 + EXPIRY_GRACE_MS
+    hsetnx, getbit = claim_commands(held, memory, Signer(SECRET))
+    assert hsetnx[:3] == ["HSETNX", memory.claims, "7f1"]
+    assert Signer(SECRET).unseal(memory.claims, "7f1", hsetnx[3]) == b"7-0"  # sealed
+    assert getbit == ["GETBIT", memory.answered, memory.bit]
+    # Each key's expiry once per batch.
+    assert expiry([memory, memory], lambda m: m.claims) == [
+        ["PEXPIREAT", memory.claims, memory.expire_at_ms]
+    ]
 
 
-def test_only_the_entry_that_claimed_a_task_runs_it() -> None:
-    held = Held(b"7-0")
-    assert first_run(held, b"OK", b"7-0")  # claimed now
-    assert first_run(held, None, b"7-0")  # claimed by this entry before: a redelivery
-    assert not first_run(held, None, b"8-0")  # another entry ran it: a replay
-    assert first_run(held, ReplyError("OOM command not allowed"), None)  # not recorded: runs
-    assert first_run(held, None, None)  # expired between the two commands: nothing ran it
+def test_the_claim_and_the_mark_decide_whether_a_task_runs() -> None:
+    assert claimed(1, 0) == "run"  # claimed now, never answered
+    assert claimed(1, 1) == "answered"  # a copy of a task answered already
+    assert claimed(0, 1) == "answered"
+    assert claimed(0, 0) == "held"  # claimed by an entry: whose? (held_by)
+    assert claimed(ReplyError("OOM command not allowed"), 0) == "refused"
+    assert claimed(1, ReplyError("WRONGTYPE")) == "refused"
+
+
+def test_only_the_entry_holding_a_verified_claim_runs_again() -> None:
+    signer, held = Signer(SECRET), Held(b"7-0")
+    _, admitted = run(entry(), entry_id=b"7-0")
+    assert isinstance(admitted, Admitted)
+    memory = admitted.memory
+    assert held_by(held, memory, signer, signer.seal(memory.claims, "7f1", b"7-0")) is True
+    assert held_by(held, memory, signer, signer.seal(memory.claims, "7f1", b"8-0")) is False
+    assert held_by(held, memory, signer, None) is False  # released meanwhile
+    # Not sealed, or sealed for another task's field: ignored, never trusted.
+    assert held_by(held, memory, signer, b"7-0") is None
+    assert held_by(held, memory, signer, signer.seal(memory.claims, "7f2", b"7-0")) is None
 
 
 def test_a_replayed_task_is_dead_lettered_unanswered() -> None:
     the_rules, replies = rules()
     held, admitted = run(entry(), entry_id=b"8-0", rules=(the_rules, replies))
     assert isinstance(admitted, Admitted)
-    settled = replayed(held, admitted, b"7-0", replies)
+    settled = replayed(held, admitted, "was answered already", replies, release=True)
     assert settled.outcome == "replayed" and settled.client is None
+    assert settled.memory == admitted.memory and not settled.answered  # its claim released
     (dead,) = settled.commands
     assert dead[1] == keys.dead_stream(QUEUE) and dead[dead.index(keys.F_REASON) + 1] == "replayed"
     text = dead[dead.index(keys.F_ERROR) + 1]
-    assert "already ran from entry 7-0" in text and "entry 8-0 carries it again" in text
+    assert "was answered already" in text and "entry 8-0 carries it again" in text
+    held_elsewhere = replayed(held, admitted, "is run by another entry", replies, release=False)
+    assert held_elsewhere.memory is None  # the claim is the other entry's
+
+
+def test_a_claim_redis_refuses_refuses_the_task_with_what_redis_said() -> None:
+    the_rules, replies = rules()
+    held, admitted = run(entry(), rules=(the_rules, replies))
+    assert isinstance(admitted, Admitted)
+    oom = ReplyError("OOM command not allowed when used memory > 'maxmemory'.")
+    settled = memory_refused(held, admitted, oom, replies, release=False)
+    assert settled.outcome == "memory_refused" and settled.client == CLIENT
+    assert settled.memory is None  # its claim was not written
+    (xadd,) = settled.commands
+    assert xadd[1] == keys.reply_stream(QUEUE, CLIENT)
+    reply = decode(xadd[xadd.index(keys.F_MESSAGE) + 1], None, Signer(None), QUEUE)
+    assert isinstance(reply, ReplyMessage) and reply.error is not None
+    assert reply.error.kind == "redis_refused" and "OOM command not allowed" in reply.error.message
+    assert "not run" in reply.error.message
+
+
+def test_task_ids_that_are_not_task_numbers_are_refused() -> None:
+    assert task_number("7f1") == 0x7F1 and task_number("f" * 16) == 2**64 - 1
+    for bad in ("t1", "7F1", "", "1" * 17, " 1", "-1"):
+        assert task_number(bad) is None, bad
+    refused = run(entry(task_id="t1"))[1]
+    assert isinstance(refused, Settled) and refused.outcome == "rejected"
+    assert refused.client == CLIENT  # told at once, not left to time out
+    reply, dead = refused.commands
+    assert dead[dead.index(keys.F_REASON) + 1] == "malformed"
+    assert b"is not a task number" in reply[reply.index(keys.F_MESSAGE) + 1]
+
+
+def test_an_absurd_ttl_or_expiry_is_refused_before_anything_is_recorded() -> None:
+    # A ttl above the bound does not decode (the schema): refused, answered.
+    too_long = run(entry(ttl_ms=keys.MAX_TTL_MS + 1))[1]
+    assert isinstance(too_long, Settled) and too_long.outcome == "rejected"
+    assert too_long.client == CLIENT
+    reply = too_long.commands[0]
+    assert b"must be at most 604800000" in reply[reply.index(keys.F_MESSAGE) + 1]
+    # The bound itself, sent now, is admitted.
+    assert isinstance(run(entry(ttl_ms=keys.MAX_TTL_MS))[1], Admitted)
+    # An expiry far past its ttl (a ttl near 2**63 once made Redis refuse the memory's
+    # expiry, and the task ran unrecorded): refused.
+    for expiry_ms in (2**62, REDIS_NOW_MS + 5000 + EXPIRY_SLACK_MS + 1):
+        ahead = run(entry(expiry_ms=expiry_ms))[1]
+        assert isinstance(ahead, Settled) and ahead.outcome == "rejected", expiry_ms
+        reply = ahead.commands[0]
+        assert b"further ahead of the Redis clock" in reply[reply.index(keys.F_MESSAGE) + 1]
+    # A client clock a little ahead is fine.
+    assert isinstance(run(entry(expiry_ms=REDIS_NOW_MS + 5000 + EXPIRY_SLACK_MS))[1], Admitted)
+
+
+def test_a_redelivered_task_settled_at_admission_releases_its_claim() -> None:
+    """A worker died holding it; its reclaim finds the client gone (stalled): the claim the
+    first delivery wrote is released, so the client's resend after the stall runs."""
+    _, first = run(entry(), client_gone=lambda client: True)
+    assert isinstance(first, Settled) and first.memory is None  # delivery 1: claimed nothing
+    _, again = run(entry(), deliveries=2, client_gone=lambda client: True)
+    assert isinstance(again, Settled) and again.outcome == "client_gone"
+    assert again.memory is not None and not again.answered
 
 
 def test_an_entry_delivered_too_often_is_dead_lettered_and_answered() -> None:

@@ -1,4 +1,5 @@
-"""A captured signed task, added again to the task stream, does not run again (issue #28, 1).
+"""A captured signed task, added again to the task stream, does not run again (issue #28, 1),
+and the replay memory keeps what a replay check needs and no more (issue #39).
 
 Real redis-server, real workers: a client runs a pass of a slow remote Function, the
 test copies its signed task entry with XRANGE meanwhile, as anyone who can read the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import time
 from typing import Any
 
 import agdist_functions as F
@@ -22,6 +24,7 @@ from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._schema import TaskMessage, decode
 from asyncgraph.distributed.wire._signing import Signer
+from asyncgraph.distributed.worker._admission import WINDOW_MS, task_memory
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -103,11 +106,13 @@ async def test_a_task_replayed_within_its_deadline_runs_at_most_once(
     await wait_until(lambda: reasons(client, "again") == ["replayed", "replayed"])
     await anyio.sleep(0.6)  # a run would have started by now
     assert count(client, "agdist:started:again") == 1
-    # The memory holds the entry that ran, until the task's expiry (60 s + the grace).
-    key = keys.ran_key("again", message.client, message.id)
-    first_entry = client.get(key)
-    assert first_entry is not None and first_entry != b""
-    assert 55_000 < int(client.pttl(key)) <= 60_500
+    # The memory holds the task's mark, no claim (it is answered), until the end of its
+    # expiry's window (60 s, at most WINDOW_MS more, and the grace).
+    memory = task_memory("again", message)
+    assert memory is not None
+    assert client.getbit(memory.answered, memory.bit) == 1
+    assert not client.exists(memory.claims)  # the claims of answered tasks are released
+    assert 55_000 < int(client.pttl(memory.answered)) <= 60_000 + WINDOW_MS + 1_500
     assert client.xlen(keys.task_stream("again")) == 0  # every copy was acknowledged
     client.close()
 
@@ -133,7 +138,16 @@ async def test_a_reclaimed_entry_still_runs_after_its_worker_is_killed(
     assert count(client, "agdist:finished:killed") == 1
     assert reasons(client, "kill") == []
     message = decode(fields[keys.F_MESSAGE], fields[keys.F_SIGNATURE], Signer(SECRET), "kill")
-    assert client.get(keys.ran_key("kill", message.client, message.id)) == entry_id
+    assert isinstance(message, TaskMessage)
+    memory = task_memory("kill", message)
+    assert memory is not None and client.getbit(memory.answered, memory.bit) == 1
+    assert not client.exists(memory.claims)  # the reclaimed run released the killed one's claim
+    # Added again now (without the hints: its client closed), the task is refused: answered.
+    signed_only = {k: v for k, v in fields.items() if k in (keys.F_MESSAGE, keys.F_SIGNATURE)}
+    client.xadd(keys.task_stream("kill"), signed_only)  # type: ignore[arg-type]
+    await wait_until(lambda: reasons(client, "kill") == ["replayed"])
+    assert entry_id not in [f[keys.F_TASK] for _, f in client.xrange(keys.dead_stream("kill"))]
+    assert count(client, "agdist:started:killed") == 2
     client.close()
 
 
@@ -151,8 +165,12 @@ async def test_many_tasks_over_two_passes_each_run_once_with_the_memory(
             assert [p.grad.data for p in leaves] == [3.0] * 50  # type: ignore[union-attr]
         assert ex.stats.completed == 200
     assert reasons(client, "busy") == []
-    # One memory key per task, each until its expiry.
-    assert len(list(client.scan_iter(match="asyncgraph:{busy}:ran:*", count=1000))) == 200
+    # One bit per task: 200 marks in a bitmap or two (one per window of expiries the
+    # passes' tasks fall in), and no claim left once they were answered.
+    answered = list(client.scan_iter(match="asyncgraph:{busy}:ran:*:*:*", count=1000))
+    assert 1 <= len(answered) <= 2
+    assert sum(int(client.bitcount(key)) for key in answered) == 200
+    assert list(client.scan_iter(match="asyncgraph:{busy}:ran:*", count=1000)) == answered
     client.close()
 
 
@@ -170,7 +188,15 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
     worker._writer.batching = True
     (name, function), *_ = build_registry(["agdist_functions"]).items()
     message = TaskMessage(
-        "q", "c" * 32, "t1", name, function.fingerprint, "backward", 5000, {}, expiry_ms=2**50
+        "q",
+        "c" * 32,
+        "1",
+        name,
+        function.fingerprint,
+        "backward",
+        5000,
+        {},
+        expiry_ms=int(time.time() * 1000) + 5000,  # no Redis: the worker reads this clock
     )
     packed, signature = encode(message, Signer(None))
     async with open_runner() as runner:
@@ -179,8 +205,9 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
             b"1-0", [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature], 1
         )
         assert taken is not None
-        worker._cancels.cancel("c" * 32, ["t1"])  # a cancel message read meanwhile
-        worker._tasks.start(*taken, b"OK", None)  # claimed
-        assert ("c" * 32, "t1") not in slots.running
+        worker._cancels.cancel("c" * 32, ["1"])  # a cancel message read meanwhile
+        assert not worker._tasks.start(*taken, 1, 0)  # claimed, not answered
+        assert ("c" * 32, "1") not in slots.running
     (settled,) = worker._writer._outgoing
     assert settled.outcome == "cancelled"
+    assert settled.memory == taken[1].memory and not settled.answered  # its claim released

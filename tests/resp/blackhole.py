@@ -1,11 +1,13 @@
 """A TCP proxy that can silently black-hole its established connections (a lost NAT entry),
-or lose the reply to a request (the connection drops after Redis ran the command)."""
+lose the reply to a request (the connection drops after Redis ran the command), or stall
+(forward nothing either way for a while, then everything held back: a congested link)."""
 
 from __future__ import annotations
 
 import select
 import socket
 import threading
+import time
 
 
 class BlackholeProxy:
@@ -13,8 +15,9 @@ class BlackholeProxy:
     that moment swallow all data both ways (no RST, no FIN), while new ones work.
     ``drop_next_reply(after=b"XADD")``: the reply to the next request that contains
     ``after`` (any request by default) is thrown away and its connection closed both ways:
-    Redis ran the command, the client lost its reply. ``accepted`` counts the connections
-    made through the proxy."""
+    Redis ran the command, the client lost its reply. ``pause()`` stalls every connection,
+    open or new (nothing is read from either side, so nothing is lost) until ``resume()``.
+    ``accepted`` counts the connections made through the proxy."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -25,12 +28,19 @@ class BlackholeProxy:
         self._lock = threading.Lock()
         self.accepted = 0
         self._stop = threading.Event()
+        self._paused = threading.Event()
         self._threads: list[threading.Thread] = []
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
 
     def blackhole(self) -> None:
         self._generation += 1
+
+    def pause(self) -> None:
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
 
     def drop_next_reply(self, after: bytes = b"") -> None:
         with self._lock:
@@ -65,6 +75,9 @@ class BlackholeProxy:
         armed = False  # the reply on its way is to be dropped
         try:
             while not self._stop.is_set():
+                if self._paused.is_set():
+                    time.sleep(0.01)
+                    continue
                 ready, _, _ = select.select([a, b], [], [], 0.1)
                 for sock in ready:
                     data = sock.recv(65536)

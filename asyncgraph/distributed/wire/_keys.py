@@ -17,8 +17,11 @@ Streams of queue ``q``::
     asyncgraph:{q}:client:<id>    a live client's heartbeat: a string that expires unless renewed
     asyncgraph:{q}:calls:<client>:<task id>
                                   hash: the model calls a task made, kept while it can be rerun
-    asyncgraph:{q}:ran:<client>:<task id>
-                                  string: the entry id of the task's first run, until its expiry
+    asyncgraph:{q}:ran:<client>:<window>
+                                  hash: task id -> the sealed id of the entry running it
+    asyncgraph:{q}:ran:<client>:<window>:<chunk>
+                                  bitmap: one bit per task id of the chunk, set once answered
+                                  (the replay memory: NOTE [Replays] in ``worker._admission``)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "F_MESSAGE",
     "F_SIGNATURE",
     "GROUP",
+    "MAX_TTL_MS",
     "PROTOCOL_VERSION",
     "REPLY_TTL_S",
     "calls_key",
@@ -42,8 +46,10 @@ __all__ = [
     "check_queue_name",
     "client_key",
     "dead_stream",
-    "ran_key",
+    "ran_answered_key",
+    "ran_claims_key",
     "reply_stream",
+    "reply_ttl_s",
     "task_stream",
     "workers_hash",
 ]
@@ -96,13 +102,19 @@ REASON_REPLAYED = "replayed"  # another entry of a task that already ran: not ru
 # names, signature): anything longer is skipped unread (see wire._resp.Oversize).
 BULK_MARGIN = 4096
 
-# A client renews its heartbeat key, and the expiry of its reply stream, every
-# CLIENT_BEAT_MS; both expire CLIENT_TTL_MS after its last beat. Workers skip the tasks of
-# a client whose key is gone, and every reply they write sets the stream's expiry to
-# REPLY_TTL_S, so a dead client's tasks stop running and its replies vanish on one clock.
+# A client renews its heartbeat key every CLIENT_BEAT_MS; it expires CLIENT_TTL_MS after
+# its last beat, and workers skip the tasks of a client whose key is gone. Its reply
+# stream lives as long as the client may wait for a reply in it: the client's beat and
+# every reply a worker writes set its expiry to the task's timeout (``reply_ttl_s``), so
+# a reply outlives any stall of its client shorter than the client's deadline. A reply
+# to a task whose timeout cannot be read (it did not decode) keeps the stream
+# REPLY_TTL_S, the default client timeout.
 CLIENT_BEAT_MS = 500
 CLIENT_TTL_MS = 2000
-REPLY_TTL_S = CLIENT_TTL_MS // 1000
+REPLY_TTL_S = 600
+# The longest a client may wait for one task (``TaskMessage.ttl_ms``): a task that says
+# longer is refused, so the replay memory it needs is bounded (and Redis takes its expiry).
+MAX_TTL_MS = 7 * 24 * 3600 * 1000
 # Caps: these streams are diagnostic or short-lived, never the only copy of work. The
 # dead-letter stream is bounded by bytes as well (see ``worker._outcomes.dead_maxlen``).
 CANCEL_MAXLEN = 10_000
@@ -186,10 +198,25 @@ def calls_key(queue: str, client: str, task_id: str) -> str:
     return f"{_base(queue)}:calls:{client}:{task_id}"
 
 
-def ran_key(queue: str, client: str, task_id: str) -> str:
-    """The replay memory of one task: the id of the stream entry that first ran it, kept
-    until the task's expiry, so another entry carrying the same task does not run it again
-    (NOTE [Replays] in ``worker._admission``; ``client``: a validated 32-hex-digit id)."""
+def reply_ttl_s(ttl_ms: int | None) -> int:
+    """Seconds a reply stream is kept after a write, for a task whose client waits ``ttl_ms``
+    (None: not known): the client's timeout plus a second, so the reply outlives any stall
+    of the client shorter than its deadline; ``REPLY_TTL_S`` when not known."""
+    if ttl_ms is None:
+        return REPLY_TTL_S
+    return -(-min(ttl_ms, MAX_TTL_MS) // 1000) + 1
+
+
+def ran_claims_key(queue: str, client: str, window: int) -> str:
+    """The replay memory's claims of one client's tasks expiring in ``window``: a hash, task
+    id -> the sealed id of the stream entry that runs it, while it runs (NOTE [Replays] in
+    ``worker._admission``; ``client``: a validated 32-hex-digit id)."""
     if not is_client_id(client):
         raise ValueError(f"client id must be 32 lowercase hex digits, got {client!r}")
-    return f"{_base(queue)}:ran:{client}:{task_id}"
+    return f"{_base(queue)}:ran:{client}:{window}"
+
+
+def ran_answered_key(queue: str, client: str, window: int, chunk: int) -> str:
+    """The replay memory's marks of one client's answered tasks expiring in ``window`` whose
+    task numbers fall in ``chunk``: a bitmap, one bit per task (NOTE [Replays])."""
+    return f"{ran_claims_key(queue, client, window)}:{chunk}"

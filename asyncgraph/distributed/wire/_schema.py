@@ -40,7 +40,7 @@ from asyncgraph.distributed.wire._fields import (
     to_map,
     wire,
 )
-from asyncgraph.distributed.wire._keys import PROTOCOL_VERSION
+from asyncgraph.distributed.wire._keys import MAX_TTL_MS, PROTOCOL_VERSION
 from asyncgraph.distributed.wire._signing import Signer
 
 __all__ = [
@@ -120,7 +120,16 @@ class TaskMessage(_Message):
     """Client -> workers: run ``op`` of the registered function ``function``."""
 
     kind: ClassVar[str] = "task"
-    id: str = field(metadata=wire("id", "task id", MAX_ID, doc="task id, unique per client"))
+    id: str = field(
+        metadata=wire(
+            "id",
+            "task id",
+            MAX_ID,
+            doc="task id, unique per client: the client's task counter in lowercase hex, "
+            "at most 16 digits (a worker refuses another id: its replay memory keeps a bit "
+            "per number)",
+        )
+    )
     function: str = field(
         metadata=wire("fn", "str", MAX_NAME, doc="the function's name in the worker's registry")
     )
@@ -129,7 +138,12 @@ class TaskMessage(_Message):
     )
     op: Op = field(metadata=wire("op", "str", choices=OPS, doc="what to run"))
     ttl_ms: int = field(
-        metadata=wire("ttl", "positive int", doc="milliseconds the client waits from enqueueing")
+        metadata=wire(
+            "ttl",
+            "positive int",
+            MAX_TTL_MS,
+            doc="milliseconds the client waits from enqueueing (at most 7 days)",
+        )
     )
     # Signed, unlike the stream entry's id (whoever adds the entry picks it): the time a
     # replayed copy of the entry carries is still the sender's. See NOTE [Replays] in

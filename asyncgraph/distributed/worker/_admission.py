@@ -9,14 +9,33 @@ A stream entry's id is chosen by whoever adds it, so nothing in it says when the
 sent: a signed task copied from the stream (``XRANGE``) and added again would pass every
 check. Two things stop it. The task carries its expiry inside the signed bytes (``exp``:
 the Redis server's ``TIME`` when the client encoded it, as its last heartbeat read it,
-plus its timeout), and a task read after it (``EXPIRY_GRACE_MS`` later) is dead-lettered
-``expired`` without running. Within its deadline, a task that admission lets through
-runs only after its worker wrote the replay memory ``ran_key(queue, client, task id)``
-with ``SET NX PX`` (kept until the deadline): the value is the id of the entry that ran
-it, so a redelivery of that same entry (a worker died; the reclaimer hands it to
-another) still runs, while another entry carrying the same task, added by anyone, is
-dead-lettered ``replayed``. One round trip per batch of admitted tasks, for every worker
-of the queue at once (memory in one worker would not see a copy read by another).
+plus its timeout, at most ``keys.MAX_TTL_MS``; an expiry further ahead than that is
+refused), and a task read after it (``EXPIRY_GRACE_MS`` later) is dead-lettered
+``expired`` without running. Within its deadline, the replay memory in Redis, shared by
+every worker of the queue (memory in one worker would not see a copy read by another),
+keeps two things of each task, under keys of its client and of the window of
+``WINDOW_MS`` its expiry falls in, kept until that window's end plus the grace:
+
+- while it runs, its *claim*: ``HSETNX`` of the task id in the hash ``ran_claims_key``,
+  the value the id of the entry that runs it, sealed (``Signer.seal``: NOTE [Sealed
+  records]), so a redelivery of that same entry (a worker died; the reclaimer hands it
+  to another) runs again, while another entry carrying the task does not. Released
+  (``HDEL``) with the transaction that settles it, so claims cost Redis only the tasks
+  in flight;
+- once it is answered, its *mark*: one bit (its task number, the client's counter, in a
+  bitmap ``ran_answered_key`` of ``CHUNK`` numbers), set in that same transaction.
+
+An admitted task runs only after its worker claimed it (``claim_commands``: one round trip
+per batch) and found no mark (``claimed``); a claim held by another entry is read
+(``HGET``, a second round trip, only then) and unsealed (``held_by``). Another entry
+carrying a task that is marked, or claimed by another entry, is dead-lettered
+``replayed`` without running and without an answer: the answer is the first run's,
+which its client reads from its reply stream, kept until the client's deadline
+(``keys.reply_ttl_s``); so a client that sends a task again after its heartbeat lapsed
+finds the reply of the first run there and does not resend a task that was answered. A
+claim Redis refuses (an error reply: out of memory) refuses the task (``memory_refused``,
+answered): it does not run unrecorded; a claim whose round trip is lost is handed back
+(the entry stays pending, and its reclaim finds its own claim, or none).
 In an unsigned fleet nothing is authenticated: the expiry and the memory still apply,
 but whoever can add an entry can also write any expiry.
 """
@@ -32,20 +51,28 @@ from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import Limits
 from asyncgraph.distributed.wire._schema import ErrorInfo, TaskMessage, decode, peek_ids
 from asyncgraph.distributed.wire._signing import Signer
-from asyncgraph.distributed.worker._outcomes import Held, Replies, Settled
+from asyncgraph.distributed.worker._outcomes import Held, Memory, Replies, Settled
 from asyncgraph.distributed.worker._registry import RegisteredFunction, Registry
-from asyncgraph.resp import Oversize, Wide
+from asyncgraph.resp import Oversize, ReplyError, Wide
 
 __all__ = [
+    "CHUNK",
     "EXPIRY_GRACE_MS",
+    "EXPIRY_SLACK_MS",
+    "WINDOW_MS",
     "Admitted",
     "Rules",
     "admit",
     "batch_clients",
     "claim_commands",
-    "first_run",
+    "claimed",
+    "expiry",
+    "held_by",
+    "memory_refused",
     "replayed",
     "task_deadline",
+    "task_memory",
+    "task_number",
 ]
 
 MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
@@ -53,15 +80,26 @@ MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
 # Redis where the task is, then cancels it; expired here first, the task would be gone
 # from the stream, and the diagnosis could no longer say which worker held it.
 EXPIRY_GRACE_MS = 500
+# A signed expiry may be this much further ahead of the Redis clock than the task's ttl:
+# the client counts it on its estimate of that clock (read with its last heartbeat).
+EXPIRY_SLACK_MS = 60_000
+# The replay memory (NOTE [Replays]): tasks whose expiries fall in one window of WINDOW_MS
+# share its keys, each kept until its window's end; a bitmap holds CHUNK task numbers
+# (at most CHUNK / 8 bytes).
+WINDOW_MS = 10_000
+CHUNK = 1024
+_TASK_NUMBER_DIGITS = 16  # a task id is the client's counter in hex: at most this many digits
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """A task to run: the verified message, the function serving it, the entry's fields."""
+    """A task to run: the verified message, the function serving it, the entry's fields,
+    and its place in the replay memory."""
 
     message: TaskMessage
     registered: RegisteredFunction
     data: dict[Any, Any]
+    memory: Memory
 
 
 @dataclass(frozen=True)
@@ -93,13 +131,16 @@ def admit(
     ``now`` is the worker's event-loop clock, ``redis_now_ms`` the Redis server's (``TIME``)
     at the same moment: ``held.deadline`` is the task's signed expiry on the first.
     Settled at once: an entry too big or too wide (read no further), one that does not
-    decode or verify, a cancelled task, one past its signed expiry (dead-lettered
+    decode or verify (a ``ttl`` above ``keys.MAX_TTL_MS`` among them), one whose task id
+    is not a task number or whose signed expiry is further ahead than its ttl allows
+    (``EXPIRY_SLACK_MS``), a cancelled task, one past its signed expiry (dead-lettered
     ``expired``, with a short reply unless its client is gone: NOTE [Replays]), one whose
     client is gone (``client_gone`` of the verified client id: its heartbeat key expired,
     NOTE [Client liveness] in ``distributed._liveness``; no reply, nobody would read it),
     one delivered more than ``max_attempts`` times, an unknown function or one whose code
-    differs. An ``Admitted`` task runs only once its replay memory is claimed
-    (``claim_commands``).
+    differs. An ``Admitted`` task runs only once it is claimed in the replay memory
+    (``claim_commands``). A task settled here on a redelivery releases the claim an
+    earlier delivery may have left.
     """
     data: dict[Any, Any] = {}
     if isinstance(fields, list):
@@ -115,6 +156,50 @@ def admit(
     except WireError as exc:
         return _refuse(held, data, packed, signature, exc, rules, replies)
     held.key = (message.client, message.id)
+    memory = task_memory(rules.queue, message)
+    ahead_ms = message.expiry_ms - redis_now_ms - message.ttl_ms
+    if memory is None or ahead_ms > EXPIRY_SLACK_MS:
+        if memory is None:
+            text = (
+                f"task id {message.id!r} is not a task number (the client's counter in "
+                f"lowercase hex, at most {_TASK_NUMBER_DIGITS} digits)"
+            )
+        else:
+            text = (
+                f"its signed expiry is {ahead_ms / 1000:.3g} s further ahead of the Redis "
+                f"clock than its ttl of {message.ttl_ms / 1000:g} s (more than "
+                f"{EXPIRY_SLACK_MS / 1000:g} s: a client clock far off, or not our client)"
+            )
+        dead = replies.dead_letter(held, keys.REASON_MALFORMED, text, data)
+        refused = replies.refused(held, message.client, message.id, text, dead)
+        refused.reply_ttl_s = keys.reply_ttl_s(message.ttl_ms)
+        return refused
+    decided = _decide(
+        held, message, data, deliveries, rules, replies, cancelled, now, redis_now_ms, client_gone
+    )
+    if isinstance(decided, Settled):
+        if decided.client is not None:
+            decided.reply_ttl_s = keys.reply_ttl_s(message.ttl_ms)
+        if deliveries > 1:
+            decided.memory = memory  # an earlier delivery may hold the claim: release it
+        return decided
+    return Admitted(message, decided, data, memory)
+
+
+def _decide(
+    held: Held,
+    message: TaskMessage,
+    data: dict[Any, Any],
+    deliveries: int,
+    rules: Rules,
+    replies: Replies,
+    cancelled: Container[tuple[str, str]],
+    now: float,
+    redis_now_ms: float,
+    client_gone: Callable[[str], bool],
+) -> RegisteredFunction | Settled:
+    """The function that serves a verified task, or how it is settled at once (``admit``)."""
+    assert held.key is not None
     if held.key in cancelled:
         return replies.settled(held, "cancelled")
     gone = client_gone(message.client)
@@ -166,7 +251,7 @@ def admit(
             f"the client: they run different code; deploy the same version to both",
         )
         return replies.error(held, message.client, message.id, info, "fingerprint")
-    return Admitted(message, registered, data)
+    return registered
 
 
 def _too_big(
@@ -272,42 +357,121 @@ def task_deadline(expiry_ms: int, redis_now_ms: float, now: float) -> float:
     return now + (expiry_ms + EXPIRY_GRACE_MS - redis_now_ms) / 1000
 
 
-def claim_commands(queue: str, held: Held, message: TaskMessage, now: float) -> list[list[Any]]:
-    """The replay memory of an admitted task: ``SET NX PX`` its entry id, then ``GET`` who holds
-    it, kept until the task's deadline (``held.deadline``, on the clock of ``now``).
+def task_number(task_id: str) -> int | None:
+    """The number of a task id (the client's counter in lowercase hex), or None."""
+    if not 0 < len(task_id) <= _TASK_NUMBER_DIGITS or task_id.strip("0123456789abcdef"):
+        return None
+    return int(task_id, 16)
 
-    Two commands, not ``SET ... NX GET`` (Redis 7 only), in the batch's one round trip.
+
+def task_memory(queue: str, message: TaskMessage) -> Memory | None:
+    """Where the replay memory keeps ``message``'s task (NOTE [Replays]); None when its id is
+    not a task number.
+
+    Its keys are those of its client and of the window of ``WINDOW_MS`` its signed expiry
+    falls in; they expire at the window's end plus ``EXPIRY_GRACE_MS`` (and a second for
+    the clocks of the workers, which each read Redis's), when every copy of its tasks is
+    refused as ``expired`` anyway.
     """
-    key = keys.ran_key(queue, message.client, message.id)
-    ttl_ms = max(1, int((held.deadline - now) * 1000) + 1)
-    return [["SET", key, held.entry_id, "NX", "PX", ttl_ms], ["GET", key]]
+    number = task_number(message.id)
+    if number is None:
+        return None
+    window = message.expiry_ms // WINDOW_MS
+    chunk, bit = divmod(number, CHUNK)
+    return Memory(
+        keys.ran_claims_key(queue, message.client, window),
+        message.id,
+        keys.ran_answered_key(queue, message.client, window, chunk),
+        bit,
+        (window + 1) * WINDOW_MS + EXPIRY_GRACE_MS + 1000,
+    )
 
 
-def first_run(held: Held, set_reply: Any, get_reply: Any) -> bool:
-    """Whether ``held`` may run, from the replies to its ``claim_commands``.
+def claim_commands(held: Held, memory: Memory, signer: Signer) -> list[list[Any]]:
+    """Claim a task in the replay memory for ``held``'s entry, and ask whether it was answered:
+    ``HSETNX`` of its sealed entry id, ``GETBIT`` of its mark (NOTE [Replays]).
 
-    Yes when this entry wrote the memory, or holds it from an earlier delivery (a
-    reclaimed entry); no when another entry holds it (a replay). Yes also when Redis
-    refused the write (an error reply, e.g. out of memory): a write refused is not a
-    replay, and at-least-once wins over at-most-once there.
+    The claims key's ``PEXPIREAT`` is the caller's, once per key of a batch (``expiry``).
     """
-    if set_reply is None and isinstance(get_reply, bytes):
-        return get_reply == held.entry_id
-    return True
+    sealed = signer.seal(memory.claims, memory.field, held.entry_id)
+    return [
+        ["HSETNX", memory.claims, memory.field, sealed],
+        ["GETBIT", memory.answered, memory.bit],
+    ]
 
 
-def replayed(held: Held, admitted: Admitted, ran_by: Any, replies: Replies) -> Settled:
-    """Settle a task that entry ``ran_by`` already ran (NOTE [Replays]): dead-lettered, unanswered.
+def expiry(memories: Iterable[Memory], key: Callable[[Memory], str]) -> list[list[Any]]:
+    """``PEXPIREAT`` of the keys ``key`` picks from ``memories``, once each."""
+    at = {key(m): m.expire_at_ms for m in memories}
+    return [["PEXPIREAT", k, expire_at] for k, expire_at in at.items()]
 
-    No reply: the first run answers, and an error here would fail the task its client
-    may still be waiting for.
+
+def claimed(set_reply: Any, bit_reply: Any) -> str:
+    """What the replies to a task's ``claim_commands`` say.
+
+    ``"run"``: this entry claimed it and it was not answered; ``"answered"``: it was (a
+    replay; a claim this entry wrote, ``set_reply == 1``, is to be released);
+    ``"held"``: another claim holds it (read it: ``held_by``); ``"refused"``: Redis
+    refused a command (an error reply, e.g. out of memory: ``memory_refused``).
+    """
+    if isinstance(set_reply, ReplyError) or isinstance(bit_reply, ReplyError):
+        return "refused"
+    if bit_reply == 1:
+        return "answered"
+    return "held" if set_reply == 0 else "run"
+
+
+def held_by(held: Held, memory: Memory, signer: Signer, stored: Any) -> bool | None:
+    """Whether the claim read back (``HGET``) is ``held``'s own (a redelivery of the entry
+    that claimed it: it runs); None when it does not verify (``Signer.unseal``: ignored,
+    never trusted, and reported by the caller); False for another entry's, or none (the
+    task was settled meanwhile)."""
+    if stored is None:
+        return False
+    entry_id = signer.unseal(memory.claims, memory.field, stored)
+    if entry_id is None:
+        return None
+    return entry_id == held.entry_id
+
+
+def replayed(
+    held: Held, admitted: Admitted, why: str, replies: Replies, *, release: bool
+) -> Settled:
+    """Settle a task that another entry runs or ran (NOTE [Replays]): dead-lettered, unanswered.
+
+    No reply: the first run answers (its reply waits in the client's reply stream until
+    read), and an error here would fail the task its client may still be waiting for.
+    ``release``: this entry's claim is released with it (it claimed a task already answered).
     """
     message = admitted.message
-    first = ran_by.decode(errors="replace") if isinstance(ran_by, bytes) else "?"
     text = (
-        f"task {message.id} of {message.function!r} already ran from entry {first}; entry "
+        f"task {message.id} of {message.function!r} {why}; entry "
         f"{held.entry_id.decode(errors='replace')} carries it again (a replay, or a resend "
-        f"of a task whose reply was lost): not run"
+        f"of a task whose reply is on its way): not run"
     )
     dead = replies.dead_letter(held, keys.REASON_REPLAYED, text, admitted.data)
-    return replies.settled(held, "replayed", [dead])
+    settled = replies.settled(held, "replayed", [dead])
+    if release:
+        settled.memory = admitted.memory
+    return settled
+
+
+def memory_refused(
+    held: Held, admitted: Admitted, error: Any, replies: Replies, *, release: bool
+) -> Settled:
+    """Refuse a task whose claim Redis refused (an error reply): it does not run unrecorded,
+    and its client is told what Redis said. ``release``: this entry's claim was written
+    (only the mark's read failed), and is released with it."""
+    message = admitted.message
+    text = (
+        f"Redis refused to record task {message.id} of {message.function!r} in the replay "
+        f"memory ({error}): not run. If this is OOM, Redis is at maxmemory: raise maxmemory, "
+        f"or make sure clients read their replies; the queue needs maxmemory-policy "
+        f"noeviction"
+    )
+    info = ErrorInfo("redis_refused", "ReplyError", text)
+    settled = replies.error(held, message.client, message.id, info, "memory_refused")
+    if release:
+        settled.memory = admitted.memory
+    settled.reply_ttl_s = keys.reply_ttl_s(message.ttl_ms)
+    return settled

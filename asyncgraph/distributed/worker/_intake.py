@@ -170,19 +170,46 @@ class Intake:
         self.clients.learn(asked, exists, now)
 
     async def _start_first_runs(self, admitted: list[tuple[Held, Admitted]]) -> None:
-        """Claim the replay memory of the admitted tasks (one round trip), start those
-        that are theirs to run (NOTE [Replays] in ``worker._admission``)."""
+        """Claim the admitted tasks in the replay memory (one round trip; a second only for
+        those another claim holds) and start those that are theirs to run (NOTE [Replays]
+        in ``worker._admission``)."""
         if not admitted:
             return
         try:
-            replies = await self._pool.pipeline(self._tasks.claims(admitted))
+            # Sent again after a lost connection: a claim written twice finds itself (held
+            # by this entry, read back: it runs), and the rest are reads or expiries.
+            replies = await self._pool.pipeline(self._tasks.claims(admitted), retry=True)
         except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
-            # Not known whether another entry ran them: they run (a write Redis did not
-            # take is no replay; the reply that follows needs Redis back anyway).
-            log.warning("worker %s: recording tasks that run: %s", self.consumer, exc)
-            replies = [b"OK", None] * len(admitted)
-        for i, (held, task) in enumerate(admitted):
-            self._tasks.start(held, task, replies[2 * i], replies[2 * i + 1])
+            self._hand_back(admitted, exc)
+            return
+        held = [
+            task
+            for i, task in enumerate(admitted)
+            if self._tasks.start(*task, replies[2 * i], replies[2 * i + 1])
+        ]
+        if not held:
+            return
+        try:
+            stored = await self._pool.pipeline(
+                [["HGET", task.memory.claims, task.memory.field] for _, task in held]
+            )
+        except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+            self._hand_back(held, exc)
+            return
+        for (entry, task), value in zip(held, stored, strict=True):
+            self._tasks.start_held(entry, task, value)
+
+    def _hand_back(self, admitted: list[tuple[Held, Admitted]], exc: Exception) -> None:
+        # Not known whether their claims were written: they do not run now, nor are they
+        # refused; their reclaim, after the lease, claims them again.
+        log.warning(
+            "worker %s: claiming %d task(s) in the replay memory: %s; they are left to be "
+            "reclaimed",
+            self.consumer,
+            len(admitted),
+            exc,
+        )
+        self._tasks.hand_back(admitted)
 
     async def _start(self, entries: list[Any]) -> None:
         self.sizer.note(entries)

@@ -26,7 +26,7 @@ from asyncgraph.distributed.wire._schema import (
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._metrics import Metrics
 
-__all__ = ["Held", "Replies", "Settled"]
+__all__ = ["Held", "Memory", "Replies", "Settled"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
 
@@ -67,9 +67,27 @@ class Held:
     stopped: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Where the replay memory keeps one task (NOTE [Replays] in ``worker._admission``):
+    its claim (``field`` of the hash ``claims``) and its mark (bit ``bit`` of the bitmap
+    ``answered``), both kept until ``expire_at_ms`` of the Redis clock."""
+
+    claims: str
+    field: str
+    answered: str
+    bit: int
+    expire_at_ms: int
+
+
 @dataclass(eq=False)
 class Settled:
-    """How ``held`` ends: ``outcome`` (a metrics label) and the commands to write with its XACK."""
+    """How ``held`` ends: ``outcome`` (a metrics label) and the commands to write with its XACK.
+
+    ``memory``: the task's place in the replay memory, when settling it releases its claim
+    (and marks it answered, if ``answered``), in the same transaction as its reply.
+    ``reply_ttl_s``: how long its client's reply stream is kept after the write.
+    """
 
     held: Held
     outcome: str
@@ -78,6 +96,9 @@ class Settled:
     client: str | None = None  # whom the reply goes to (None: no reply)
     task_id: str | None = None
     refusals: int = 0  # times Redis refused to write it (e.g. OOM)
+    memory: Memory | None = None
+    answered: bool = False
+    reply_ttl_s: int = keys.REPLY_TTL_S
 
 
 class Replies:

@@ -161,6 +161,8 @@ class ReplyWriter:
             settled.held, settled.client, settled.task_id, info, settled.outcome, *dead
         )
         short.refusals = settled.refusals
+        short.memory, short.answered = settled.memory, settled.answered
+        short.reply_ttl_s = settled.reply_ttl_s
         return short
 
     def _transaction(self, batch: list[Settled]) -> list[list[Any]]:
@@ -172,11 +174,23 @@ class ReplyWriter:
         """
         ids = [s.held.entry_id for s in batch]
         commands: list[list[Any]] = [["MULTI"]]
+        answered: dict[str, int] = {}  # bitmap -> its expiry
+        reply_ttl: dict[str, int] = {}  # reply stream -> seconds to keep it
         for settled in batch:
             commands.extend(settled.commands)
-        # Reply streams of clients that died expire; one EXPIRE per stream per batch.
-        for stream in dict.fromkeys(s.reply_stream for s in batch if s.reply_stream):
-            commands.append(["EXPIRE", stream, keys.REPLY_TTL_S])
+            memory = settled.memory
+            if memory is not None:  # NOTE [Replays] in worker._admission
+                if settled.answered:
+                    commands.append(["SETBIT", memory.answered, memory.bit, 1])
+                    answered[memory.answered] = memory.expire_at_ms
+                commands.append(["HDEL", memory.claims, memory.field])
+            if settled.reply_stream:
+                ttl = reply_ttl.get(settled.reply_stream, 0)
+                reply_ttl[settled.reply_stream] = max(ttl, settled.reply_ttl_s)
+        commands += [["PEXPIREAT", key, at] for key, at in answered.items()]
+        # A reply stream is kept as long as its client may wait for a reply in it, and no
+        # longer (a dead client's replies expire unread): one EXPIRE per stream per batch.
+        commands += [["EXPIRE", stream, ttl] for stream, ttl in reply_ttl.items()]
         commands += [
             ["XACK", self._tasks, keys.GROUP, *ids],
             ["XDEL", self._tasks, *ids],

@@ -102,6 +102,12 @@ class Slots:
             del self._finished[next(iter(self._finished))]
         self.changed()
 
+    def drop(self, entry_id: bytes) -> None:
+        """Free the slot of ``entry_id`` unsettled: it stays pending in Redis, unrenewed, and
+        a reclaimer takes it once its lease has passed (this worker's, or another's)."""
+        if self.held.pop(entry_id, None) is not None:
+            self.changed()
+
     def changed(self) -> None:
         """A slot may be free again: update the gauges, wake whoever waits."""
         self._metrics.set("asyncgraph_worker_tasks_in_flight", len(self.held))

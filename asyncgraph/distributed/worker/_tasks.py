@@ -9,18 +9,22 @@ Function, the runner (``ctx.slots.runner``) gives each task its own task, and th
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncgraph.distributed.wire._keys import calls_key
+from asyncgraph.distributed.wire._keys import calls_key, reply_ttl_s
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.worker._admission import (
     Admitted,
     Rules,
     admit,
     claim_commands,
-    first_run,
+    claimed,
+    expiry,
+    held_by,
+    memory_refused,
     replayed,
 )
 from asyncgraph.distributed.worker._around import AroundTask
@@ -34,6 +38,8 @@ from asyncgraph.distributed.worker._reply_writer import ReplyWriter
 from asyncgraph.taskhooks import TaskInfo, task_hooks
 
 __all__ = ["Tasks"]
+
+log = logging.getLogger("asyncgraph.distributed.worker")
 
 _NO_HOOKS = contextlib.nullcontext()  # around a task when no task hook is installed
 
@@ -95,22 +101,61 @@ class Tasks:
         return held, decided
 
     def claims(self, admitted: list[tuple[Held, Admitted]]) -> list[list[Any]]:
-        """The commands that claim the replay memory of ``admitted`` (NOTE [Replays]), two each."""
-        runner = self._slots.runner
-        assert runner is not None
-        now, queue = runner.now(), self._ctx.config.queue
-        return [c for held, a in admitted for c in claim_commands(queue, held, a.message, now)]
+        """The commands that claim ``admitted`` in the replay memory (NOTE [Replays]): two per
+        task, in order, then the claims keys' expiries."""
+        signer = self._rules.signer
+        commands = [c for held, a in admitted for c in claim_commands(held, a.memory, signer)]
+        return commands + expiry((a.memory for _, a in admitted), lambda m: m.claims)
 
-    def start(self, held: Held, admitted: Admitted, set_reply: Any, get_reply: Any) -> None:
-        """Run an admitted task, given the replies to its two ``claims`` commands; settle it
-        unrun if another entry ran it (``first_run``) or it was cancelled meanwhile."""
-        if not first_run(held, set_reply, get_reply):
-            self._writer.queue(replayed(held, admitted, get_reply, self._replies))
+    def start(self, held: Held, admitted: Admitted, set_reply: Any, bit_reply: Any) -> bool:
+        """Run an admitted task, given the replies to its two ``claims`` commands, or settle it
+        unrun (``claimed``: answered already, or Redis refused the claim; or it was cancelled
+        meanwhile). True when another claim holds it: read that claim and ``start_held``."""
+        decision = claimed(set_reply, bit_reply)
+        if decision == "held":
+            return True
+        if decision == "refused":
+            error = set_reply if isinstance(set_reply, Exception) else bit_reply
+            settled = memory_refused(held, admitted, error, self._replies, release=set_reply == 1)
+            self._writer.queue(settled)
+        elif decision == "answered":
+            why = "was answered already"
+            self._writer.queue(replayed(held, admitted, why, self._replies, release=set_reply == 1))
+        else:
+            self._run_claimed(held, admitted)
+        return False
+
+    def start_held(self, held: Held, admitted: Admitted, stored: Any) -> None:
+        """Run a task whose claim (``stored``, read back) is this entry's own; else settle it
+        as a replay (another entry runs it, or the claim does not verify: reported)."""
+        mine = held_by(held, admitted.memory, self._rules.signer, stored)
+        if mine:
+            self._run_claimed(held, admitted)
             return
+        if mine is None:
+            log.warning(
+                "worker %s: the replay memory's claim of task %s of client %s does not verify "
+                "(forged, or written with another secret): ignored; the task is not run",
+                self._ctx.consumer,
+                admitted.message.id,
+                admitted.message.client,
+            )
+            why = "has a claim in the replay memory that does not verify"
+        else:
+            why = "is run by another entry (or was, and settled meanwhile)"
+        self._writer.queue(replayed(held, admitted, why, self._replies, release=False))
+
+    def hand_back(self, admitted: list[tuple[Held, Admitted]]) -> None:
+        """Give up tasks whose claims' round trip was lost, unrun and unacknowledged: they stay
+        pending, and their reclaim (after the lease) finds their own claim, or none."""
+        for held, _ in admitted:
+            self._slots.drop(held.entry_id)
+
+    def _run_claimed(self, held: Held, admitted: Admitted) -> None:
         runner = self._slots.runner
         assert held.key is not None and runner is not None
         if held.key in self._cancels:  # cancelled during the claim's round trip
-            self._writer.queue(self._replies.settled(held, "cancelled"))
+            self._settle(held, admitted, self._replies.settled(held, "cancelled"))
             return
         self._slots.running[held.key] = held
         runner.start(held, self._run, held, admitted)
@@ -120,7 +165,7 @@ class Tasks:
         runner = self._slots.runner
         assert held.key is not None and runner is not None
         if held.stopped is not None:  # cancelled (or expired) before it began
-            self._settle(held, self._replies.settled(held, held.stopped))
+            self._settle(held, admitted, self._replies.settled(held, held.stopped))
             return
         message: TaskMessage = admitted.message
         ctx = self._ctx
@@ -151,7 +196,7 @@ class Tasks:
                 why = runner.why_stopped(held)
                 if why is None:
                     raise  # the worker is stopping: the task is handed back
-                self._settle(held, self._replies.settled(held, why))
+                self._settle(held, admitted, self._replies.settled(held, why))
                 return
         spent = time.perf_counter() - started
         ctx.metrics.observe("asyncgraph_worker_task_seconds", spent)
@@ -162,10 +207,15 @@ class Tasks:
             op=message.op,
         )
         meta = around.metadata() if around is not None else None
-        self._settle(held, self._replies.result(held, message, admitted.data, result, error, meta))
+        settled = self._replies.result(held, message, admitted.data, result, error, meta)
+        settled.answered = True
+        settled.reply_ttl_s = reply_ttl_s(message.ttl_ms)
+        self._settle(held, admitted, settled)
 
-    def _settle(self, held: Held, settled: Settled) -> None:
-        """The task is over: no cancel message can stop it any more; write how it ended."""
+    def _settle(self, held: Held, admitted: Admitted, settled: Settled) -> None:
+        """The task is over: no cancel message can stop it any more; write how it ended, and
+        release its claim in the replay memory with it (marked if ``settled.answered``)."""
         assert held.key is not None
         self._slots.running.pop(held.key, None)
+        settled.memory = admitted.memory
         self._writer.queue(settled)

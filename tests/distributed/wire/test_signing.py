@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgraph.distributed.wire._keys import calls_key, ran_key
+from asyncgraph.distributed.wire._keys import calls_key, ran_claims_key
 from asyncgraph.distributed.wire._signing import SEALED, Signer
 
 CLIENT = "ab" * 16
@@ -21,7 +21,9 @@ def test_a_sealed_record_unseals_under_its_own_key_and_field() -> None:
     assert signer.unseal(KEY.encode(), b"d1:0", stored) == RECORD  # str or bytes alike
     assert (
         signer.unseal(
-            ran_key("q", CLIENT, "t1"), "", signer.seal(ran_key("q", CLIENT, "t1"), "", b"")
+            ran_claims_key("q", CLIENT, 1),
+            "1f",
+            signer.seal(ran_claims_key("q", CLIENT, 1), "1f", b""),
         )
         == b""
     )
