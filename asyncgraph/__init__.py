@@ -9,7 +9,7 @@ from ._core._accumulate import register_accumulator
 from ._core._autodiff import backward, grad
 from ._core._engine import NodeEvent, PassInfo, current_node, observe_nodes, observe_passes
 from ._core._executor import Executor, remote_forwards, use_executor
-from ._core._function import Function, FunctionCtx
+from ._core._function import Function, FunctionCtx, once_differentiable
 from ._core._grad_manager import GradManager, GradManagerGroup
 from ._core._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ._core._graph import Node, graph_order
@@ -57,6 +57,7 @@ __all__ = [
     "no_grad",
     "observe_nodes",
     "observe_passes",
+    "once_differentiable",
     "register_accumulator",
     "remote_forwards",
     "set_grad_enabled",

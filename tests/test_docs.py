@@ -478,6 +478,7 @@ RUN_AS_WRITTEN = [
     *("asyncgraph.enable_grad", "asyncgraph.grad", "asyncgraph.graph_order"),
     *("asyncgraph.is_grad_enabled", "asyncgraph.no_grad", "asyncgraph.observe_nodes"),
     *("asyncgraph.observe_passes", "asyncgraph.set_grad_enabled", "asyncgraph.use_executor"),
+    "asyncgraph.once_differentiable",
     *("asyncgraph.models.BaseChatModel", "asyncgraph.models.ChatModel"),
     *("asyncgraph.models.Completion", "asyncgraph.models.DiskCache"),
     *("asyncgraph.models.LocalRateLimiter", "asyncgraph.models.MemoryCache"),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from asyncgraph._exceptions import GraphError
 
@@ -14,7 +15,7 @@ from ._grad_mode import _GRAD_ENABLED
 from ._graph import _ORDER, Edge, Node, Seq, next_seq, zero_template
 from ._variable import Variable
 
-__all__ = ["Function", "FunctionCtx"]
+__all__ = ["Function", "FunctionCtx", "once_differentiable"]
 
 
 class FunctionCtx:
@@ -406,3 +407,104 @@ async def _maybe_await(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+_Backward = TypeVar("_Backward", bound=Callable[..., Any])
+
+
+def once_differentiable(fn: _Backward) -> _Backward:
+    """Mark a ``backward`` that works on raw data: it can be differentiated once, not twice.
+
+    The decorated backward runs with grad disabled, as PyTorch's. Under
+    ``create_graph=True`` with gradients that require grad, its results come out of a
+    ``DelayedError`` node instead of having no history: differentiating through them
+    again raises ``BackwardError`` ("trying to differentiate twice a function that was
+    marked with @once_differentiable"), naming the backward, instead of silently giving
+    no gradient. Sync or ``async def`` backwards alike; put it under ``@staticmethod``.
+
+    Example::
+
+        class Cube(Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return Variable(x.data**3)
+
+            @staticmethod
+            @once_differentiable
+            def backward(ctx, grad):
+                (x,) = ctx.saved_variables
+                return 3 * x.data**2 * grad.data     # numbers: no graph to differentiate
+
+        x = Parameter(2.0)
+        await Cube.apply(x).backward(Variable(1.0, requires_grad=True), create_graph=True)
+        print(x.grad.data, x.grad.grad_fn.name)      # 12.0 DelayedError
+    """
+    what = getattr(fn, "__qualname__", repr(fn))
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(ctx: Any, *grads: Any) -> Any:
+            token = _GRAD_ENABLED.set(False)
+            try:
+                result = await fn(ctx, *grads)
+            finally:
+                _GRAD_ENABLED.reset(token)
+            return _delay_error(what, result, grads)
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        token = _GRAD_ENABLED.set(False)
+        try:
+            result = fn(ctx, *grads)
+        finally:
+            _GRAD_ENABLED.reset(token)
+        return _delay_error(what, result, grads)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _delay_error(what: str, result: Any, grads: tuple[Any, ...]) -> Any:
+    """``result`` as it is, or behind a ``DelayedError`` node when the pass records
+    (create_graph) and a gradient ``backward`` received requires grad (PyTorch's rule;
+    it cannot see the saved variables a backward used)."""
+    if not _GRAD_ENABLED.get():
+        return result
+    if not any(isinstance(g, Variable) and g._requires_grad for g in grads):
+        return result
+    is_tuple = isinstance(result, tuple)
+    items = result if is_tuple else (result,)
+    if all(item is None for item in items):
+        return result
+    # Fresh leaves that require grad, so that the DelayedError node records an edge to
+    # each; None stays None (an input that needs no gradient).
+    fakes = [
+        None
+        if item is None
+        else Variable(item.data if isinstance(item, Variable) else item, requires_grad=True)
+        for item in items
+    ]
+    outputs = DelayedError.apply(*fakes)
+    outputs[0].grad_fn.ctx.what = what
+    guarded = tuple(None if item is None else out for item, out in zip(items, outputs, strict=True))
+    return guarded if is_tuple else guarded[0]
+
+
+class DelayedError(Function):
+    """What a ``@once_differentiable`` backward's gradients come out of under create_graph:
+    passes them through, and raises when differentiated (PyTorch's DelayedError)."""
+
+    @staticmethod
+    def forward(ctx: Any, *grads: Variable | None) -> tuple[Variable | None, ...]:
+        return tuple(None if g is None else Variable(g.data, role=g.role) for g in grads)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise GraphError(
+            f"trying to differentiate twice a function that was marked with "
+            f"@once_differentiable ({getattr(ctx, 'what', '?')}): its backward works on raw "
+            f"data, so its gradients have no history to differentiate. Write that backward "
+            f"with Functions (and drop @once_differentiable) to take a second derivative"
+        )

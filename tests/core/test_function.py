@@ -634,3 +634,97 @@ async def test_a_raw_text_output_still_gets_none_and_a_variable_output_still_get
     out, _, _ = Mixed.apply(x)
     await out.backward()
     assert Mixed.seen == [[1.0, None, 0]]
+
+
+class OnceDifferentiable(Function):
+    """PyTorch's test_once_differentiable MyFunction: t1 + pyscalar * t2 + t1 * t2, with a
+    backward on raw data."""
+
+    grad_enabled: ClassVar[list[bool]] = []
+
+    @staticmethod
+    def forward(ctx: Any, t1: Variable, pyscalar: float, t2: Variable) -> Variable:
+        ctx.pyscalar = pyscalar
+        ctx.save_for_backward(t1, t2)
+        return Variable(t1.data + pyscalar * t2.data + t1.data * t2.data)
+
+    @staticmethod
+    @asyncgraph.once_differentiable
+    def backward(ctx: Any, g: Variable) -> tuple[Any, None, Any]:
+        OnceDifferentiable.grad_enabled.append(is_grad_enabled())
+        t1, t2 = ctx.saved_variables
+        return g.data + g.data * t2.data, None, g.data * ctx.pyscalar + g.data * t1.data
+
+
+class AsyncOnceDifferentiable(Function):
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        ctx.save_for_backward(x)
+        return Variable(x.data**3)
+
+    @staticmethod
+    @asyncgraph.once_differentiable
+    async def backward(ctx: Any, g: Variable) -> Any:
+        (x,) = ctx.saved_variables
+        return 3 * x.data**2 * g.data
+
+
+def graph_desc(fn: Any) -> str:
+    """PyTorch's graph_desc (test_autograd.py), on asyncgraph's names."""
+    if fn is None:
+        return "None"
+    inner = ", ".join(graph_desc(next_fn) for next_fn, _ in fn.next_functions)
+    return f"{fn.name}({inner})"
+
+
+@pytest.mark.anyio
+async def test_once_differentiable_gives_first_gradients_and_refuses_a_second() -> None:
+    # Ported from test_once_differentiable (with _function_test's checks).
+    OnceDifferentiable.grad_enabled.clear()
+    x = Variable(0.5, requires_grad=True)
+    y = Variable(-1.5, requires_grad=True)
+    result = OnceDifferentiable.apply(x, 2, y)
+    go = Variable(1.0, requires_grad=True)
+    await result.backward(go, create_graph=True)
+    assert OnceDifferentiable.grad_enabled == [False]  # the backward ran under no_grad
+    assert x.grad is not None and x.grad.data == y.data + 1
+    assert y.grad is not None and y.grad.data == x.data + 2
+    assert x.grad.grad_fn is not None and y.grad.grad_fn is not None
+    # PyTorch: 'CopyBackwards(None, Error(AccumulateGrad(), None, AccumulateGrad()))';
+    # asyncgraph's .grad is the node's output itself (no copy node).
+    assert graph_desc(x.grad.grad_fn) == "DelayedError(AccumulateGrad(), None, AccumulateGrad())"
+    assert graph_desc(y.grad.grad_fn) == graph_desc(x.grad.grad_fn)
+    with pytest.raises(
+        BackwardError,
+        match=r"trying to differentiate twice a function that was marked with "
+        r"@once_differentiable \(OnceDifferentiable\.backward\)",
+    ) as info:
+        await x.grad.backward()
+    assert isinstance(info.value.__cause__, GraphError)
+    assert x.grad.data == y.data + 1  # nothing committed
+
+
+@pytest.mark.anyio
+async def test_once_differentiable_without_create_graph_or_history_is_plain() -> None:
+    x = Variable(0.5, requires_grad=True)
+    y = Variable(-1.5, requires_grad=True)
+    await OnceDifferentiable.apply(x, 2, y).backward()
+    assert x.grad is not None and x.grad.grad_fn is None and x.grad.data == -0.5
+    # create_graph with a gradient that does not require grad: nothing to guard (PyTorch's
+    # rule reads the gradients backward receives).
+    x.grad = None
+    await OnceDifferentiable.apply(x, 2, y).backward(create_graph=True)
+    assert x.grad is not None and x.grad.grad_fn is None
+
+
+@pytest.mark.anyio
+async def test_once_differentiable_wraps_an_async_backward() -> None:
+    assert inspect.iscoroutinefunction(AsyncOnceDifferentiable.backward)
+    x = Variable(2.0, requires_grad=True)
+    out = AsyncOnceDifferentiable.apply(x)
+    (gx,) = await asyncgraph.grad(out, x, Variable(1.0, requires_grad=True), create_graph=True)
+    assert gx is not None and gx.data == 12.0
+    assert gx.grad_fn is not None and gx.grad_fn.name == "DelayedError"
+    with pytest.raises(BackwardError, match=r"AsyncOnceDifferentiable\.backward"):
+        await gx.backward()
+    assert x.grad is None

@@ -11,7 +11,7 @@ import anyio
 import msgpack
 import pytest
 import redis
-from agdist_helpers import SECRET, CaptureServer, StartWorker, wait_for_workers, wait_until
+from agdist_helpers import SECRET, CaptureServer, StartWorker, wait_until
 
 from asyncgraph import Parameter, RemoteError, RemoteTimeoutError, Variable, backward
 from asyncgraph.distributed import open_redis_executor
@@ -247,69 +247,6 @@ async def test_the_client_takes_the_secret_from_the_environment_and_diagnoses_a_
     message = str(info.value)
     assert "dead-lettered as unsigned or forged" in message
     assert "this client has no secret" in message and "ASYNCGRAPH_SECRET" in message
-
-
-def readme_acl_rules(password: str) -> list[str]:
-    """The rules of the documented ``ACL SETUSER asyncgraph ...`` line (docs/how-to/fleet.md)."""
-    import re
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "fleet.md").read_text()
-    match = re.search(r"^ACL SETUSER asyncgraph (.*)$", page, re.MULTILINE)
-    assert match is not None, "docs/how-to/fleet.md lost its ACL line"
-    return match.group(1).replace(">PASSWORD", f">{password}").split()
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_readme_acl_is_enough_for_clients_and_workers(
-    redis_url: str, start_worker: StartWorker
-) -> None:
-    import signal
-
-    rules = readme_acl_rules("acl-test-pw")
-    admin = redis.Redis.from_url(redis_url)
-    admin.execute_command("ACL", "SETUSER", "agacl", "reset", *rules)
-    admin.execute_command("ACL", "LOG", "RESET")
-    try:
-        url = redis_url.replace("redis://", "redis://agacl:acl-test-pw@")
-        # lease 200 ms: the consumer sweep (XINFO CONSUMERS, WATCH...) runs every 2 s.
-        worker = start_worker(
-            url,
-            "acl",
-            "--lease-ms",
-            "200",
-            "--drain-timeout-s",
-            "1",
-            env={"AGDIST_REDIS_URL": redis_url},
-            wait=False,
-        )
-        await anyio.to_thread.run_sync(wait_for_workers, redis_url, "acl", 1)
-        x = Parameter(1.0)
-        async with open_redis_executor(url, queue="acl", timeout_s=20) as ex:
-            await backward(F.Scale.apply(x, 2.0), executor=ex)
-        async with open_redis_executor(url, queue="acl-idle", timeout_s=0.3) as ex:
-            with pytest.raises(RemoteTimeoutError, match="no worker of queue 'acl-idle'"):
-                await backward(F.Noop.apply(x), executor=ex)  # the diagnosis's commands
-        # The shared rate limiter (a script) and the response cache, as the same user.
-        from agdist_helpers import check_limiter_and_cache
-
-        await check_limiter_and_cache(url, "acl")
-        # `asyncgraph status` as the same user.
-        from asyncgraph.distributed._status import fleet_status
-
-        status = await fleet_status(url, "acl")
-        assert status["known"] and status["alive"] == 1, status
-        await anyio.sleep(2.2)
-        worker.signal(signal.SIGTERM)
-        assert await anyio.to_thread.run_sync(worker.proc.wait, 10) == 0
-        assert x.grad is not None and x.grad.data == 2.0
-        denied = [
-            e for e in admin.execute_command("ACL", "LOG") if b"agacl" in e or "agacl" in str(e)
-        ]
-        assert denied == []
-    finally:
-        admin.execute_command("ACL", "DELUSER", "agacl")
-        admin.close()
 
 
 def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
