@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -98,6 +99,29 @@ return 1
 def encode_record(completion: Completion) -> bytes:
     """A journal record: ``completion`` as JSON (its ``cached`` flag is not kept)."""
     return json.dumps(completion.to_dict(), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# What a worker's Redis user needs for the journal: the script, what it runs, and HGET.
+_SCRIPT_CALLS = re.compile(r"redis\.call\('(\w+)'")
+_PERMISSIONS = " ".join(
+    f"+{c}" for c in sorted({"eval", "hget", *map(str.lower, _SCRIPT_CALLS.findall(_RECORD))})
+)
+
+
+def _refused_command(error: str) -> str | None:
+    """The command of the journal's script that an ACL refused, from Redis's error: named
+    in it (Redis 7, Valkey), or found on the script's line it names (Redis 6.2 says only
+    ``@user_script:2: ... can't run this command``)."""
+    named = re.search(r"run the '(\w+)' command", error)
+    if named:
+        return named.group(1).lower()
+    line = re.search(r"@user_script:\s*(\d+)", error)
+    lines = _RECORD.split("\n")
+    if line and 0 < int(line.group(1)) <= len(lines):
+        calls: list[str] = _SCRIPT_CALLS.findall(lines[int(line.group(1)) - 1])
+        if len(calls) == 1:
+            return calls[0].lower()
+    return None
 
 
 def decode_record(raw: object) -> Completion | None:
@@ -257,7 +281,7 @@ async def check_journal(store: JournalStore, key: str) -> None:
     journal = CallJournal(store, key, ttl_s=store.timeout_s * 2, rerun=True)
     name, payload = "probe:0", encode_record(Completion("probe", model="probe"))
     try:
-        await journal._write(name, payload, replace=True)
+        await journal._write(name, payload)  # every command of the script, as a task's
         stored = await journal._read(name)
         journal.ttl_ms = 1  # the same write once more, expiring the probe at once
         await journal._write(name, payload, replace=True)
@@ -267,12 +291,15 @@ async def check_journal(store: JournalStore, key: str) -> None:
                 "call journal at %s: Redis refused the probe (%s)", journal._where(), exc
             )
             return
+        refused = _refused_command(str(exc))
         raise ConfigError(
             "redis_url",
             f"the call journal cannot be written and read at {journal._where()}: Redis "
-            f"answered {exc}. A worker's Redis user needs `+eval +hget +hexists +hlen +hset "
-            "+pexpire` on the keys `asyncgraph:{QUEUE}:calls:*` (the worker role in "
-            "docs/how-to/fleet.md, 'A Redis user with only what it needs')",
+            f"answered {exc}"
+            + (f" (the command refused: {refused!r})" if refused else "")
+            + f". A worker's Redis user needs `{_PERMISSIONS}` on the keys "
+            "`asyncgraph:{QUEUE}:calls:*` (the worker role in docs/how-to/fleet.md, "
+            "'A Redis user with only what it needs')",
         ) from exc
     if store.seal.unseal(key, name, stored) != payload:
         raise ConfigError(

@@ -1,11 +1,14 @@
-"""Helpers of tests/distributed: real ``asyncgraph worker`` processes, polling."""
+"""Helpers of tests/distributed: real ``asyncgraph worker`` processes, polling, shared scenarios."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +17,11 @@ from typing import Any
 import anyio
 import redis
 
+from asyncgraph.models._testing import OpenAITestServer, Reply
+
 HERE = Path(__file__).resolve().parent
 SECRET = "0123456789abcdef-test-secret"
+FAST = ("--lease-ms", "1000", "--drain-timeout-s", "1")  # reruns within a second or two
 
 
 class WorkerProcess:
@@ -95,6 +101,112 @@ def wait_for_workers(url: str, queue: str, count: int, timeout_s: float = 15.0) 
 
 
 StartWorker = Callable[..., WorkerProcess]
+
+ACL_PAGE = HERE.parents[1] / "docs" / "how-to" / "fleet.md"
+ACL_ROLES = ("worker", "client", "status")
+
+
+def documented_acl_roles(major: int = 7) -> dict[str, list[str]]:
+    """Each Redis user role of docs/how-to/fleet.md (``ACL SETUSER asyncgraph-<role> ...``)
+    as rules for a server of version ``major``: on Redis 6.2, which has no read-only key
+    patterns, each ``%R~`` is written ``~``, as the page says."""
+    import re
+
+    found = re.findall(r"^ACL SETUSER asyncgraph-(\w+) (.*)$", ACL_PAGE.read_text(), re.MULTILINE)
+    roles = {role: rules.split() for role, rules in found}
+    assert sorted(roles) == sorted(ACL_ROLES), f"docs/how-to/fleet.md lists roles {sorted(roles)}"
+    if major < 7:
+        roles = {
+            r: [f"~{x[3:]}" if x.startswith("%R~") else x for x in v] for r, v in roles.items()
+        }
+    return roles
+
+
+class NumberedServer(OpenAITestServer):
+    """Answers ``"answer <n> to <prompt>"``, n counting requests: a new call is visible."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count(1)
+        self._lock = threading.Lock()
+        super().__init__(handler=self._numbered)
+
+    def _numbered(self, body: Any) -> Reply:
+        with self._lock:
+            n = next(self._count)
+        return Reply(text=f"answer {n} to {body['messages'][-1]['content']}")
+
+
+def _llen(url: str, key: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.llen(key))
+    finally:
+        client.close()
+
+
+async def kill_after_the_call_then_rerun(
+    url: str,
+    start_worker: StartWorker,
+    server: OpenAITestServer,
+    queue: str,
+    tag: str,
+    *,
+    new_prompt: str | None = None,
+    tamper: Callable[[redis.Redis], None] | None = None,
+    fleet_url: str | None = None,
+    client_url: str | None = None,
+    secret: str = "",
+    rerun_flags: tuple[str, ...] = (),
+) -> tuple[float, Any]:
+    """Run ``AskThenHold`` on a worker, SIGKILL it once its model call returned (the task
+    holds before its reply), let another worker rerun it; the leaf's grad and the usage
+    (the call journal's scenario: tests/distributed/test_call_journal.py).
+
+    ``url`` is the admin's (the test's own reads and ``tamper(client)``, run between the
+    kill and the rerun); the workers connect with ``fleet_url`` and the client with
+    ``client_url`` (both ``url`` by default: other users under an ACL), signed with
+    ``secret`` when given."""
+    import agdist_functions as F
+
+    from asyncgraph import Parameter, backward
+    from asyncgraph.distributed import open_redis_executor
+    from asyncgraph.distributed.wire._keys import workers_hash
+    from asyncgraph.models import track_usage
+
+    client = redis.Redis.from_url(url)
+    client.set(f"agdist:hold:{tag}", 1)
+    env = {"AGDIST_REDIS_URL": url, **({"ASYNCGRAPH_SECRET": secret} if secret else {})}
+
+    def start(*flags: str) -> WorkerProcess:  # waited for as the admin: any ACL will do
+        before = int(client.hlen(workers_hash(queue)))
+        flags = (*FAST, "--allow-base-url", server.url, *flags)
+        worker = start_worker(fleet_url or url, queue, *flags, env=env, wait=False)
+        wait_for_workers(url, queue, before + 1)
+        return worker
+
+    first = start()
+    x = Parameter(1.0, role="x")
+    y = F.AskThenHold.apply(x, server.url, "what is one", tag)
+    async with open_redis_executor(
+        client_url or url, queue=queue, timeout_s=30, secret=secret
+    ) as ex:
+        with track_usage() as usage:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(backward, y, executor=ex))
+                await wait_until(lambda: _llen(url, f"agdist:called:{tag}") == 1)
+                assert len(server.requests) == 1  # the call returned: paid once
+                first.kill()  # ... and its reply is never written
+                if new_prompt is not None:
+                    client.set(f"agdist:prompt:{tag}", new_prompt)
+                if tamper is not None:
+                    tamper(client)
+                client.delete(f"agdist:hold:{tag}")
+                start(*rerun_flags)
+        assert ex.stats.completed == 1
+    client.close()
+    assert _llen(url, f"agdist:called:{tag}") == 2  # the task did run twice
+    assert x.grad is not None
+    return x.grad.data, usage.snapshot()
 
 
 async def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> Any:

@@ -8,19 +8,22 @@ See NOTE [Call journal] in ``asyncgraph.models._journal``.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import agdist_functions as F
-import anyio
 import pytest
 import redis
-from agdist_helpers import SECRET, StartWorker, http_get, wait_until
+from agdist_helpers import (
+    FAST,
+    SECRET,
+    NumberedServer,
+    StartWorker,
+    http_get,
+    kill_after_the_call_then_rerun,
+)
 
 from asyncgraph import Parameter, backward
 from asyncgraph.distributed import open_redis_executor
@@ -38,98 +41,22 @@ from asyncgraph.models._journal import (
     encode_record,
     journaling,
 )
-from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.models._types import MAX_TOKENS, Completion
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
-FAST = ("--lease-ms", "1000", "--drain-timeout-s", "1")
 CLIENT = "0123456789abcdef0123456789abcdef"
-
-
-class NumberedServer(OpenAITestServer):
-    """Answers ``"answer <n> to <prompt>"``, n counting requests: a new call is visible."""
-
-    def __init__(self) -> None:
-        self._count = itertools.count(1)
-        self._lock = threading.Lock()
-        super().__init__(handler=self._numbered)
-
-    def _numbered(self, body: Any) -> Reply:
-        with self._lock:
-            n = next(self._count)
-        return Reply(text=f"answer {n} to {body['messages'][-1]['content']}")
 
 
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
-def _llen(url: str, key: str) -> int:
-    client = _client(url)
-    try:
-        return int(client.llen(key))
-    finally:
-        client.close()
-
-
-async def _kill_after_the_call_then_rerun(
-    url: str,
-    start_worker: StartWorker,
-    server: OpenAITestServer,
-    queue: str,
-    tag: str,
-    *,
-    new_prompt: str | None = None,
-    tamper: Callable[[redis.Redis], None] | None = None,
-    fleet_url: str | None = None,
-    client_url: str | None = None,
-    secret: str = "",
-    rerun_flags: tuple[str, ...] = (),
-) -> tuple[float, Any]:
-    """Run ``AskThenHold`` on a worker, SIGKILL it once its model call returned (the task
-    holds before its reply), let another worker rerun it; the leaf's grad and the usage.
-
-    ``url`` is the admin's (the test's own reads and ``tamper(client)``, run between the
-    kill and the rerun); the workers connect with ``fleet_url`` and the client with
-    ``client_url`` (both ``url`` by default: other users under an ACL), signed with
-    ``secret`` when given."""
-    client = _client(url)
-    client.set(f"agdist:hold:{tag}", 1)
-    env = {"AGDIST_REDIS_URL": url, **({"ASYNCGRAPH_SECRET": secret} if secret else {})}
-    worker_url = fleet_url or url
-    first = start_worker(worker_url, queue, *FAST, "--allow-base-url", server.url, env=env)
-    x = Parameter(1.0, role="x")
-    y = F.AskThenHold.apply(x, server.url, "what is one", tag)
-    async with open_redis_executor(
-        client_url or url, queue=queue, timeout_s=30, secret=secret
-    ) as ex:
-        with track_usage() as usage:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(functools.partial(backward, y, executor=ex))
-                await wait_until(lambda: _llen(url, f"agdist:called:{tag}") == 1)
-                assert len(server.requests) == 1  # the call returned: paid once
-                first.kill()  # ... and its reply is never written
-                if new_prompt is not None:
-                    client.set(f"agdist:prompt:{tag}", new_prompt)
-                if tamper is not None:
-                    tamper(client)
-                client.delete(f"agdist:hold:{tag}")
-                start_worker(
-                    worker_url, queue, *FAST, "--allow-base-url", server.url, *rerun_flags, env=env
-                )
-        assert ex.stats.completed == 1
-    client.close()
-    assert _llen(url, f"agdist:called:{tag}") == 2  # the task did run twice
-    assert x.grad is not None
-    return x.grad.data, usage.snapshot()
-
-
 async def test_a_rerun_after_sigkill_replays_the_paid_call(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     with NumberedServer() as server:
-        grad, spent = await _kill_after_the_call_then_rerun(
+        grad, spent = await kill_after_the_call_then_rerun(
             redis_url, start_worker, server, "journal", "replay"
         )
         assert len(server.requests) == 1  # the rerun made no new HTTP request
@@ -146,7 +73,7 @@ async def test_a_rerun_that_asks_something_else_is_not_replayed(
     redis_url: str, start_worker: StartWorker
 ) -> None:
     with NumberedServer() as server:
-        grad, spent = await _kill_after_the_call_then_rerun(
+        grad, spent = await kill_after_the_call_then_rerun(
             redis_url, start_worker, server, "journal2", "other", new_prompt="what is two"
         )
         assert len(server.requests) == 2  # another request: asked, and paid, again
@@ -340,7 +267,7 @@ async def test_a_forged_journal_record_is_ignored_and_the_call_made_again(
     # by a forged answer before the rerun. The rerun ignores it, reports it, pays again.
     port = free_port()
     with NumberedServer() as server:
-        grad, spent = await _kill_after_the_call_then_rerun(
+        grad, spent = await kill_after_the_call_then_rerun(
             redis_url,
             start_worker,
             server,

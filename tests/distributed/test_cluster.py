@@ -21,8 +21,7 @@ import agdist_functions as F
 import anyio
 import pytest
 import redis
-from agdist_helpers import StartWorker, check_limiter_and_cache
-from test_security import readme_acl_rules
+from agdist_helpers import StartWorker, check_limiter_and_cache, documented_acl_roles
 
 from asyncgraph import Parameter, backward
 from asyncgraph.distributed import open_redis_executor, wait_for_workers
@@ -196,11 +195,12 @@ def cluster(tmp_path: Path, redis_server_binary: None) -> Iterator[Cluster]:
     started.stop()
 
 
-def cluster_acl_rules(password: str) -> list[str]:
-    """The documented ACL rules plus the two its Redis Cluster note adds (docs/how-to/fleet.md)."""
+def cluster_acl_rules(role: str, password: str) -> list[str]:
+    """A documented ACL role plus the two rules its Redis Cluster note adds (docs/how-to/fleet.md)."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "fleet.md").read_text()
     assert "`+cluster|slots +asking` added to the user" in page
-    return [*readme_acl_rules(password), "+cluster|slots", "+asking"]
+    rules = [f">{password}" if r == ">PASSWORD" else r for r in documented_acl_roles()[role]]
+    return [*rules, "+cluster|slots", "+asking"]
 
 
 def queues_on_each_master(cluster: Cluster) -> list[str]:
@@ -303,16 +303,18 @@ async def test_pool_follows_moved_and_ask(cluster: Cluster) -> None:
 async def test_queues_on_three_masters_and_a_reshard_during_a_pass(
     cluster: Cluster, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # As the README's ACL user, with the two rules its Cluster note adds.
-    rules = cluster_acl_rules("cluster-pw")
-    for client in cluster.clients:
-        client.execute_command("ACL", "SETUSER", "agacl", "reset", *rules)
-    url = cluster.url.replace("://", "://agacl:cluster-pw@")
+    # As the documented worker, client and status users, with the two rules its Cluster note adds.
+    for role in ("worker", "client", "status"):
+        rules = cluster_acl_rules(role, "cluster-pw")
+        for client in cluster.clients:
+            client.execute_command("ACL", "SETUSER", f"asyncgraph-{role}", "reset", *rules)
+    fleet_url = cluster.url.replace("://", "://asyncgraph-worker:cluster-pw@")
+    url = cluster.url.replace("://", "://asyncgraph-client:cluster-pw@")
     queues = queues_on_each_master(cluster)
     for queue in queues:
-        start_worker(url, queue, "--redis-timeout-s", "5", "--lease-ms", "2000", wait=False)
+        start_worker(fleet_url, queue, "--redis-timeout-s", "5", "--lease-ms", "2000", wait=False)
     for queue in queues:
-        await anyio.to_thread.run_sync(wait_for_workers, url, queue, 1)
+        await anyio.to_thread.run_sync(wait_for_workers, fleet_url, queue, 1)
 
     # Several queues on different masters, at once.
     leaves = {q: Parameter(float(i + 1)) for i, q in enumerate(queues)}
@@ -370,8 +372,9 @@ async def test_queues_on_three_masters_and_a_reshard_during_a_pass(
     # `asyncgraph status` reads each queue on its master, the moved one on its new one.
     from asyncgraph.distributed._status import fleet_status
 
+    status_url = cluster.url.replace("://", "://asyncgraph-status:cluster-pw@")
     for q in queues:
-        status = await fleet_status(url, q)
+        status = await fleet_status(status_url, q)
         assert status["known"] and status["alive"] == 1 and status["pending"] == 0, status
-    for client in cluster.clients:  # the ACL user was never refused anything
+    for client in cluster.clients:  # the ACL users were never refused anything
         assert client.execute_command("ACL", "LOG") == []
