@@ -1,13 +1,16 @@
-"""Replies Redis sent that never arrived (issue #23 point 8): what the client sends again."""
+"""Replies Redis sent that never arrived (issue #23 point 8): what the client sends again;
+and replies a client could not read for a while (issue #39): they wait for it."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import agdist_functions as F
+import anyio
 import pytest
 import redis
 from agdist_helpers import StartWorker, wait_until
@@ -64,3 +67,79 @@ async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_run_once(
     client.close()
     assert runs(redis_url, "lost") == 1
     assert x.grad is not None and x.grad.data == 3.0
+
+
+@pytest.mark.parametrize("stall_s", [1.0, 3.0, 6.0])
+async def test_a_client_whose_connection_stalls_while_its_tasks_finish_gets_their_results(
+    redis_url: str, proxy: Any, start_worker: StartWorker, stall_s: float
+) -> None:
+    """Issue #39: only the client's connection stalls (the proxy forwards nothing either way),
+    for less than its heartbeat, and for longer (its key lapses, workers take it for dead).
+    Its six tasks finish meanwhile; their replies wait in its reply stream, which lives as
+    long as the client's deadline (60 s), not 2 s: once the connection moves again the pass
+    completes, nothing sent again, each task run once."""
+    queue = f"stall{int(stall_s)}"
+    tag = f"stall-{stall_s:g}"
+    start_worker(redis_url, queue, "--concurrency", "8")
+    client = redis.Redis.from_url(redis_url)
+    leaves = [Parameter(float(i), role=f"x{i}") for i in range(6)]
+    outs = [F.Sleep.apply(p, 0.5, tag) for p in leaves]
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    async with open_redis_executor(url, queue=queue, timeout_s=60) as ex:
+        replies = keys.reply_stream(queue, ex.client_id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: backward(outs, executor=ex))
+            await wait_until(lambda: client.llen(f"agdist:started:{tag}") == 6, timeout_s=30)
+            proxy.pause()
+            stalled_at = time.monotonic()
+            # The six finish and answer while the client cannot read.
+            await wait_until(lambda: client.xlen(replies) == 6, timeout_s=30)
+            await anyio.sleep(max(0.0, stall_s - (time.monotonic() - stalled_at)))
+            assert client.xlen(replies) == 6  # still there, unread (they expired after 2 s)
+            proxy.resume()
+            resumed_at = time.monotonic()
+        took_s = time.monotonic() - resumed_at
+        print(f"stall {stall_s:g} s: the pass completed {took_s:.2f} s after it ended")
+        assert took_s < 10, took_s  # the reply, not the 60 s timeout
+        assert ex.stats.completed == 6 and ex.stats.resent == 0
+    assert [p.grad.data for p in leaves] == [1.0] * 6  # type: ignore[union-attr]
+    assert runs(redis_url, tag) == 6  # each once
+    assert client.xlen(keys.dead_stream(queue)) == 0
+    client.close()
+
+
+async def test_a_replay_of_a_task_whose_reply_its_stalled_client_has_not_read_is_not_run(
+    redis_url: str, proxy: Any, start_worker: StartWorker
+) -> None:
+    """Issue #39: a copy of the task's entry added while its reply waits unread (the client's
+    connection stalled past its heartbeat) is dead-lettered ``replayed``, unrun and
+    unanswered; the client, moving again, reads the one reply of the first run."""
+    queue, tag = "unread", "unread"
+    start_worker(redis_url, queue, "--concurrency", "4")
+    client = redis.Redis.from_url(redis_url)
+    x = Parameter(2.0, role="x")
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    async with open_redis_executor(url, queue=queue, timeout_s=60) as ex:
+        replies = keys.reply_stream(queue, ex.client_id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: backward(F.Sleep.apply(x, 0.5, tag), executor=ex))
+            await wait_until(lambda: client.llen(f"agdist:started:{tag}") == 1, timeout_s=30)
+            ((_, entry),) = client.xrange(keys.task_stream(queue))
+            proxy.pause()
+            await wait_until(lambda: client.xlen(replies) == 1, timeout_s=30)  # answered
+            await wait_until(lambda: not client.exists(keys.client_key(queue, ex.client_id)))
+            # Without the hints that name its client (which looks dead now: its copy would
+            # be skipped as client_gone), as a replayer may strip them.
+            signed = {k: v for k, v in entry.items() if k in (keys.F_MESSAGE, keys.F_SIGNATURE)}
+            client.xadd(keys.task_stream(queue), signed)  # type: ignore[arg-type]
+            dead = keys.dead_stream(queue)
+            await wait_until(lambda: client.xlen(dead) == 1, timeout_s=30)
+            proxy.resume()
+        ((_, letter),) = client.xrange(dead)
+        assert letter[keys.F_REASON] == b"replayed"
+        assert b"was answered already" in letter[keys.F_ERROR]
+        assert ex.stats.completed == 1 and ex.stats.duplicate_replies == 0
+        assert ex.stats.resent == 0
+    assert x.grad is not None and x.grad.data == 1.0
+    assert runs(redis_url, tag) == 1
+    client.close()
