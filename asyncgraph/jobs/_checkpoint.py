@@ -64,9 +64,10 @@ __all__ = [
 CHECKPOINT_FILE = "checkpoint.json"
 FORMAT = "asyncgraph-checkpoint"
 USAGE_TOTALS = ("tokens", "cost_usd", "unpriced_calls")  # running totals of a history row
-# ... and the one a checkpoint of an older version may lack: model calls a rerun of a
-# remote task replayed from its journal instead of paying for them again.
-OPTIONAL_TOTALS = ("replayed_calls",)
+# ... and those a checkpoint of an older version may lack: model calls a rerun of a
+# remote task replayed from its journal instead of paying for them again, and model calls
+# cut before their answer, counted at an upper bound (the cost is then one).
+OPTIONAL_TOTALS = ("replayed_calls", "cut_calls")
 VERSION = 1
 BEST_FORMAT = "asyncgraph-best"
 BEST_VERSION = 1
@@ -93,8 +94,8 @@ class Progress:
     the history's running totals start from it, so they add up to the call log."""
     spent: dict[str, Any] | None = None
     """The running totals of every model call of the job so far, those of a step that was
-    cut (Ctrl-C, the cost cap) and rolled back included: paid all the same, so a resume
-    counts on from here, not from the last step's row. None in older checkpoints."""
+    cut (Ctrl-C, the cost cap) or failed and rolled back included: paid all the same, so a
+    resume counts on from here, not from the last step's row. None in older checkpoints."""
 
 
 # -- files -------------------------------------------------------------------------------

@@ -110,14 +110,21 @@ def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def spending_line(result: JobResult) -> str | None:
-    """What a job spent (against its cap, if it has one), and the calls a crash did not
-    bill twice; None when there is no cap, no priced call and no replayed call."""
-    replayed = result.replayed_calls
+    """What a job spent (against its cap, if it has one; "at most" when calls were cut
+    before their answer), and the calls a crash did not bill twice; None when there is no
+    cap, no priced call and no replayed call."""
+    replayed, cut = result.replayed_calls, result.cut_calls
+    spent = f"{'at most ' if cut else ''}${result.cost_usd:.4f}"
     parts = []
     if result.max_cost_usd is not None:
-        parts.append(f"spent ${result.cost_usd:.4f} of the ${result.max_cost_usd:g} cap")
+        parts.append(f"spent {spent} of the ${result.max_cost_usd:g} cap")
     elif result.cost_usd > 0:
-        parts.append(f"spent ${result.cost_usd:.4f} on model calls")
+        parts.append(f"spent {spent} on model calls")
+    if cut:
+        parts.append(
+            f"an upper bound: {cut} model call(s) were cut before their answer came back, "
+            f"each counted at its prompt plus its max_tokens of answer"
+        )
     if replayed:
         parts.append(
             f"{replayed} model call(s) replayed from their task's journal after a worker "
@@ -138,7 +145,8 @@ def cost_line(result: JobResult) -> str | None:
     if not result.stopped_at_cost_cap or result.max_cost_usd is None:
         return None
     return (
-        f"stopped at the cost cap: ${result.cost_usd:.4f} spent of ${result.max_cost_usd:g}; "
+        f"stopped at the cost cap: {'at most ' if result.cut_calls else ''}"
+        f"${result.cost_usd:.4f} spent of ${result.max_cost_usd:g}; "
         f"continue with the same command plus --resume and a higher --max-cost"
     )
 

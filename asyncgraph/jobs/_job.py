@@ -283,10 +283,15 @@ class JobResult:
     """True when ``Job.max_cost_usd`` stopped the job (resume with a higher cap to go on)."""
     cost_usd: float = 0.0
     """What every priced model call of the job cost, in US dollars (all runs of it, the
-    calls of a step cut by Ctrl-C or the cap and rolled back included: they were paid)."""
+    calls of a step cut by Ctrl-C, an error or the cap and rolled back included: they were
+    paid); an upper bound when ``cut_calls`` (``cost_is_upper_bound``)."""
     replayed_calls: int = 0
     """Model calls that a rerun remote task replayed from its journal instead of paying
     for them again (all runs of the job)."""
+    cut_calls: int = 0
+    """Model calls cut before their answer came back (Ctrl-C, an error, a call past its
+    timeout; all runs of the job): each is in ``cost_usd`` at an upper bound of what it
+    could have been billed (its prompt, and its ``max_tokens`` of answer)."""
     max_cost_usd: float | None = None
     """The cap this run had."""
     stopped_early: bool = False
@@ -294,3 +299,8 @@ class JobResult:
     forward_on: str = "in-process"
     """Where the forwards of remote Functions ran: ``"workers"`` (``Job.forward_on_workers``
     with an executor that runs them) or ``"in-process"``."""
+
+    @property
+    def cost_is_upper_bound(self) -> bool:
+        """True when ``cost_usd`` is an upper bound: calls were cut before their answer."""
+        return self.cut_calls > 0

@@ -20,8 +20,13 @@ def _fmt(value: float | None) -> str:
 
 
 def _cost(row: dict[str, Any]) -> str:
-    """The row's cost; "cost unknown" when calls of unpriced models are in it (never $0)."""
-    return format_cost(float(row["cost_usd"]), int(row.get("unpriced_calls", 0)))
+    """The row's cost; "cost unknown" when calls of unpriced models are in it (never $0),
+    "at most" when calls cut before their answer are (an upper bound)."""
+    return format_cost(
+        float(row["cost_usd"]),
+        int(row.get("unpriced_calls", 0)),
+        upper_bound=int(row.get("cut_calls", 0)) > 0,
+    )
 
 
 def _tokens(count: int) -> str:

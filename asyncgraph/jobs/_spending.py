@@ -11,13 +11,20 @@ The cap is kept two ways:
   a validation when one is due: the dearest validation so far); when the spend plus
   that estimate would pass the cap, the job stops before the step, with the checkpoint
   of the last whole step;
-- a step that passes the cap anyway (an estimate is not a bound) is stopped as it
-  passes, cleanly, as Ctrl-C stops one: it is rolled back to the checkpoint of the last
-  whole step, and a resume with a higher cap redoes it (its calls are paid twice, and
-  counted twice: the totals, and the estimate of the step after a resume, include them).
-  Not counted, a known gap: the calls that workers made in remote tasks the cut
-  cancelled (a worker's usage reaches the job with its task's reply, which a cancelled
-  task never sends), so on a fleet a cut step can cost more than the totals say.
+- a step that passes the cap anyway (an estimate is not a bound) stops sending calls as
+  it passes (``UsageMeter.stop_sending``: the calls not yet sent wait), lets the calls
+  already sent finish and counts them (each within its own timeout, all within
+  ``DRAIN_S``), then is stopped, cleanly, as Ctrl-C stops one: it is rolled back to the
+  checkpoint of the last whole step, and a resume with a higher cap redoes it (its calls
+  are paid twice, and counted twice: the totals, and the estimate of the step after a
+  resume, include them). Remote tasks the stop cancels are counted too: a worker reports
+  what the calls of a cancelled task spent (NOTE [One meter] in ``asyncgraph.models``).
+
+Every call sent is counted, finished or cut (a step cut by Ctrl-C or an error, a call
+still out after ``DRAIN_S``): a call cut before its answer came back is counted at an
+upper bound of its cost, and the totals say so (``cut_calls``: the cost is then an
+upper bound, labelled as one wherever it is shown). A step that fails keeps its calls
+in the totals, as a cut one does.
 
 A cap needs prices. Before its first call (before the initial validation), a capped job
 looks for the models it can reach without running anything (``_reachable``: the
@@ -44,6 +51,7 @@ from ._reachable import reachable_models
 __all__ = ["Spending", "check_priced"]
 
 POLL_S = 0.05  # how often a running step's spend is compared with the cap
+DRAIN_S = 600.0  # how long a job past its cap waits for the calls in flight, at most
 
 
 _HOW_TO_PRICE = (
@@ -80,9 +88,10 @@ def check_priced(name: str, cap: float, optimizer: Any, parameters: Any, forward
 class Spending:
     """The job's running totals and its cap; ``meter`` counts this process's calls.
 
-    ``meter`` is a ``UsageMeter`` that checks the cap on every call it records: on the
-    event loop's thread (async model clients, remote usage), a call that passes the cap
-    stops the job at once; one recorded from another thread is caught by ``watch``.
+    ``meter`` is a ``UsageMeter`` that checks the cap on every call it records: a call
+    that passes the cap stops the sending of calls at once, and the job once no call is
+    in flight (at once, on the event loop's thread: async model clients, remote usage;
+    else, and after ``DRAIN_S`` at most, by ``watch``).
     """
 
     def __init__(
@@ -96,20 +105,23 @@ class Spending:
         self.before_cost = float(before.get("cost_usd", 0.0))
         self.before_unpriced = int(before.get("unpriced_calls", 0))
         self.before_replayed = int(before.get("replayed_calls", 0))
+        self.before_cut = int(before.get("cut_calls", 0))
         self.capped = False
         """True once the job stopped (or must stop) at the cap."""
         self.error: ModelConfigError | None = None
         """Set when an unpriced call stopped a capped job."""
 
     def totals(self) -> dict[str, Any]:
-        """The running totals of a history row: ``tokens``, ``cost_usd``, ``unpriced_calls``
-        and ``replayed_calls`` (calls a rerun remote task replayed instead of paying again)."""
+        """The running totals of a history row: ``tokens``, ``cost_usd``, ``unpriced_calls``,
+        ``replayed_calls`` (calls a rerun remote task replayed instead of paying again) and
+        ``cut_calls`` (calls cut before their answer: if any, the cost is an upper bound)."""
         spent = self.meter.snapshot()
         return {
             "tokens": self.before_tokens + spent.total_tokens,
             "cost_usd": self.before_cost + spent.cost_usd,
             "unpriced_calls": self.before_unpriced + spent.unpriced_requests,
             "replayed_calls": self.before_replayed + spent.replayed,
+            "cut_calls": self.before_cut + spent.cut,
         }
 
     def next_step_fits(
@@ -129,16 +141,23 @@ class Spending:
         return not self.capped
 
     async def watch(self) -> None:
-        """While a job runs, for the calls recorded off the event loop's thread (whose
-        check cannot cancel the run from there): stop the job when they pass the cap."""
+        """While a job runs: once its spend passed the cap (or a call was unpriced), wait
+        for the calls in flight to end (``DRAIN_S`` at most), then stop the job. For what
+        ``_check`` cannot do at once: calls recorded off the event loop's thread, calls
+        still in flight when the cap was passed."""
         if self.cap is None:
             return
-        # A poll, not an event: another thread may not set an anyio.Event either.
+        # Polls, not events: another thread may not set an anyio.Event either.
         while not self._check():  # noqa: ASYNC110
             await anyio.sleep(POLL_S)
+        with anyio.move_on_after(DRAIN_S):
+            while self.meter.in_flight > 0:  # noqa: ASYNC110
+                await anyio.sleep(POLL_S)
+        self._stop.cancel()
 
     def _check(self) -> bool:
-        """Stop the job if its spend passed the cap or a call was unpriced; True if so."""
+        """Stop sending calls if the job's spend passed the cap or a call was unpriced, and
+        the job too if no call is in flight (on the event loop's thread); True if so."""
         if self.cap is None:
             return False
         if self.error is None and not self.capped:
@@ -150,16 +169,19 @@ class Spending:
                     variable="pricing",
                     value="None",
                 )
+                self.meter.stop_sending("a model without a price answered a call of the job")
             elif totals["cost_usd"] > self.cap:
                 self.capped = True
+                self.meter.stop_sending(f"the job passed its cost cap (max_cost_usd={self.cap:g})")
         stopped = self.error is not None or self.capped
-        if stopped and threading.get_ident() == self._loop_thread:
+        if stopped and self.meter.in_flight == 0 and threading.get_ident() == self._loop_thread:
             self._stop.cancel()
         return stopped
 
 
 class _CheckingMeter(UsageMeter):
-    """A ``UsageMeter`` that calls ``check`` after recording each call."""
+    """A ``UsageMeter`` that calls ``check`` after recording each call, and as each call
+    in flight ends."""
 
     def __init__(self, check: Any) -> None:
         super().__init__()
@@ -169,8 +191,16 @@ class _CheckingMeter(UsageMeter):
         super().record_completion(*args, **kwargs)
         self._check()
 
+    def record_cut(self, *args: Any, **kwargs: Any) -> None:
+        super().record_cut(*args, **kwargs)
+        self._check()
+
     def add(self, usage: Usage) -> None:
         super().add(usage)
+        self._check()
+
+    def call_ended(self) -> None:
+        super().call_ended()
         self._check()
 
 

@@ -190,8 +190,9 @@ def run_summary(
     the job spent by its last checkpoint (a step cut and rolled back included; in
     checkpoints of older versions the last step's total, or the initial validation's
     before any step; None when unknown); ``replayed_calls``: model calls
-    replayed from their task's journal instead of paid again. Runs recorded before a field
-    was kept have None (0 replayed calls, never stopped).
+    replayed from their task's journal instead of paid again; ``cut_calls``: model calls
+    cut before their answer (then ``cost_usd`` is an upper bound). Runs recorded before a
+    field was kept have None (0 replayed or cut calls, never stopped).
     """
     ckpt = _read_json(run_dir / "checkpoint.json")
     history = _history(run_dir, ckpt)
@@ -213,7 +214,7 @@ def run_summary(
         totals = ckpt.get("initial_usage")
     if not isinstance(totals, dict):
         totals = {}
-    spent, replayed = totals.get("cost_usd"), totals.get("replayed_calls")
+    spent, replayed, cut = (totals.get(k) for k in ("cost_usd", "replayed_calls", "cut_calls"))
     return {
         "dir": str(run_dir),
         "label": label or run_dir.name or str(run_dir),
@@ -224,6 +225,7 @@ def run_summary(
         "max_cost_usd": cap if is_number(cap) else None,
         "cost_usd": spent if is_number(spent) else None,
         "replayed_calls": replayed if is_number(replayed) else 0,
+        "cut_calls": cut if is_number(cut) else 0,
         "stopped": stopped if stopped in STOP_REASONS else None,
         "stopped_at_cost_cap": stopped == "cost_cap",
     }

@@ -12,7 +12,12 @@ from typing import Any, Self
 
 import anyio
 
-from asyncgraph._exceptions import ModelBackendError, ModelError, ModelRetryError
+from asyncgraph._exceptions import (
+    ModelBackendError,
+    ModelError,
+    ModelRetryError,
+    ModelStatusError,
+)
 from asyncgraph._redact import redact, redact_url
 from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._calls import ModelCall, call_slot, notify_call, observing_calls
@@ -27,6 +32,35 @@ __all__ = ["BaseChatModel"]
 logger = logging.getLogger("asyncgraph.models")
 
 _RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
+
+SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long
+# The answer's share of a cut call's upper bound when the request sets no max_tokens (and
+# the client sends none by default): OpenAI's gpt-4o and gpt-4o-mini answer at most this
+# many tokens. A model that may answer more should say so (``max_answer_tokens``).
+DEFAULT_MAX_ANSWER_TOKENS = 16_384
+_ANSWER_LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+# NOTE [One meter]
+# Every model call goes through ``_attempt``, and every meter that counts it (the
+# model's own, and each enclosing ``track_usage`` block's: a job's, a remote task's on a
+# worker) counts it there, at the moment it is sent and at the moment it ends:
+#
+# - sent: ``call_sent`` (the meter's ``in_flight``), unless a meter said
+#   ``stop_sending`` (a job past its cost cap): then the call is not sent, and waits
+#   until its caller is cancelled;
+# - answered: ``record_completion`` with the usage the server reported, before any
+#   other await (a cancellation after the answer came cannot lose it);
+# - cut (cancelled, interrupted, timed out, connection lost after it was sent, an
+#   answer that cannot be read): the provider may have billed it, and the client can
+#   no longer know for how much, so ``record_cut`` counts an upper bound: the request's
+#   tokens as the rate limiter counts them (``estimate_prompt_tokens``) at the input
+#   rate, plus its ``max_tokens`` (or the client's default, or ``max_answer_tokens``)
+#   at the output rate, and ``Usage.cut`` marks the totals as an upper bound. A status
+#   error (4xx, 5xx, 429) is not billed, nor a connection that never opened.
+#
+# A job's cap waits for ``in_flight`` to reach 0 before it stops the job (``jobs._spending``),
+# so a call it let go is answered and counted exactly; a worker reports what the calls
+# of a cancelled remote task spent, cut ones included, in its reply to the cancel.
 
 
 class BaseChatModel(ABC):
@@ -44,8 +78,13 @@ class BaseChatModel(ABC):
        ``retry`` policy says (Retry-After honoured) and try again, up to
        ``retry.max_attempts``; then raise ``ModelRetryError`` chaining the last error;
     4. correct the token booking with the usage the server reported (when it reported
-       none, the estimate stands), add the answer to ``usage`` (a ``UsageMeter``;
-       ``usage.snapshot()`` reads it) and store it in the cache.
+       none, the estimate stands), and store the answer in the cache.
+
+    Every attempt sent is counted in ``usage`` (a ``UsageMeter``; ``usage.snapshot()``
+    reads it) and in the enclosing ``track_usage`` blocks, as it is sent and as it ends:
+    answered, with the usage the server reported; cut before its answer (cancelled,
+    timed out, connection lost), at an upper bound (``Usage.cut``; NOTE [One meter]).
+
 
     Inside a task run by a fleet's worker, each call is also kept in the task's call
     journal before it returns, and a rerun of the task (its worker died before the
@@ -72,6 +111,10 @@ class BaseChatModel(ABC):
             async def _complete_once(self, messages, params):
                 return Completion(messages[-1]["content"], model="echo")
     """
+
+    max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS
+    """The longest answer this model gives when a request sets no ``max_tokens``: the
+    answer's share of a cut call's upper bound (NOTE [One meter])."""
 
     def __init__(
         self,
@@ -125,13 +168,42 @@ class BaseChatModel(ABC):
     def estimate_tokens(self, messages: Sequence[Message], params: Mapping[str, Any]) -> int:
         """Tokens a request will use, booked in a tokens-per-minute budget before the call.
 
-        About 4 characters per token for the prompt, plus ``max_tokens`` (or
-        ``max_completion_tokens``, default 256) for the answer. The booking is corrected
-        with the server's reported usage afterwards.
+        About 4 characters per token for the prompt (``estimate_prompt_tokens``), plus
+        ``max_tokens`` (or ``max_completion_tokens``, default 256) for the answer. The
+        booking is corrected with the server's reported usage afterwards.
         """
-        chars = sum(len(str(m.get("content", ""))) for m in messages)
         answer = params.get("max_tokens", params.get("max_completion_tokens", 256))
-        return chars // 4 + 4 * len(messages) + (answer if isinstance(answer, int) else 256)
+        prompt = self.estimate_prompt_tokens(messages)
+        return prompt + (answer if isinstance(answer, int) else 256)
+
+    def estimate_prompt_tokens(self, messages: Sequence[Message]) -> int:
+        """The prompt's tokens, about 4 characters per token plus 4 per message."""
+        chars = sum(len(str(m.get("content", ""))) for m in messages)
+        return chars // 4 + 4 * len(messages)
+
+    def cut_bound(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> tuple[int, int]:
+        """What a call cut before its answer is counted at (NOTE [One meter]): the prompt's
+        tokens (``estimate_prompt_tokens``) and the longest answer the request allows:
+        the ``max_tokens`` (or ``max_completion_tokens``) it sends, the client's default
+        included (what ``cache_request`` says is sent), else ``max_answer_tokens``."""
+        try:
+            request = self.cache_request(messages, params)
+        except Exception:  # a client whose request cannot be described: the call's params
+            request = {"params": dict(params)}
+        sent = request.get("body", request.get("params"))
+        limits = [sent.get(k) for k in _ANSWER_LIMITS] if isinstance(sent, Mapping) else []
+        answer = next(
+            (n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0),
+            self.max_answer_tokens,
+        )
+        return self.estimate_prompt_tokens(messages), answer
+
+    def _maybe_billed(self, error: ModelError) -> bool:
+        """Whether an attempt that raised ``error`` may have been billed: not when the
+        server answered with an error status (providers bill answers, not refusals)."""
+        return not isinstance(error, ModelStatusError)
 
     async def _prepare(self) -> None:
         """Set up what an attempt needs (connections, clients); runs before the rate limit."""
@@ -142,6 +214,54 @@ class BaseChatModel(ABC):
         self, messages: list[dict[str, Any]], params: dict[str, Any]
     ) -> Completion:
         """One attempt; raise a ``ModelError`` subclass (retryable or not) on failure."""
+
+    async def _attempt(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> Completion:
+        """One attempt (``_complete_once``), counted by every meter of this call as it is
+        sent, answered or cut (NOTE [One meter])."""
+        meters = meters_for(self.usage)
+        await self._wait_to_send(meters)
+        for meter in meters:
+            meter.call_sent()
+        try:
+            completion = await self._complete_once(messages, params)
+        except ModelError as exc:
+            if self._maybe_billed(exc):
+                self._record_cut(meters, messages, params)
+            raise
+        except BaseException:  # cancelled or interrupted: the request may be on the server
+            self._record_cut(meters, messages, params)
+            raise
+        else:
+            for meter in meters:
+                meter.record_completion(completion, self.pricing)
+            return completion
+        finally:
+            for meter in meters:
+                meter.call_ended()
+
+    def _record_cut(
+        self,
+        meters: Sequence[UsageMeter],
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+    ) -> None:
+        prompt, answer = self.cut_bound(messages, params)
+        for meter in meters:
+            meter.record_cut(prompt, answer, self.pricing)
+
+    async def _wait_to_send(self, meters: Sequence[UsageMeter]) -> None:
+        """Return at once, unless a meter of this call stopped sending: then wait for the
+        caller's cancellation, at most ``SEND_HOLD_S`` (then raise ``ModelError``)."""
+        reason = next((m.sending_stopped for m in meters if m.sending_stopped), None)
+        if reason is None:
+            return
+        with anyio.move_on_after(SEND_HOLD_S):
+            await anyio.sleep_forever()
+        raise ModelError(
+            f"{self.name!r}: the call was not sent: {reason}, and its caller was not "
+            f"cancelled within {SEND_HOLD_S:g}s",
+            model=self.name,
+        )
 
     async def complete(
         self,
@@ -201,9 +321,9 @@ class BaseChatModel(ABC):
             if observed:
                 self._notify(msgs, params, started, attempts[0], None, exc)
             raise
-        # Kept before the answer leaves: a worker that dies from here on costs no new call.
+        # Counted already (``_attempt``). Kept before the answer leaves: a worker that
+        # dies from here on costs no new call.
         await self._journal_record(journal, call, completion)
-        self._record_usage(UsageMeter.record_completion, completion, self.pricing)
         if observed:
             self._notify(msgs, params, started, attempts[0], completion, None)
         if store is not None and (cache_if is None or cache_if(completion)):
@@ -306,7 +426,7 @@ class BaseChatModel(ABC):
             if limiter is not None:
                 await limiter.acquire(tokens)
             try:
-                completion = await self._complete_once(messages, params)
+                completion = await self._attempt(messages, params)
             except ModelError as exc:
                 if not exc.retryable:
                     raise

@@ -28,6 +28,7 @@ import anyio.lowlevel
 from asyncgraph._exceptions import (
     ModelConfigError,
     ModelConnectionError,
+    ModelError,
     ModelRateLimitedError,
     ModelRequestError,
     ModelRequestTimeoutError,
@@ -227,6 +228,21 @@ class HttpChatModel(BaseChatModel):
 
     async def _prepare(self) -> None:
         await self._http()
+
+    def _maybe_billed(self, error: ModelError) -> bool:
+        """Not when the request never left: no connection could be opened or taken."""
+        import httpx
+
+        # Failures before the request left this process: nothing reached the server.
+        never_sent = (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.PoolTimeout,
+            httpx.UnsupportedProtocol,
+        )
+        if isinstance(error.__cause__, never_sent):
+            return False
+        return super()._maybe_billed(error)
 
     async def _post(self, body: Mapping[str, Any]) -> httpx.Response:
         """One POST of ``body`` to ``url``; a 2xx response, else a ``ModelError``."""

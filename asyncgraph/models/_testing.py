@@ -5,13 +5,18 @@ For tests and benchmarks (not for production): a threaded ``http.server`` on
 message with word-count usage; ``script(Reply(...), ...)`` queues answers such as a 429
 with Retry-After, a 500, a slow answer or a dropped connection; ``requests_per_window``
 makes it enforce a sliding-window rate limit like a provider (429 beyond it). Every
-request is recorded with its arrival time::
+request is recorded with its arrival time, and every answer it computed is on its
+bill (``bill``, ``billed_usd``), as a provider bills: the tokens in and out of each
+answer, whether or not its client was still there to read it (a client that went away
+mid-request is billed all the same; an error status, a dropped connection and a
+scripted ``body`` are not)::
 
     with OpenAITestServer() as server:
         server.script(Reply(status=500), Reply(text="hello"))
         model = OpenAIChat("test-model", base_url=server.url, api_key="test")
         ...
         assert [r.status for r in server.requests] == [500, 200]
+        print(server.billed_usd(Pricing(0.15, 0.60)))
 
 Run ``python -m asyncgraph.models._testing --port 8000`` to serve it by hand. Other
 providers' fakes (``asyncgraph.models._testing_providers``: Anthropic, Azure OpenAI)
@@ -34,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-__all__ = ["OpenAITestServer", "RecordedRequest", "Reply", "echo_text"]
+__all__ = ["Billed", "OpenAITestServer", "RecordedRequest", "Reply", "echo_text"]
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -74,6 +79,49 @@ class RecordedRequest:
     headers: dict[str, str]
     body: Any
     status: int
+
+
+@dataclass(frozen=True)
+class Billed:
+    """One answer the server computed, as a provider bills it: ``prompt_tokens`` (the
+    prompt-cache's share included), ``completion_tokens``, and the part of the prompt
+    read from / written to the prompt cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def cost_usd(self, pricing: Any) -> float:
+        """Its cost at ``pricing`` (an ``asyncgraph.models.Pricing``)."""
+        return float(
+            pricing.cost_usd(
+                self.prompt_tokens,
+                self.completion_tokens,
+                self.cache_read_tokens,
+                self.cache_write_tokens,
+            )
+        )
+
+
+def billed_usage(answer: Any) -> Billed:
+    """The bill of an answer's JSON: OpenAI's usage (``prompt_tokens``, ``completion_tokens``,
+    ``prompt_tokens_details.cached_tokens``) or Anthropic's (``input_tokens`` not cached,
+    ``output_tokens``, ``cache_read_input_tokens``, ``cache_creation_input_tokens``)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return Billed(0, 0)
+    if "input_tokens" in usage:
+        read = int(usage.get("cache_read_input_tokens") or 0)
+        write = int(usage.get("cache_creation_input_tokens") or 0)
+        prompt = int(usage.get("input_tokens") or 0) + read + write
+        return Billed(prompt, int(usage.get("output_tokens") or 0), read, write)
+    details = usage.get("prompt_tokens_details") or {}
+    return Billed(
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+    )
 
 
 def echo_text(body: Any) -> str:
@@ -180,6 +228,7 @@ class OpenAITestServer:
         self._cond = threading.Condition()
         self._script: collections.deque[Reply] = collections.deque()
         self._requests: list[RecordedRequest] = []
+        self._bill: list[Billed] = []
         self._accepted: collections.deque[float] = collections.deque()
         self._stopping = threading.Event()
         self._httpd: _Server | None = None
@@ -244,6 +293,21 @@ class OpenAITestServer:
         with self._cond:
             return sorted(self._requests, key=lambda r: r.arrived_s)
 
+    @property
+    def bill(self) -> list[Billed]:
+        """Every answer computed so far, in the order computed (see the module docstring)."""
+        with self._cond:
+            return list(self._bill)
+
+    def billed_usd(self, pricing: Any) -> float:
+        """What the answers computed so far cost at ``pricing`` (an ``asyncgraph.models.Pricing``)."""
+        return math.fsum(billed.cost_usd(pricing) for billed in self.bill)
+
+    def wait_for_bill(self, count: int, timeout_s: float = 10.0) -> bool:
+        """Block until ``count`` answers were computed (billed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._bill) >= count, timeout_s)
+
     def statuses(self) -> list[int]:
         return [r.status for r in self.requests]
 
@@ -285,7 +349,12 @@ class OpenAITestServer:
         if reply.body is not None:
             self._send(req, reply.status, reply.body, reply.headers)
         elif reply.status == 200:
-            self._send_json(req, 200, self._answer(reply, req.path, body), reply.headers)
+            answer = self._answer(reply, req.path, body)
+            # Billed once computed, as a provider does: whether its client still reads or not.
+            with self._cond:
+                self._bill.append(billed_usage(answer))
+                self._cond.notify_all()
+            self._send_json(req, 200, answer, reply.headers)
         else:
             message = reply.error or f"test server answered HTTP {reply.status}"
             self._send_json(req, reply.status, self._error(reply, message), reply.headers)

@@ -102,7 +102,11 @@ class Usage:
     worker that paid for them died before its reply; see NOTE [Call journal] in
     ``asyncgraph.models._journal``): the model billed them once, on the lost delivery,
     and their tokens and cost are counted here, once, since that delivery's reply never
-    reached anyone.
+    reached anyone. ``cut``: calls sent whose answer never came back (the caller was
+    cancelled, the attempt timed out or lost its connection after sending): the provider
+    may have billed them, so each is counted at an upper bound of what it can cost, in
+    the tokens and in ``cost_usd`` (see NOTE [One meter] in ``asyncgraph.models._base``);
+    ``upper_bound`` then says that ``cost_usd`` is one.
 
     Example::
 
@@ -121,15 +125,22 @@ class Usage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     replayed: int = 0
+    cut: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
     @property
+    def upper_bound(self) -> bool:
+        """True when calls were ``cut``: the tokens and ``cost_usd`` are then upper bounds."""
+        return self.cut > 0
+
+    @property
     def cost_text(self) -> str:
-        """``cost_usd`` for people: ``"$0.0123"``, ``"$0.0123 + unknown"``, ``"cost unknown"``."""
-        return format_cost(self.cost_usd, self.unpriced_requests)
+        """``cost_usd`` for people: ``"$0.0123"``, ``"$0.0123 + unknown"``, ``"cost unknown"``,
+        ``"at most $0.0123"`` (an upper bound: calls were ``cut``)."""
+        return format_cost(self.cost_usd, self.unpriced_requests, upper_bound=self.upper_bound)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -163,7 +174,10 @@ class UsageMeter:
     """Thread-safe running totals; ``snapshot()`` returns a ``Usage``.
 
     Every model owns one (``model.usage``); pass the same ``UsageMeter`` to several
-    models to add their usage together.
+    models to add their usage together. ``in_flight`` counts the calls sent and not yet
+    answered or cut; after ``stop_sending(reason)`` no call it counts is sent any more
+    (each waits at its send until its caller cancels it), while those in flight finish
+    and are counted (see NOTE [One meter] in ``asyncgraph.models._base``).
 
     Example::
 
@@ -177,10 +191,41 @@ class UsageMeter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._usage = Usage()
+        self._in_flight = 0
+        self._stopped: str | None = None
 
     def snapshot(self) -> Usage:
         with self._lock:
             return self._usage
+
+    @property
+    def in_flight(self) -> int:
+        """Calls counted here that were sent and are not answered or cut yet."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def sending_stopped(self) -> str | None:
+        """Why calls counted here may not be sent any more (``stop_sending``); None: they may."""
+        return self._stopped
+
+    def stop_sending(self, reason: str) -> None:
+        """From now on, no call counted here is sent: each waits at its send until its
+        caller is cancelled (at most ``SEND_HOLD_S``, then it raises ``ModelError`` saying
+        ``reason``); the calls in flight go on, and are counted as they end."""
+        with self._lock:
+            if self._stopped is None:
+                self._stopped = reason
+
+    def call_sent(self) -> None:
+        """A call counted here is being sent (``in_flight`` + 1); ``call_ended`` follows."""
+        with self._lock:
+            self._in_flight += 1
+
+    def call_ended(self) -> None:
+        """A call ``call_sent`` announced was answered or cut (and recorded)."""
+        with self._lock:
+            self._in_flight -= 1
 
     def reset(self) -> Usage:
         """Zero the totals and return what they were."""
@@ -215,6 +260,24 @@ class UsageMeter:
                 replayed=u.replayed + replayed,
             )
 
+    def record_cut(
+        self, prompt_tokens: int, completion_tokens: int, pricing: Pricing | None
+    ) -> None:
+        """A call sent whose answer never came: counted as ``cut``, with ``prompt_tokens``
+        and ``completion_tokens`` (upper bounds of what it could be billed) and their
+        cost; a call of a model without a price is counted in ``unpriced_requests``."""
+        cost = pricing.cost_usd(prompt_tokens, completion_tokens) if pricing is not None else 0.0
+        with self._lock:
+            u = self._usage
+            self._usage = replace(
+                u,
+                cut=u.cut + 1,
+                prompt_tokens=u.prompt_tokens + prompt_tokens,
+                completion_tokens=u.completion_tokens + completion_tokens,
+                cost_usd=u.cost_usd + cost,
+                unpriced_requests=u.unpriced_requests + int(pricing is None),
+            )
+
     def add(self, usage: Usage) -> None:
         """Add a whole ``Usage`` (e.g. what a worker reported for a remote task)."""
         with self._lock:
@@ -236,18 +299,20 @@ class UsageMeter:
         return f"UsageMeter({self.snapshot()!r})"
 
 
-def format_cost(cost_usd: float, unpriced_requests: int = 0) -> str:
+def format_cost(cost_usd: float, unpriced_requests: int = 0, *, upper_bound: bool = False) -> str:
     """A cost for people: unknown prices are said, never shown as ``$0.0000``.
 
     ``"$0"`` (nothing spent, every call priced: e.g. the free simulated model),
     ``"$0.0123"`` (``"$12.35"`` from one dollar), ``"$0.0123 + unknown"`` (some calls
-    came from models without a price), ``"cost unknown"`` (none had one).
+    came from models without a price), ``"cost unknown"`` (none had one); ``upper_bound``
+    (calls were cut before their answer, ``Usage.cut``) says ``"at most $0.0123"``.
 
     Example::
 
         print(format_cost(0.0123))          # $0.0123
         print(format_cost(0.0123, 2))       # $0.0123 + unknown
         print(format_cost(0.0, 3))          # cost unknown
+        print(format_cost(0.0123, upper_bound=True))   # at most $0.0123
     """
     if cost_usd == 0:
         known = "$0"
@@ -255,6 +320,8 @@ def format_cost(cost_usd: float, unpriced_requests: int = 0) -> str:
         known = f"${cost_usd:.4f}"
     else:
         known = f"${cost_usd:,.2f}"
+    if upper_bound and cost_usd > 0:
+        known = f"at most {known}"
     if unpriced_requests <= 0:
         return known
     return "cost unknown" if cost_usd == 0 else f"{known} + unknown"

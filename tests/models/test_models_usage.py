@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from dataclasses import replace
+from typing import Any
 
+import anyio
 import pytest
 
 from asyncgraph.models import (
     MemoryCache,
+    ModelConnectionError,
     ModelRequestError,
+    ModelServerError,
+    ModelTimeoutError,
     OpenAIChat,
     Pricing,
+    Retry,
     SimulatedModel,
     Usage,
     UsageMeter,
+    track_usage,
 )
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 pytestmark = pytest.mark.anyio
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 async def test_totals_count_tokens_requests_hits_errors_and_cost(
@@ -81,3 +97,139 @@ async def test_track_usage_counts_every_model_in_the_block_and_its_tasks() -> No
     assert outer.snapshot().requests == 3
     assert a.usage.snapshot().requests == 2  # each model still keeps its own totals
     assert b.usage.snapshot().requests == 2
+
+
+# -- NOTE [One meter]: every call sent is counted, answered or cut ---------------------------
+
+
+class Gate:
+    """A server-side hold: requests whose last message contains ``"hold"`` wait (in the
+    server's thread) until ``release()``, then are answered and billed."""
+
+    def __init__(self, server: OpenAITestServer) -> None:
+        self.open = threading.Event()
+        self.held = 0  # requests that reached the hold
+        server.handler = self.answer
+
+    def answer(self, body: Any) -> Reply | None:
+        if "hold" in str(body["messages"][-1]["content"]):
+            self.held += 1
+            self.open.wait(30)
+        return None
+
+    def release(self) -> None:
+        self.open.set()
+
+
+async def until(check: Any, timeout_s: float = 20.0) -> None:
+    """Wait (polling; what it waits for happens in another thread) until ``check()``."""
+    with anyio.fail_after(timeout_s):
+        while not check():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def test_a_call_cut_while_the_server_works_is_counted_at_an_upper_bound(
+    server: OpenAITestServer,
+) -> None:
+    pricing = Pricing(0.15, 0.60)
+    gate = Gate(server)
+    model = OpenAIChat("gpt-4o-mini", base_url=server.url, api_key="k", pricing=pricing)
+    messages = [{"role": "user", "content": "please hold the line for a while"}]
+    try:
+        with track_usage() as tracked:
+            async with model, anyio.create_task_group() as tg:
+                tg.start_soon(lambda: model.complete(messages, max_tokens=50))
+                await until(lambda: gate.held == 1)
+                assert model.usage.in_flight == tracked.in_flight == 1
+                tg.cancel_scope.cancel()
+    finally:
+        gate.release()
+    assert server.wait_for_bill(1)  # the server finished it, and billed it
+    usage = model.usage.snapshot()
+    prompt = model.estimate_prompt_tokens(messages)
+    assert usage == tracked.snapshot()
+    assert replace(usage, cost_usd=0.0) == Usage(cut=1, prompt_tokens=prompt, completion_tokens=50)
+    assert usage.cost_usd == pytest.approx(pricing.cost_usd(prompt, 50))
+    assert usage.upper_bound and usage.cost_text.startswith("at most $")
+    assert usage.cost_usd >= server.billed_usd(pricing) > 0  # an upper bound of the bill
+    assert model.usage.in_flight == 0
+
+
+async def test_the_answer_share_of_the_bound_is_what_the_request_allows(
+    server: OpenAITestServer,
+) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    plain = OpenAIChat("gpt-4o-mini", base_url=server.url, api_key="k")
+    assert plain.cut_bound(messages, {})[1] == plain.max_answer_tokens == 16_384
+    assert plain.cut_bound(messages, {"max_completion_tokens": 7})[1] == 7
+    capped = OpenAIChat(
+        "gpt-4o-mini", base_url=server.url, api_key="k", default_params={"max_tokens": 99}
+    )
+    assert capped.cut_bound(messages, {})[1] == 99
+    assert capped.cut_bound(messages, {"max_tokens": 5}) == (
+        plain.estimate_prompt_tokens(messages),
+        5,
+    )
+
+
+async def test_a_timeout_is_counted_at_an_upper_bound_a_refusal_and_a_closed_port_are_not(
+    server: OpenAITestServer,
+) -> None:
+    pricing = Pricing(1.0, 2.0)
+    gate = Gate(server)
+    timing_out = OpenAIChat(
+        "m", base_url=server.url, api_key="k", pricing=pricing, timeout_s=0.3, retry=Retry(1)
+    )
+    messages = [{"role": "user", "content": "hold"}]
+    try:
+        async with timing_out:
+            with pytest.raises(ModelTimeoutError):
+                await timing_out.complete(messages, max_tokens=20)
+    finally:
+        gate.release()
+    assert timing_out.usage.snapshot().cut == 1
+    assert timing_out.usage.snapshot().completion_tokens == 20
+    refused = OpenAIChat("m", base_url=server.url, api_key="k", pricing=pricing, retry=Retry(1))
+    server.script(Reply(status=500))
+    async with refused:
+        with pytest.raises(ModelServerError):
+            await refused.complete([{"role": "user", "content": "x"}])
+    assert refused.usage.snapshot() == Usage(errors=1)
+    nowhere = OpenAIChat(
+        "m", base_url=f"http://127.0.0.1:{free_port()}/v1", pricing=pricing, retry=Retry(1)
+    )
+    async with nowhere:
+        with pytest.raises(ModelConnectionError):
+            await nowhere.complete([{"role": "user", "content": "x"}])
+    assert nowhere.usage.snapshot() == Usage(errors=1)
+
+
+async def test_stop_sending_holds_new_calls_and_lets_the_calls_in_flight_finish(
+    server: OpenAITestServer,
+) -> None:
+    pricing = Pricing(1.0, 2.0)
+    gate = Gate(server)
+    model = OpenAIChat("m", base_url=server.url, api_key="k", pricing=pricing)
+    answered: list[Any] = []
+    try:
+        with track_usage() as meter:
+            async with model, anyio.create_task_group() as tg:
+
+                async def ask(text: str) -> None:
+                    answered.append(await model.complete([{"role": "user", "content": text}]))
+
+                tg.start_soon(ask, "hold one")
+                await until(lambda: meter.in_flight == 1)
+                meter.stop_sending("the budget is spent")
+                tg.start_soon(ask, "two")  # held at its send: never reaches the server
+                await anyio.wait_all_tasks_blocked()
+                gate.release()
+                await until(lambda: meter.in_flight == 0)
+                assert [a.text for a in answered] == ["echo: hold one"]
+                tg.cancel_scope.cancel()  # what a job does once nothing is in flight
+    finally:
+        gate.release()
+    assert len(server.requests) == 1 and len(server.bill) == 1
+    usage = meter.snapshot()
+    assert usage.requests == 1 and usage.cut == 0 and not usage.upper_bound
+    assert usage.cost_usd == pytest.approx(server.billed_usd(pricing), rel=1e-12)

@@ -160,7 +160,7 @@ function renderRuns() {
       const unfinished = run.total_steps && run.steps_done < run.total_steps;
       const live = STOPPED[run.stopped] || (unfinished ? "running or stopped" : null);
       const spent = run.max_cost_usd == null ? null
-        : `spent ${run.cost_usd == null ? "?" : money(run.cost_usd)} of the ${money(run.max_cost_usd)} cap`;
+        : `spent ${run.cost_usd == null ? "?" : (run.cut_calls > 0 ? "at most " : "") + money(run.cost_usd)} of the ${money(run.max_cost_usd)} cap`;
       const replayed = run.replayed_calls > 0
         ? `${run.replayed_calls} model call${run.replayed_calls === 1 ? "" : "s"} replayed from the journal` : null;
       return el(
