@@ -20,28 +20,47 @@ Each run is labelled by its directory (``run_labels``: the last path component, 
 many trailing ones as tell it from the other runs given), the job's name shown beside it:
 runs of the same job differ by their directories, not by their names.
 
-Requests naming another host than the loopback one are refused (a web page elsewhere
-cannot read the runs through DNS rebinding).
+NOTE [Dashboard access]: the runs are the user's data (prompts, replies, 0600 files), and
+127.0.0.1 is shared by every local user. So, as Jupyter does:
+
+- every request (the page, its script, the API) needs the server's token: a random one
+  (``secrets.token_urlsafe``) unless ``--token`` / ``$ASYNCGRAPH_UI_TOKEN`` gives one, in
+  the URL it prints (``?token=``), then in a cookie (HttpOnly, SameSite=Strict, named by
+  the port) set by the first response to a good token; compared in constant time. Without
+  one: 403 and what to open instead;
+- requests naming another host than the loopback one are refused (a web page elsewhere
+  cannot read the runs through DNS rebinding);
+- the browser is opened on a 0600 file that redirects to the URL, not on the URL: a
+  browser's command line is visible to other users;
+- it reads only regular files whose resolved path lies inside a run directory given
+  (``_read_inside``): a symlink out of it, a ``call_log`` named in ``steps.jsonl`` that
+  lies elsewhere, a FIFO are refused, not read.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import hmac
 import json
+import os
 import re
+import secrets
+import stat
 import sys
+import tempfile
 import threading
 import webbrowser
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
-from ..observe import read_call_log
 from ._checkpoint import is_number
 from ._record import STEPS_FILE, STOP_REASONS, TRACES_DIR, trace_name
 
@@ -67,6 +86,9 @@ _API = re.compile(r"^/api/run/(\d+)(?:/(calls|trace)/(\d+))?$")
 _MAX_DIGITS = 9  # a run or step number; longer ones are refused before int() sees them
 _WORDS = re.compile(r"\s+|[^\s]+")
 _MAX_DIFF_CHARS = 200_000
+TOKEN_ENV = "ASYNCGRAPH_UI_TOKEN"
+_MIN_TOKEN_CHARS = 16
+_TOKEN = re.compile(rf"[A-Za-z0-9._~-]{{{_MIN_TOKEN_CHARS},}}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,33 +99,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-browser", action="store_true", help="do not open a browser, just print the URL"
     )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"the token every request needs (${TOKEN_ENV}; default: a random one, in the "
+        f"URL printed; argv is visible to other users, prefer the variable)",
+    )
 
 
 # -- reading a run ------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
+def _read_inside(path: Path, roots: Sequence[Path]) -> bytes:
+    """The bytes of ``path`` when it is a regular file whose resolved path lies inside one
+    of ``roots`` (resolved directories); else ``OSError`` saying why (see NOTE [Dashboard
+    access]). A symlink is followed only to a file inside a root."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        resolved = path.resolve(strict=True)
+    except RuntimeError as exc:  # a symlink loop (Python 3.11, 3.12)
+        raise OSError(f"{path}: {exc}") from None
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise PermissionError(f"{path} lies outside the run directories given to asyncgraph ui")
+    # Not following a link swapped in since, and not waiting on a FIFO's writer.
+    fd = os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise PermissionError(f"{path} is not a regular file")
+        return file.read()
+
+
+def _root(run_dir: Path) -> tuple[Path, ...]:
+    return (Path(run_dir).resolve(),)
+
+
+def _read_json(path: Path, roots: Sequence[Path]) -> Any:
+    try:
+        return json.loads(_read_inside(path, roots).decode("utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines text; a line cut short (being written) is skipped."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def _read_lines(run_dir: Path) -> list[dict[str, Any]]:
     """steps.jsonl's lines in the order written: step lines and run events (``_record``)."""
     try:
-        text = (run_dir / STEPS_FILE).read_text(encoding="utf-8")
-    except OSError:
+        return _records(_read_inside(run_dir / STEPS_FILE, _root(run_dir)).decode("utf-8"))
+    except (OSError, ValueError):
         return []
-    lines = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if isinstance(record, dict):
-            lines.append(record)
-    return lines
 
 
 def _steps_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -194,7 +248,7 @@ def run_summary(
     cut before their answer (then ``cost_usd`` is an upper bound). Runs recorded before a
     field was kept have None (0 replayed or cut calls, never stopped).
     """
-    ckpt = _read_json(run_dir / "checkpoint.json")
+    ckpt = _read_json(run_dir / "checkpoint.json", _root(run_dir))
     history = _history(run_dir, ckpt)
     job = ckpt.get("job", {}) if isinstance(ckpt, dict) else {}
     name = job.get("name") if isinstance(job, dict) else None
@@ -239,7 +293,7 @@ def _newest(lines: list[dict[str, Any]], key: str) -> Any:
 def _history(run_dir: Path, ckpt: Any) -> list[dict[str, Any]]:
     if isinstance(ckpt, dict) and isinstance(ckpt.get("history"), list):
         return [h for h in ckpt["history"] if isinstance(h, dict)]
-    saved = _read_json(run_dir / "history.json")
+    saved = _read_json(run_dir / "history.json", _root(run_dir))
     if isinstance(saved, dict) and isinstance(saved.get("history"), list):
         return [h for h in saved["history"] if isinstance(h, dict)]
     return []
@@ -256,7 +310,7 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
     (``word_diff``; None at the first) and the feedback received in that step.
     """
     path = Path(run_dir)
-    ckpt = _read_json(path / "checkpoint.json")
+    ckpt = _read_json(path / "checkpoint.json", _root(path))
     history = _history(path, ckpt)
     lines = _read_lines(path)
     steps = _steps_of(lines)
@@ -313,12 +367,19 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
     }
 
 
-def _step_calls(run_dir: Path, step: int) -> list[dict[str, Any]]:
-    """The calls of ``step`` in the run's call log(s); a log shared by runs is filtered."""
+def _step_calls(run_dir: Path, step: int, roots: Sequence[Path]) -> list[dict[str, Any]]:
+    """The calls of ``step`` in the run's call log(s); a log shared by runs is filtered.
+
+    A log is read only when it lies inside ``roots`` (the run directories shown): else
+    ``PermissionError`` naming it (``steps.jsonl`` may name any file)."""
     logs = {r["call_log"] for r in _read_steps(run_dir) if isinstance(r.get("call_log"), str)}
     calls: list[dict[str, Any]] = []
     for log in sorted(logs):
-        for record in read_call_log(log):
+        try:
+            text = _read_inside(Path(log), roots).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            continue  # not written yet
+        for record in _records(text):
             labels = record.get("labels")
             if (
                 isinstance(labels, dict)
@@ -337,11 +398,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     run_dirs: list[Path]
     labels: list[str]
+    token: str
+    cookie: str  # the cookie's name: one per port, as a browser shares cookies across ports
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "asyncgraph-ui"
+    _set_cookie = False  # this answer sets the token's cookie (the request had it in its URL)
 
     def log_message(self, format: str, *args: Any) -> None:
         return None  # quiet: the terminal shows the URL, not every poll
@@ -350,6 +414,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._local_host():
             self._send(HTTPStatus.FORBIDDEN, b"only http://127.0.0.1 serves this", "text/plain")
             return
+        given = self._query_token()
+        if not (self._good(given) or self._good(self._cookie_token())):
+            self._send(
+                HTTPStatus.FORBIDDEN,
+                b"asyncgraph ui: this request has no valid token. Open the URL that "
+                b"`asyncgraph ui` printed (http://127.0.0.1:PORT/?token=...); the page keeps "
+                b"the token in a cookie after that.",
+                "text/plain",
+            )
+            return
+        self._set_cookie = self._good(given)
         path = self.path.split("?", 1)[0]
         if path in _STATIC:
             name = _STATIC[path]
@@ -372,18 +447,38 @@ class _Handler(BaseHTTPRequestHandler):
         kind, step = match.group(2), match.group(3)
         if kind is None:
             self._json(load_run(run_dir, label=self.server.labels[index]))
-        elif kind == "calls":
-            self._json({"step": int(step), "calls": _step_calls(run_dir, int(step))})
-        else:
-            trace = run_dir / trace_name(int(step))
-            try:
-                self._send(HTTPStatus.OK, trace.read_bytes(), "application/json")
-            except OSError:
-                self._send(HTTPStatus.NOT_FOUND, b"no trace for this step", "text/plain")
+            return
+        try:
+            if kind == "calls":
+                calls = _step_calls(run_dir, int(step), self.server.run_dirs)
+                self._json({"step": int(step), "calls": calls})
+            else:
+                trace = _read_inside(run_dir / trace_name(int(step)), (run_dir,))
+                self._send(HTTPStatus.OK, trace, "application/json")
+        except PermissionError as exc:
+            self._send(HTTPStatus.FORBIDDEN, f"refused: {exc}".encode(), "text/plain")
+        except OSError:
+            self._send(HTTPStatus.NOT_FOUND, f"no {kind} for this step".encode(), "text/plain")
 
     def _local_host(self) -> bool:
         host = (self.headers.get("host") or "").rsplit(":", 1)[0].strip("[]").lower()
         return host in ("127.0.0.1", "localhost", "::1")
+
+    def _query_token(self) -> str | None:
+        values = parse_qs(urlsplit(self.path).query).get("token")
+        return values[-1] if values else None
+
+    def _cookie_token(self) -> str | None:
+        try:
+            morsel = SimpleCookie(self.headers.get("cookie") or "").get(self.server.cookie)
+        except CookieError:
+            return None
+        return morsel.value if morsel is not None else None
+
+    def _good(self, token: str | None) -> bool:
+        if token is None:
+            return False
+        return hmac.compare_digest(token.encode(), self.server.token.encode())
 
     def _json(self, payload: Any) -> None:
         data = json.dumps(payload, ensure_ascii=False, allow_nan=False, default=repr)
@@ -395,24 +490,72 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         self.send_header("cache-control", "no-store")
         self.send_header("x-content-type-options", "nosniff")
+        self.send_header("referrer-policy", "no-referrer")
+        if self._set_cookie:
+            self.send_header(
+                "set-cookie",
+                f"{self.server.cookie}={self.server.token}; Path=/; HttpOnly; SameSite=Strict",
+            )
         self.end_headers()
         self.wfile.write(data)
 
 
+def _check_token(token: str) -> None:
+    """Raise ``ValueError`` for a token too short to keep other users out, or with a
+    character that would need quoting in a URL or a cookie."""
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(
+            f"the dashboard's token must be {_MIN_TOKEN_CHARS} or more letters, digits, '-', "
+            f"'_', '.' or '~' (got {len(token)} characters); leave it out for a random one, "
+            f"or make one with `python -c 'import secrets; print(secrets.token_urlsafe())'`"
+        )
+
+
 @contextmanager
-def open_ui_server(run_dirs: Sequence[str | Path], *, port: int = 0) -> Iterator[str]:
-    """Serve the dashboard of ``run_dirs`` on 127.0.0.1 in a thread; yields its URL."""
+def open_ui_server(
+    run_dirs: Sequence[str | Path], *, port: int = 0, token: str | None = None
+) -> Iterator[str]:
+    """Serve the dashboard of ``run_dirs`` on 127.0.0.1 in a thread; yields the URL to open,
+    with its token (``http://127.0.0.1:PORT/?token=...``).
+
+    Every request needs ``token`` (default: a random one; see NOTE [Dashboard access]):
+    in the URL's query, or the cookie the first answer to it sets. Raises ``ValueError``
+    for a token shorter than 16 characters or with other characters than letters,
+    digits, ``-``, ``_``, ``.``, ``~``; ``OSError`` when the port is taken.
+    """
+    token = secrets.token_urlsafe(32) if token is None else token
+    _check_token(token)
     server = _Server((HOST, port), _Handler)
     server.run_dirs = [Path(d).resolve() for d in run_dirs]
     server.labels = run_labels(server.run_dirs)
+    server.token = token
+    server.cookie = f"asyncgraph-ui-{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, name="asyncgraph-ui", daemon=True)
     thread.start()
     try:
-        yield f"http://{HOST}:{server.server_address[1]}/"
+        yield f"http://{HOST}:{server.server_address[1]}/?token={token}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextmanager
+def _redirect_file(url: str) -> Iterator[Path]:
+    """A 0600 HTML file that sends a browser to ``url``: what the browser is opened on, so
+    the token is not on a command line other users can read (``ps``)."""
+    fd, name = tempfile.mkstemp(prefix="asyncgraph-ui-", suffix=".html")
+    path = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(
+                f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" '
+                f'content="0;url={url}"><title>asyncgraph ui</title>'
+                f'<p><a href="{url}">Open the dashboard</a>'
+            )
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -424,8 +567,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.token is not None:
+        try:
+            _check_token(args.token)
+        except ValueError as exc:
+            print(f"error: --token / ${TOKEN_ENV}: {exc}", file=sys.stderr)
+            return 2
     try:
-        server = open_ui_server(args.run_dirs, port=args.port)
+        server = open_ui_server(args.run_dirs, port=args.port, token=args.token)
         url = server.__enter__()
     except OSError as exc:
         print(
@@ -436,9 +585,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(f"asyncgraph ui: {url}  ({len(args.run_dirs)} run(s); Ctrl-C stops)", flush=True)
-        if not args.no_browser:
-            webbrowser.open(url)
-        threading.Event().wait()
+        with _redirect_file(url) as page:
+            if not args.no_browser:
+                webbrowser.open(page.as_uri())
+            threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:

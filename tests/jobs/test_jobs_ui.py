@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,6 +107,12 @@ def capped_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     checkpoint["history"][-1]["replayed_calls"] = checkpoint["spent"]["replayed_calls"] = 2
     (root / "replayed" / "checkpoint.json").write_text(json.dumps(checkpoint))
     return {name: root / name for name in ("free", "capped", "raised", "replayed")}
+
+
+def at(url: str, path: str) -> str:
+    """``path`` on the dashboard served at ``url`` (the URL it prints, with its token)."""
+    base, _, token = url.partition("?")
+    return f"{base}{path}{'&' if '?' in path else '?'}{token}"
 
 
 def get(url: str, host: str | None = None) -> tuple[int, bytes]:
@@ -211,13 +220,15 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
     runs: list[Path],
 ) -> None:
     with open_ui_server(runs) as url:
-        status, body = get(url + "api/runs")
+        status, body = get(at(url, "api/runs"))
         assert status == 200
         summaries = json.loads(body)["runs"]
         assert [r["steps_done"] for r in summaries] == [3, 6, 9]
         assert [(r["label"], r["name"]) for r in summaries] == [(label, JOB) for label in LABELS]
-        assert [json.loads(get(url + f"api/run/{i}")[1])["label"] for i in range(3)] == list(LABELS)
-        status, body = get(url + "api/run/0/calls/2")
+        assert [json.loads(get(at(url, f"api/run/{i}"))[1])["label"] for i in range(3)] == list(
+            LABELS
+        )
+        status, body = get(at(url, "api/run/0/calls/2"))
         calls = json.loads(body)["calls"]
         assert status == 200 and calls
         assert {c["labels"]["step"] for c in calls} == {2}
@@ -227,16 +238,16 @@ def test_the_api_serves_runs_steps_calls_and_traces_to_the_loopback_only(
             "optimizer step",
             "validation",
         }
-        status, body = get(url + "api/run/1/trace/4")
+        status, body = get(at(url, "api/run/1/trace/4"))
         assert status == 200 and json.loads(body)["traceEvents"]
-        assert get(url + "api/run/1/trace/99")[0] == 404
-        assert get(url + "api/run/3")[0] == 404
-        assert get(url + "api/run/0/../../etc/passwd")[0] == 404
+        assert get(at(url, "api/run/1/trace/99"))[0] == 404
+        assert get(at(url, "api/run/3"))[0] == 404
+        assert get(at(url, "api/run/0/../../etc/passwd"))[0] == 404
         status, page = get(url)
         assert status == 200 and b'<script src="/app.js"' in page
-        assert get(url + "app.js")[0] == 200 and get(url + "app.css")[0] == 200
+        assert get(at(url, "app.js"))[0] == 200 and get(at(url, "app.css"))[0] == 200
         # A page elsewhere that resolves its own name to 127.0.0.1 gets nothing.
-        assert get(url + "api/runs", host="attacker.example:80")[0] == 403
+        assert get(at(url, "api/runs"), host="attacker.example:80")[0] == 403
 
 
 @pytest.mark.slow
@@ -244,8 +255,8 @@ def test_the_api_says_the_cap_the_spend_the_stop_at_the_cap_and_replayed_calls(
     capped_runs: dict[str, Path],
 ) -> None:
     with open_ui_server(list(capped_runs.values())) as url:
-        runs = {r["label"]: r for r in json.loads(get(url + "api/runs")[1])["runs"]}
-        assert json.loads(get(url + "api/run/1")[1])["stopped_at_cost_cap"] is True
+        runs = {r["label"]: r for r in json.loads(get(at(url, "api/runs"))[1])["runs"]}
+        assert json.loads(get(at(url, "api/run/1"))[1])["stopped_at_cost_cap"] is True
     free, capped, raised, replayed = (runs[name] for name in capped_runs)
     history = json.loads((capped_runs["free"] / "checkpoint.json").read_text())["history"]
     costs = [row["cost_usd"] for row in history]
@@ -284,9 +295,9 @@ def test_an_absurd_run_or_step_number_is_a_400_not_a_traceback(tmp_path: Path) -
             f"api/run/0/trace/{'1' * 10}",
             f"api/run/{'7' * 5000}",
         ):
-            status, body = get(url + path)
+            status, body = get(at(url, path))
             assert status == 400 and body == b"run or step number out of range", path
-        assert get(url + "api/run/0/calls/123456789")[0] == 200  # nine digits: fine
+        assert get(at(url, "api/run/0/calls/123456789"))[0] == 200  # nine digits: fine
 
 
 @pytest.mark.slow
@@ -305,9 +316,9 @@ def test_the_ui_follows_a_run_while_it_runs(tmp_path: Path) -> None:
                 seen: list[int] = []
                 deadline = time.monotonic() + 60
                 while proc.poll() is None and time.monotonic() < deadline:
-                    seen.append(json.loads(get(url + "api/run/0")[1])["steps_done"])
+                    seen.append(json.loads(get(at(url, "api/run/0"))[1])["steps_done"])
                     time.sleep(0.1)
-                final = json.loads(get(url + "api/run/0")[1])
+                final = json.loads(get(at(url, "api/run/0"))[1])
             assert proc.wait(timeout=60) == 0, log.read_text()
         finally:
             if proc.poll() is None:
@@ -323,6 +334,188 @@ def test_ui_of_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("ui", str(tmp_path / "nope"), "--no-browser")
     assert proc.returncode == 2
     assert "error: not a directory" in proc.stderr and "--out directories" in proc.stderr
+
+
+# -- who may read the runs, and which files -----------------------------------------------
+
+
+def fetch(
+    url: str, *, cookie: str | None = None, raw_path: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """A GET with http.client (sends ``raw_path`` as written: no normalizing of ``..``)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    path = (
+        raw_path if raw_path is not None else parts.path + (f"?{parts.query}" * bool(parts.query))
+    )
+    conn.request("GET", path, headers={"Cookie": cookie} if cookie else {})
+    response = conn.getresponse()
+    body = response.read()
+    headers = {k.lower(): v for k, v in response.getheaders()}
+    conn.close()
+    return response.status, headers, body
+
+
+def traced_run(root: Path, name: str = "run") -> Path:
+    """A run directory as a job writes it: a step with its trace and call log inside."""
+    run = root / name
+    (run / "traces").mkdir(parents=True)
+    log = run / "calls.jsonl"
+    (run / "steps.jsonl").write_text(
+        json.dumps({"step": 1, "trace": "traces/step-0001.json", "call_log": str(log)}) + "\n"
+    )
+    (run / "traces" / "step-0001.json").write_text(json.dumps({"traceEvents": []}))
+    log.write_text(json.dumps({"model": "m", "labels": {"step": 1}, "prompt": "mine"}) + "\n")
+    return run
+
+
+PAGES = ("", "index.html", "app.js", "app.css", "api/runs", "api/run/0", "api/run/0/calls/1",
+         "api/run/0/trace/1")  # fmt: skip
+
+
+def test_every_request_needs_the_token_then_its_cookie(tmp_path: Path) -> None:
+    # The issue: as `nobody`, /api/run/0, /calls/1 and /trace/1 returned the user's data.
+    run = traced_run(tmp_path)
+    with open_ui_server([run]) as url:
+        base, _, query = url.partition("?")
+        token = query.removeprefix("token=")
+        assert len(token) >= 32 and urllib.parse.urlsplit(url).path == "/"
+        port = urllib.parse.urlsplit(url).port
+        wrong = "x" * len(token)
+        for page in PAGES:
+            status, headers, body = fetch(base + page)
+            assert status == 403 and b"no valid token" in body, page
+            assert b"mine" not in body and "set-cookie" not in headers
+            assert fetch(f"{base}{page}?token={wrong}")[0] == 403
+            assert fetch(f"{base}{page}?token={token[:-1]}")[0] == 403
+            assert fetch(base + page, cookie=f"asyncgraph-ui-{port}={wrong}")[0] == 403
+            # Another dashboard's cookie (browsers share cookies across ports) is not ours.
+            assert fetch(base + page, cookie=f"asyncgraph-ui-{port + 1}={token}")[0] == 403
+            status, headers, body = fetch(f"{base}{page}?token={token}")
+            assert status == 200, (page, body)
+            cookie = headers["set-cookie"]
+            assert cookie.startswith(f"asyncgraph-ui-{port}={token};"), cookie
+            assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {
+                part.strip() for part in cookie.split(";")
+            }
+            assert headers["referrer-policy"] == "no-referrer"
+            status, headers, again = fetch(base + page, cookie=f"asyncgraph-ui-{port}={token}")
+            assert status == 200 and again == body and "set-cookie" not in headers, page
+        assert b"mine" in fetch(f"{base}api/run/0/calls/1?token={token}")[2]
+        # A malformed cookie header is no cookie, not an error.
+        assert fetch(base, cookie='asyncgraph-ui-1="unterminated')[0] == 403
+    with open_ui_server([run], token="a-token-of-my-own_1") as url:
+        assert url.endswith("/?token=a-token-of-my-own_1")
+        assert get(at(url, "api/runs"))[0] == 200
+    for bad in ("", "short", "spaces are not ok here", "semi;colon-0123456789"):
+        with pytest.raises(ValueError, match="16 or more letters"):
+            with open_ui_server([run], token=bad):
+                pass
+
+
+def test_only_regular_files_inside_the_run_folders_are_served(tmp_path: Path) -> None:
+    run, other = traced_run(tmp_path), traced_run(tmp_path, "other")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    secret = outside / "secret.json"
+    secret.write_text(json.dumps({"traceEvents": [{"name": "SECRET"}], "job": {"name": "SECRET"}}))
+    foreign_log = outside / "calls.jsonl"  # another project's call log
+    foreign_log.write_text(json.dumps({"labels": {"step": 2}, "prompt": "SECRET"}) + "\n")
+    traces = run / "traces"
+    (traces / "step-0002.json").symlink_to(secret)  # the issue's symlink
+    (traces / "step-0003.json").symlink_to(run / "traces" / "step-0001.json")  # inside: fine
+    os.mkfifo(traces / "step-0004.json")  # would block a reader forever
+    (traces / "step-0005.json").symlink_to(traces / "step-0005.json")  # a loop
+    (traces / "step-0006.json").symlink_to(traces / "step-0002.json")  # a link to the link
+    lines = [
+        {"step": 1, "trace": "traces/step-0001.json", "call_log": str(run / "calls.jsonl")},
+        {"step": 2, "call_log": str(foreign_log)},
+    ]
+    (run / "steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run / "checkpoint.json").symlink_to(secret)
+    # A run whose call log lies in another run folder shown: both runs' data, served.
+    shared = [{"step": 1, "call_log": str(run / "calls.jsonl")}]
+    (other / "steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in shared))
+    # A run folder whose traces directory is a link to outside.
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (outside / "traces").mkdir()
+    (outside / "traces" / "step-0001.json").write_text('{"SECRET": 1}')
+    (linked / "traces").symlink_to(outside / "traces")
+    (linked / "steps.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    with open_ui_server([run, other, linked]) as url:
+        assert get(at(url, "api/run/0/trace/1"))[0] == 200
+        assert get(at(url, "api/run/0/trace/3"))[0] == 200  # a link inside the run folder
+        for step in (2, 6):
+            status, body = get(at(url, f"api/run/0/trace/{step}"))
+            assert status == 403 and b"SECRET" not in body, step
+            assert b"outside the run directories given to asyncgraph ui" in body
+        status, body = get(at(url, "api/run/0/trace/4"))
+        assert status == 403 and b"not a regular file" in body
+        assert get(at(url, "api/run/0/trace/5"))[0] == 404  # a loop: no such trace
+        status, body = get(at(url, "api/run/0/calls/2"))
+        assert status == 403 and b"SECRET" not in body and str(foreign_log).encode() in body
+        status, body = get(at(url, "api/run/0"))
+        assert status == 200 and b"SECRET" not in body  # the checkpoint link is not read
+        assert json.loads(body)["name"] == "run"
+        status, body = get(at(url, "api/run/1/calls/1"))
+        assert status == 200 and json.loads(body)["calls"][0]["prompt"] == "mine"
+        status, body = get(at(url, "api/run/2/trace/1"))
+        assert status == 403 and b"SECRET" not in body
+        token = url.partition("?")[2]
+        for raw in (
+            "/api/run/0/../../elsewhere/secret.json",
+            "/%2e%2e/%2e%2e/elsewhere/secret.json",
+            "/api/run/0/trace/1/../../../../elsewhere/secret.json",
+            "/../elsewhere/secret.json",
+        ):
+            status, _, body = fetch(url, raw_path=f"{raw}?{token}")
+            assert status == 404 and b"SECRET" not in body, raw
+
+
+@pytest.mark.slow
+def test_the_ui_command_prints_its_token_and_opens_the_browser_on_a_private_file(
+    tmp_path: Path,
+) -> None:
+    run = traced_run(tmp_path)
+    record = tmp_path / "browser.txt"
+    recorder = tmp_path / "browser.py"
+    recorder.write_text(
+        "import os, sys\n"
+        "target = sys.argv[1]\n"
+        "path = target.removeprefix('file://')\n"
+        "mode = oct(os.stat(path).st_mode & 0o777)\n"
+        f"open({str(record)!r}, 'w').write(repr(sys.argv) + '\\n' + mode + '\\n' + open(path).read())\n"
+    )
+    token = "my-own-token-from-the-environment"
+    env = {**cli_env(), "BROWSER": f"{sys.executable} {recorder} %s", "ASYNCGRAPH_UI_TOKEN": token}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncgraph", "ui", str(run), "--port", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", line)
+        assert url and url[0].endswith(f"?token={token}"), line
+        deadline = time.monotonic() + 60
+        while not (record.exists() and record.read_text().count("\n") >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, "no browser opened"
+            time.sleep(0.05)
+        argv, mode, page = record.read_text().split("\n", 2)
+        assert token not in argv and "file://" in argv  # not on a command line (ps)
+        assert mode == "0o600" and url[0] in page
+        assert get(at(url[0], "api/run/0"))[0] == 200
+        assert get(url[0].partition("?")[0] + "api/run/0")[0] == 403
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    redirect = re.search(r"'file://([^']+)'", argv)
+    assert redirect and not Path(redirect[1]).exists()  # removed when the server stops
+    short = run_cli("ui", str(run), "--no-browser", "--token", "short")
+    assert short.returncode == 2 and "16 or more letters" in short.stderr
+    assert "Traceback" not in short.stderr
 
 
 # -- the page, in a real headless Chromium ----------------------------------------------
@@ -370,7 +563,7 @@ def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chrom
     runs: list[Path], chromium: list[str], tmp_path: Path
 ) -> None:
     with open_ui_server(runs) as url:
-        page = f"{url}?step=2"
+        page = f"{url}&step=2"
         done = browse(chromium, "--dump-dom", page)
         assert done.returncode == 0, done.stderr[-2000:]
         dom = done.stdout
@@ -412,7 +605,7 @@ def test_three_runs_fit_the_window_labelled_by_directory_with_readable_timelines
     runs: list[Path], chromium: list[str], width: int
 ) -> None:
     with open_ui_server(runs) as url:
-        done = browse(chromium, f"--window-size={width},1600", "--dump-dom", f"{url}?step=2")
+        done = browse(chromium, f"--window-size={width},1600", "--dump-dom", f"{url}&step=2")
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     body = re.search(r"<body([^>]*)>", dom)
@@ -485,7 +678,7 @@ def test_the_timeline_names_node_bars_by_function_and_the_calls_under_them_by_mo
     ]  # fmt: skip
     (run / trace_file).write_text(json.dumps({"traceEvents": events}))
     with open_ui_server([run]) as url:
-        done = browse(chromium, "--window-size=1000,1000", "--dump-dom", f"{url}?step=1")
+        done = browse(chromium, "--window-size=1000,1000", "--dump-dom", f"{url}&step=1")
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     assert 'data-overflow=""' in dom and 'data-small-text=""' in dom, dom[-3000:]
@@ -506,7 +699,7 @@ def test_the_run_chips_show_the_spend_against_the_cap_the_stop_and_replayed_call
 ) -> None:
     with open_ui_server(list(capped_runs.values())) as url:
         done = browse(chromium, "--window-size=1000,1200", "--dump-dom", url)
-        runs = json.loads(get(url + "api/runs")[1])["runs"]
+        runs = json.loads(get(at(url, "api/runs"))[1])["runs"]
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     body = re.search(r"<body([^>]*)>", dom)

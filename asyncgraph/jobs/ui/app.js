@@ -24,6 +24,13 @@ const METRICS = [
 ];
 
 const state = { runs: [], data: [], step: null, follow: true, text: "", cache: new Map() };
+// The token the URL carried is in a cookie now: out of the address bar and the history.
+const query = new URLSearchParams(location.search);
+if (query.has("token")) {
+  query.delete("token");
+  const rest = query.toString();
+  history.replaceState(null, "", location.pathname + (rest ? `?${rest}` : "") + location.hash);
+}
 // ?step=N opens that step (and stops following the latest one).
 const asked = new URLSearchParams(location.search).get("step");
 if (asked !== null && /^\d+$/.test(asked)) {
@@ -60,7 +67,7 @@ function svg(tag, attrs, ...children) {
 
 async function getJSON(url) {
   const response = await fetch(url, { cache: "no-store" });
-  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}: ${await response.text()}`);
   return response.json();
 }
 
