@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the job spec builds its identity with fingerprint_data from
     from ._job import Job
 
 __all__ = [
+    "holds_no_step",
     "BEST_FORMAT",
     "CheckpointError",
     "HISTORY_FIELDS",
@@ -279,6 +280,20 @@ def restore_checkpoint(job: Job, path: Path, identity: Mapping[str, Any]) -> Pro
             f"checkpoint {str(path)!r} is corrupt: its data is nested too deeply; delete it to "
             f"start over, or restore a backup"
         ) from None
+
+
+def holds_no_step(path: Path, expected: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``path`` is a checkpoint that completed no step (a run that failed or was
+    stopped before its first step ended), of the job ``expected`` describes when given:
+    a rerun of that job replaces it, since there is nothing in it to resume."""
+    try:
+        if expected is None:
+            state = json.loads(path.read_bytes())
+        else:
+            state = load_checkpoint(path, expected)
+    except (OSError, ValueError, CheckpointError):
+        return False
+    return isinstance(state, dict) and state.get("step") == 0 and not state.get("history")
 
 
 def load_checkpoint(path: Path, expected: Mapping[str, Any]) -> dict[str, Any]:

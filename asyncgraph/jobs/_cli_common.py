@@ -24,8 +24,8 @@ from asyncgraph._redact import redact
 from asyncgraph.distributed import check_queue_name, live_workers
 from asyncgraph.resp import parse_redis_url
 
-from ._checkpoint import CHECKPOINT_FILE, CheckpointError
-from ._job import JobResult
+from ._checkpoint import CHECKPOINT_FILE, CheckpointError, holds_no_step
+from ._job import Job, JobResult
 
 __all__ = [
     "EXIT_ERROR",
@@ -174,10 +174,15 @@ def usage_error(message: str) -> int:
     return EXIT_USAGE
 
 
-def existing_run_problem(out: Path, *, resume: bool, overwrite: bool) -> str | None:
+def existing_run_problem(
+    out: Path, *, resume: bool, overwrite: bool, job: Job | None = None
+) -> str | None:
     """What is wrong with starting a run in ``out`` that holds an earlier run's checkpoint
-    without ``--resume`` or ``--overwrite``, in the command line's words; or None."""
+    without ``--resume`` or ``--overwrite``, in the command line's words; or None. A
+    checkpoint of ``job`` that completed no step is no problem: the run replaces it."""
     if resume or overwrite or not (out / CHECKPOINT_FILE).exists():
+        return None
+    if job is not None and holds_no_step(out / CHECKPOINT_FILE, job.identity()):
         return None
     return (
         f"{str(out / CHECKPOINT_FILE)!r} holds the checkpoint of an earlier run: continue it "

@@ -136,7 +136,7 @@ def _finished_before_start(args: argparse.Namespace, job: Job, out: Path) -> Job
     earlier run without --resume / --overwrite or another job's checkpoint; with --resume,
     the result of a run that has nothing left to do (a fleet would start for nothing)."""
     problem = existing_run_problem(
-        out, resume=args.resume, overwrite=getattr(args, "overwrite", False)
+        out, resume=args.resume, overwrite=getattr(args, "overwrite", False), job=job
     )
     if problem is not None:
         raise CheckpointError(problem)

@@ -1,5 +1,6 @@
 """The models a job can reach, found without running anything: what the cost cap checks
-for prices before the job's first call (``_spending.check_priced``).
+for prices before the job's first call (``_spending.check_priced``), and a name that
+names no model is reported before it (``check_model_specs``).
 
 They are looked for in:
 
@@ -39,7 +40,7 @@ from asyncgraph import Module
 from asyncgraph.models import ChatModel, ModelConfigError
 from asyncgraph.text import UnknownModelError, current_models, resolve_model
 
-__all__ = ["ReachedModel", "reachable_models"]
+__all__ = ["ReachedModel", "check_model_specs", "reachable_models"]
 
 _KEYWORDS = ("model", "feedback_model")  # the keywords of text Functions that name a model
 _MAX_ITEMS = 1000  # of a list, tuple or dict searched
@@ -60,6 +61,24 @@ def reachable_models(
     optimizer: Any, parameters: Any, forward: Callable[..., Any]
 ) -> list[ReachedModel]:
     """The models the job made of these can reach (see the module docstring), each once."""
+    return _search(optimizer, parameters, forward).found
+
+
+def check_model_specs(optimizer: Any, parameters: Any, forward: Callable[..., Any]) -> None:
+    """Raise the ``UnknownModelError`` of the first model name the job can reach that
+    names no model here (not registered, and not a spec: e.g. ``"gpt-4o-mini"`` for
+    ``"openai:gpt-4o-mini"``), before its first call or file: its message leads with the
+    fix, then says where the name was found. Names its search cannot see are left to
+    their calls, as before."""
+    for where, error in _search(optimizer, parameters, forward).unknown:
+        raise UnknownModelError(
+            f"{error} (found at {where}, checked before the job's first call)",
+            spec=error.spec,
+            base_url=error.base_url,
+        ) from error
+
+
+def _search(optimizer: Any, parameters: Any, forward: Callable[..., Any]) -> _Search:
     search = _Search()
     search.object(optimizer, "optimizer", depth=1)
     if isinstance(parameters, Module):
@@ -68,7 +87,7 @@ def reachable_models(
     defaults = current_models()
     search.value(defaults.model, "the default model", "model", defaults.base_url, depth=0)
     search.value(defaults.feedback_model, "the default feedback model", "model", None, depth=0)
-    return search.found
+    return search
 
 
 def _model_name(name: str) -> bool:
@@ -83,6 +102,7 @@ def _is_model(value: Any) -> bool:
 class _Search:
     def __init__(self) -> None:
         self.found: list[ReachedModel] = []
+        self.unknown: list[tuple[str, UnknownModelError]] = []  # names that name no model
         self._models: set[int] = set()
         self._seen: set[int] = set()  # objects and functions searched
 
@@ -116,8 +136,11 @@ class _Search:
     def spec(self, spec: str, where: str, base_url: Any) -> None:
         try:
             model = resolve_model(spec, base_url if isinstance(base_url, str) else None)
-        except (UnknownModelError, ModelConfigError, TypeError, ValueError):
-            return  # not a model name after all, or one its call will report
+        except UnknownModelError as exc:
+            self.unknown.append((where, exc))  # neither registered nor a spec
+            return
+        except (ModelConfigError, TypeError, ValueError):
+            return  # e.g. a missing API key: its call reports it (a worker may have one)
         self.add(where, model, spec)
 
     def object(self, value: Any, where: str, *, depth: int) -> None:

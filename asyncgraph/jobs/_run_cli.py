@@ -24,7 +24,7 @@ from typing import Any
 from asyncgraph import AsyncGraphError
 from asyncgraph._exceptions import JobFileError
 
-from ._checkpoint import CHECKPOINT_FILE, CheckpointError
+from ._checkpoint import CHECKPOINT_FILE, CheckpointError, holds_no_step
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             announce_default_out(out)
         used_out.append(out)
         # Before any worker starts: one would go unused.
-        problem = existing_run_problem(out, resume=args.resume, overwrite=args.overwrite)
+        problem = existing_run_problem(out, resume=args.resume, overwrite=args.overwrite, job=job)
         if problem is not None:
             raise CheckpointError(problem)
         try:
@@ -439,7 +439,14 @@ def announce_default_out(out: Path) -> None:
 
 def resume_hint(out: Path, *, overwrite: bool = False) -> None:
     """After a failed run: how to continue from its last checkpoint, if it left one."""
-    if (out / CHECKPOINT_FILE).is_file():
+    if holds_no_step(out / CHECKPOINT_FILE):
+        print(
+            f"no step completed, so {out} holds nothing to resume: the same command runs "
+            f"the job again from the start",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif (out / CHECKPOINT_FILE).is_file():
         print(
             f"the checkpoint of the last completed step is in {out}: continue with the same "
             f"command plus --resume" + (" (instead of --overwrite)" if overwrite else ""),

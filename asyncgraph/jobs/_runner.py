@@ -32,6 +32,7 @@ from ._checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
     Progress,
+    holds_no_step,
     is_number,
     not_the_parameters_of,
     parameter_fields,
@@ -42,6 +43,7 @@ from ._checkpoint import (
     write_checkpoint,
 )
 from ._job import Evaluation, Job, JobResult
+from ._reachable import check_model_specs
 from ._record import JobRecorder
 from ._report import Reporter, write_history, write_plot
 from ._spending import Spending, check_priced
@@ -154,6 +156,8 @@ async def run_job(
     ckpt_path = out / CHECKPOINT_FILE
     started = time.perf_counter()
     identity = job.identity()
+    # A model name that names no model fails here, before any call or file.
+    check_model_specs(job.optimizer, job.parameters, job.forward)
     if resume:
         if overwrite:
             raise ValueError("run_job: resume=True and overwrite=True exclude each other")
@@ -161,7 +165,8 @@ async def run_job(
         if run.finished:
             return run.result(None, already_finished=True)
     else:
-        if ckpt_path.exists() and not overwrite:
+        # A checkpoint of this job that completed no step holds nothing to resume: replaced.
+        if ckpt_path.exists() and not overwrite and not holds_no_step(ckpt_path, identity):
             raise CheckpointError(
                 f"{str(ckpt_path)!r} already holds a checkpoint: continue that job with "
                 f"resume=True, start it over with overwrite=True, or choose another "

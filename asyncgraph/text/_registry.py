@@ -231,9 +231,11 @@ def resolve_model(spec: str, base_url: str | None = None) -> ChatModel:
             raise
         except ValueError as exc:
             known = sorted(_named)
+            # The spec's own error leads: it says the fix (e.g. "write
+            # 'openai:gpt-4o-mini'"); a name of the user's own comes second.
             raise UnknownModelError(
-                f"unknown model {spec!r}: it is not registered in this process (registered: "
-                f"{known!r}) and is not a model spec ({exc}). Register it with "
+                f"{str(exc).rstrip('.')}. If {spec!r} is a name of your own, it is not "
+                f"registered in this process (registered: {known!r}): register it with "
                 f"asyncgraph.text.register_model({spec!r}, model) in this process; for a "
                 f"distributed backward, in every worker too, from a module the worker "
                 f"imports (asyncgraph worker --import your_module).",
