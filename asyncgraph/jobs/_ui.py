@@ -52,7 +52,7 @@ import tempfile
 import threading
 import webbrowser
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -585,8 +585,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(f"asyncgraph ui: {url}  ({len(args.run_dirs)} run(s); Ctrl-C stops)", flush=True)
-        with _redirect_file(url) as page:
-            if not args.no_browser:
+        with nullcontext() if args.no_browser else _redirect_file(url) as page:
+            if page is not None:
                 webbrowser.open(page.as_uri())
             threading.Event().wait()
     except KeyboardInterrupt:
