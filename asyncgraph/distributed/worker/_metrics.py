@@ -85,7 +85,7 @@ OUTCOMES = (
     "fingerprint",
     "client_gone",
 )
-RECORDS = ("journal",)  # the records read back from Redis (NOTE [Sealed records])
+RECORDS = ("journal", "replay")  # records read back from Redis (NOTE [Sealed records])
 DEAD_LETTER_REASONS = ("forged", "malformed", "oversize", "max_attempts", "error", "bad_cancel")
 # Task durations: from a no-op (about a millisecond) to an LLM call of minutes.
 DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
