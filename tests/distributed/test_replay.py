@@ -19,10 +19,10 @@ import pytest
 import redis
 from agdist_helpers import SECRET, StartWorker, wait_until
 
-from asyncgraph import Parameter, backward
+from asyncgraph import Parameter, RemoteError, Variable, backward
 from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._schema import TaskMessage, decode
+from asyncgraph.distributed.wire._schema import ReplyMessage, TaskMessage, decode
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._admission import WINDOW_MS, task_memory
 
@@ -211,3 +211,131 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
     (settled,) = worker._writer._outgoing
     assert settled.outcome == "cancelled"
     assert settled.memory == taken[1].memory and not settled.answered  # its claim released
+
+
+def hand_written_task(task_id: str, ttl_ms: int, expiry_ms: int) -> dict[bytes, bytes]:
+    """A signed task entry of ``agdist_functions.Sleep`` (0 s) from client ``"c" * 32``."""
+    from asyncgraph.distributed.wire._payload import backward_payload
+    from asyncgraph.distributed.wire._schema import encode
+    from asyncgraph.distributed.worker._registry import build_registry
+
+    registered = build_registry(["agdist_functions"])["agdist_functions:Sleep"]
+    node = F.Sleep.apply(Parameter(1.0), 0.0, "absurd").grad_fn
+    assert node is not None
+    message = TaskMessage(
+        "absurd",
+        "c" * 32,
+        task_id,
+        registered.name,
+        registered.fingerprint,
+        "backward",
+        ttl_ms,
+        backward_payload(node, (Variable(1.0),)),
+        expiry_ms=expiry_ms,
+    )
+    packed, signature = encode(message, Signer(SECRET))
+    return {keys.F_MESSAGE: packed, keys.F_SIGNATURE: signature}
+
+
+async def test_a_task_whose_expiry_or_ttl_is_absurd_is_refused_unrun(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Issue #39: a ttl near 2**63 made Redis refuse the memory's expiry, and the task ran
+    unrecorded. Now such a task is refused at admission, with a reply, and never runs."""
+    start_worker(redis_url, "absurd", *FAST, env=SIGNED)
+    client = redis.Redis.from_url(redis_url)
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    stream = keys.task_stream("absurd")
+    client.xadd(stream, hand_written_task("1", 5000, 2**63 - 1))  # type: ignore[arg-type]
+    client.xadd(stream, hand_written_task("2", 2**63 - 1, now_ms + 5000))  # type: ignore[arg-type]
+    client.xadd(stream, hand_written_task("3", 5000, now_ms + 5000))  # type: ignore[arg-type]  # sane
+    replies = keys.reply_stream("absurd", "c" * 32)
+    await wait_until(lambda: client.xlen(replies) == 3, timeout_s=30)
+    answers = {}
+    for _, fields in client.xrange(replies):
+        reply = decode(fields[keys.F_MESSAGE], fields[keys.F_SIGNATURE], Signer(SECRET), "absurd")
+        assert isinstance(reply, ReplyMessage)
+        answers[reply.id] = reply.error
+    assert answers["3"] is None  # the sane one ran
+    assert answers["1"] is not None and answers["1"].kind == "invalid"
+    assert "further ahead of the Redis clock than its ttl" in answers["1"].message
+    assert answers["2"] is not None and answers["2"].kind == "invalid"
+    assert "must be at most 604800000" in answers["2"].message
+    assert count(client, "agdist:started:absurd") == 1
+    assert reasons(client, "absurd") == ["malformed", "malformed"]
+    # Nothing of the refused ones was recorded; the sane one is marked answered.
+    memory = task_memory("absurd", decode_task(hand_written_task("3", 5000, now_ms + 5000)))
+    assert memory is not None and client.getbit(memory.answered, memory.bit) == 1
+    assert len(list(client.scan_iter(match="asyncgraph:{absurd}:ran:*"))) == 1
+    client.close()
+
+
+def decode_task(fields: dict[bytes, bytes]) -> TaskMessage:
+    message = decode(fields[keys.F_MESSAGE], fields[keys.F_SIGNATURE], Signer(SECRET), "absurd")
+    assert isinstance(message, TaskMessage)
+    return message
+
+
+async def test_a_task_whose_claim_redis_refuses_is_refused_not_run(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """Issue #39: a failed replay-memory write refuses the task (it ran unrecorded before).
+    Redis refuses the claim here because its key holds a string (WRONGTYPE), as it would
+    refuse it at maxmemory (OOM): the caller gets Redis's words, the function never runs."""
+    start_worker(redis_url, "refused", *FAST, env=SIGNED)
+    client = redis.Redis.from_url(redis_url)
+    x = Parameter(2.0, role="x")
+    async with open_redis_executor(redis_url, queue="refused", secret=SECRET, timeout_s=30) as ex:
+        # Spoil the claims key of every window the task's expiry can fall in.
+        seconds, _ = client.time()
+        first = (int(seconds) * 1000 + 30_000) // WINDOW_MS
+        for window in range(first - 1, first + 3):
+            client.set(keys.ran_claims_key("refused", ex.client_id, window), b"not a hash")
+        with pytest.raises(RemoteError, match="Redis refused to record task") as caught:
+            await backward(F.Sleep.apply(x, 0.0, "refused"), executor=ex)
+    assert "WRONGTYPE" in str(caught.value) and "not run" in str(caught.value)
+    assert count(client, "agdist:started:refused") == 0
+    assert x.grad is None
+    client.close()
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), 7 * 86400 + 1, float("inf")])
+async def test_a_client_timeout_workers_would_refuse_is_refused_at_open(timeout_s: float) -> None:
+    """The bound of a task's ttl (7 days) is the client's too: said before any Redis call."""
+    with pytest.raises(ValueError, match=r"timeout_s must be > 0 and at most 604800 s"):
+        async with open_redis_executor("redis://127.0.0.1:1/0", timeout_s=timeout_s):
+            pass  # pragma: no cover
+
+
+def test_the_reply_transaction_marks_releases_and_keeps_the_reply_for_the_timeout() -> None:
+    """What settles an answered task, in its one MULTI: its reply, its mark (once per bitmap
+    its expiry), its claim released, its reply stream kept for the client's timeout."""
+    from asyncgraph.distributed import Worker, WorkerConfig
+    from asyncgraph.distributed.worker._outcomes import Held, Memory
+    from asyncgraph.distributed.worker._registry import build_registry
+
+    worker = Worker(
+        WorkerConfig("redis://127.0.0.1:1/0", queue="q"), build_registry(["agdist_functions"])
+    )
+    replies = worker._writer.replies
+    client = "c" * 32
+    batch = []
+    for task_id, bit in (("1", 1), ("2", 2)):
+        held = Held(f"1-{bit}".encode())
+        settled = replies.refused(held, client, task_id, "whatever")
+        settled.memory = Memory("claims", task_id, "bits", bit, 123_456)
+        settled.answered, settled.reply_ttl_s = True, 61
+        batch.append(settled)
+    skipped = replies.settled(Held(b"1-3"), "client_gone")
+    skipped.memory = Memory("claims", "3", "bits", 3, 123_456)  # released, not answered
+    commands = worker._writer._transaction([*batch, skipped])
+    names = [c[0] for c in commands]
+    assert names == [
+        *("MULTI", "XADD", "SETBIT", "HDEL", "XADD", "SETBIT", "HDEL", "HDEL"),
+        *("PEXPIREAT", "EXPIRE", "XACK", "XDEL", "EXEC"),
+    ]
+    assert ["SETBIT", "bits", 2, 1] in commands and ["HDEL", "claims", "3"] in commands
+    assert ["PEXPIREAT", "bits", 123_456] in commands
+    assert ["EXPIRE", keys.reply_stream("q", client), 61] in commands
+    assert keys.reply_ttl_s(60_000) == 61 and keys.reply_ttl_s(None) == keys.REPLY_TTL_S
