@@ -84,6 +84,8 @@ OUTCOMES = (
     "unknown_function",
     "fingerprint",
     "client_gone",
+    "replayed",
+    "memory_refused",
 )
 RECORDS = ("journal", "replay")  # records read back from Redis (NOTE [Sealed records])
 DEAD_LETTER_REASONS = ("forged", "malformed", "oversize", "max_attempts", "error", "bad_cancel")
