@@ -20,6 +20,7 @@ Hierarchy (``tests/test_exceptions.py`` checks it against the classes, and the c
     │   │   └── ModelServerError                          5xx: retried
     │   ├── ModelConnectionError                          no connection, or lost: retried
     │   ├── ModelTimeoutError                             an attempt passed timeout_s: retried
+    │   ├── ModelContextError                             a request does not fit the context
     │   ├── ModelResponseError                            not a readable chat completion
     │   ├── ModelRetryError                               every attempt failed
     │   ├── RateLimitWaitError                            the wait would pass max_wait_s
@@ -35,7 +36,8 @@ Hierarchy (``tests/test_exceptions.py`` checks it against the classes, and the c
     └── JobFileError                                      a job file cannot be run
 
     UserWarning
-    └── NoFeedbackWarning                                 a parameter got no gradient
+    ├── NoFeedbackWarning                                 a parameter got no gradient
+    └── ReplySkippedWarning                               a reply that never parsed was skipped
 
 Each class is defined here and exported by the package that raises it, which is where
 users import it from: ``asyncgraph`` (graph, backward, remote and wire errors),
@@ -63,6 +65,7 @@ __all__ = [
     "ModelBackendError",
     "ModelConfigError",
     "ModelConnectionError",
+    "ModelContextError",
     "ModelError",
     "ModelRateLimitedError",
     "ModelRequestError",
@@ -76,6 +79,7 @@ __all__ = [
     "OptimizerError",
     "RateLimitWaitError",
     "RedisConnectionLost",
+    "ReplySkippedWarning",
     "RemoteConnectionError",
     "RemoteError",
     "RemoteTimeoutError",
@@ -374,6 +378,44 @@ class ModelTimeoutError(ModelError):
     """
 
     retryable = True
+    backoff_done: bool = False
+    """True when the attempt already waited out its retry's backoff (in its server slot)."""
+
+
+class ModelContextError(ModelError):
+    """A request does not fit the model's context window: refused by the client before it
+    was sent (``status_code`` None), or by the server (llama.cpp's
+    ``exceed_context_size_error``, vLLM's "maximum context length"; ``status_code`` 400).
+
+    ``prompt_tokens`` is the request's size (the server's count, or the client's
+    estimate), ``context_tokens`` the window, ``reply_tokens`` the room the reply needed;
+    each None when unknown. Not retried: the same request would not fit again.
+
+    Example::
+
+        try:
+            answer = await model.complete(messages)
+        except ModelContextError as e:      # set context_tokens=, or send less
+            print(e.prompt_tokens, e.context_tokens, e)
+    """
+
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str = "",
+        prompt_tokens: int | None = None,
+        context_tokens: int | None = None,
+        reply_tokens: int | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message, model=model)
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+        self.reply_tokens = reply_tokens
+        self.status_code = status_code
 
 
 class ModelResponseError(ModelError):
@@ -644,4 +686,18 @@ class NoFeedbackWarning(UserWarning):
         with warnings.catch_warnings():
             warnings.simplefilter("error", NoFeedbackWarning)
             await tgd.step()     # raises if a parameter got no gradient from the backward
+    """
+
+
+class ReplySkippedWarning(UserWarning):
+    """A model's reply could not be parsed after its attempts, and was skipped instead of
+    ending the run: an optimizer's update (the parameter keeps its value; ``TGD(strict=True)``
+    raises ``UpdateParseError`` instead), or, in a job, a judge's verdict that never fit its
+    ``response_format`` (the example counts as not passed; ``Job(strict=True)`` raises).
+
+    Example::
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ReplySkippedWarning)
+            await tgd.step()     # raises if an update was skipped
     """

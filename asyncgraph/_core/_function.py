@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, TypeVar
@@ -26,8 +27,9 @@ class FunctionCtx:
     ``retain_graph=True``). ``ctx.needs_input_grad[i]`` tells whether input
     ``i`` needs a gradient: whether it is a Variable that requires grad, as in
     PyTorch, even under ``no_grad()``; ``ctx.recorded`` tells whether this
-    application is recorded at all (so that backward can run). Any other
-    attribute may be set freely.
+    application is recorded at all (so that backward can run).
+    ``ctx.mark_dirty(x)`` declares an input that forward changed in place.
+    Any other attribute may be set freely.
 
     Example::
 
@@ -46,6 +48,9 @@ class FunctionCtx:
     def __init__(self) -> None:
         self._saved: tuple[Any, ...] | None = ()
         self._non_differentiable: tuple[Variable, ...] = ()
+        self._dirty: tuple[Variable, ...] = ()
+        # Each saved variable's version when the node was recorded (see mark_dirty).
+        self._saved_versions: tuple[int | None, ...] = ()
         self._function_name = ""
         self._seq: Seq = ()
         self.needs_input_grad: tuple[bool, ...] = ()
@@ -82,6 +87,15 @@ class FunctionCtx:
                 f"variables are freed after backward; specify retain_graph=True on the "
                 f"first backward if you need to backward through the graph again."
             )
+        for var, version in zip(self._saved, self._saved_versions, strict=False):
+            if var is not None and var._version != version:
+                raise GraphError(
+                    f"one of the variables needed for gradient computation has been modified "
+                    f"by an inplace operation: {var!r}, saved by {self._function_name}, is at "
+                    f"version {var._version}; expected version {version} instead. A Function "
+                    f"marked it dirty (ctx.mark_dirty) after {self._function_name} saved it: "
+                    f"apply that Function to a copy (a new Variable) or after the backward"
+                )
         return self._saved
 
     @property
@@ -102,6 +116,25 @@ class FunctionCtx:
             if not isinstance(out, Variable):
                 raise TypeError(f"mark_non_differentiable expects outputs, got {out!r:.60}")
         self._non_differentiable = self._non_differentiable + tuple(outputs)
+
+    def mark_dirty(self, *variables: Variable) -> None:
+        """Declare inputs that forward changed in place (PyTorch's ``ctx.mark_dirty``).
+
+        Each must be an input that forward also returns, as is: that Variable object
+        becomes the output (its history now ends at this node; its ``.grad`` is reset,
+        a ``retain_grad()`` follows it) instead of a copy. Its version goes up by one, so
+        that a node that saved it before raises when its backward reads
+        ``ctx.saved_variables``, instead of computing from the changed value. A leaf that
+        requires grad cannot be changed in place (``GraphError``; change a copy, or do it
+        under ``no_grad()``). Call it once, in forward; a later call replaces the first.
+        """
+        for i, var in enumerate(variables):
+            if not isinstance(var, Variable):
+                raise TypeError(
+                    f"mark_dirty expects the input Variables forward changed in place; "
+                    f"argument {i} is {type(var).__name__} ({var!r:.60})"
+                )
+        self._dirty = variables
 
     def _free(self) -> None:
         """Free the saved variables, if there are any (as in PyTorch, a node that saved
@@ -332,11 +365,12 @@ class Function:
         outputs = output if is_tuple else (output,)
         if not outputs:
             raise TypeError(f"{cls.__name__}.forward returned an empty tuple; return a Variable")
+        if ctx._dirty:
+            _check_dirty(cls.__name__, ctx, inputs, outputs, record)
         if not record:
             wrapped = tuple(o if isinstance(o, Variable) else Variable(o) for o in outputs)
             return wrapped if is_tuple else wrapped[0]
 
-        non_diff = ctx._non_differentiable
         edges: list[Edge | None] = []
         for v in inputs:
             if isinstance(v, Variable) and v._requires_grad:
@@ -354,25 +388,7 @@ class Function:
             ctx._seq,
             tuple(isinstance(v, Variable) for v in inputs),
         )
-        result: list[Variable] = []
-        for i, out in enumerate(outputs):
-            if not isinstance(out, Variable):
-                out = Variable(out)
-            elif out.grad_fn is not None or out._requires_grad or any(out is v for v in inputs):
-                # Returning an input (or a variable with its own history) as an output:
-                # give the output its own identity so the input keeps its history.
-                differentiable = not any(out is nd for nd in non_diff)
-                out = Variable(out.data, role=out.role)
-                if not differentiable:
-                    result.append(out)
-                    continue
-            if any(out is nd for nd in non_diff):
-                result.append(out)
-                continue
-            out._grad_fn = node
-            out._output_nr = i
-            out._requires_grad = True
-            result.append(out)
+        result = [_output(node, i, out, inputs) for i, out in enumerate(outputs)]
         node.output_roles = tuple(o.role for o in result)
         if ctx._materialize_grads:
             # A raw value forward returned (not a Variable) has no zero: PyTorch passes None
@@ -383,7 +399,91 @@ class Function:
             )
             if any(z is not None for z in zeros):
                 node.zeros = zeros
+        if ctx._saved:  # versions after this node's own in-place changes (mark_dirty)
+            ctx._saved_versions = tuple(None if v is None else v._version for v in ctx._saved)
         return tuple(result) if is_tuple else result[0]
+
+
+def _is_in(var: Any, group: tuple[Any, ...]) -> bool:
+    return any(var is item for item in group)
+
+
+def _output(node: Node, i: int, returned: Any, inputs: tuple[Any, ...]) -> Variable:
+    """Output ``i`` of a recorded node, as the caller receives it (PyTorch's set_history)."""
+    ctx = node.ctx
+    if not isinstance(returned, Variable):
+        out = Variable(returned)
+    else:
+        out = returned
+        differentiable = not _is_in(out, ctx._non_differentiable)
+        if _is_in(out, ctx._dirty) and _is_in(out, inputs):
+            if differentiable:
+                _rebase(out, node, i)  # changed in place: the same object, a new history
+                return out
+            if out.grad_fn is None and not out._requires_grad:
+                return out  # changed in place and needs no gradient: as it is
+        if out.grad_fn is not None or out._requires_grad or _is_in(out, inputs):
+            # Returning an input (or a variable with its own history) as an output:
+            # give the output its own identity so the input keeps its history.
+            out = Variable(out.data, role=out.role)
+            if not differentiable:
+                return out
+    if _is_in(out, ctx._non_differentiable):
+        return out
+    out._grad_fn = node
+    out._output_nr = i
+    out._requires_grad = True
+    return out
+
+
+def _rebase(var: Variable, node: Node, i: int) -> None:
+    """Make an input that forward changed in place output ``i`` of ``node`` (PyTorch's
+    rebase_history): its ``.grad`` is reset, a ``retain_grad()`` moves along; hooks
+    registered before stay on the old node (they see the old value's gradient)."""
+    old = var._grad_fn
+    if old is not None and old.retained:
+        ref = old.retained.get(var._output_nr)
+        if ref is not None and ref() is var:
+            del old.retained[var._output_nr]
+            if node.retained is None:
+                node.retained = {}
+            node.retained[i] = ref
+    var._grad = None
+    var._grad_fn = node
+    var._output_nr = i
+    var._requires_grad = True
+
+
+def _check_dirty(
+    name: str, ctx: FunctionCtx, inputs: tuple[Any, ...], outputs: tuple[Any, ...], record: bool
+) -> None:
+    """PyTorch's rules for ``ctx.mark_dirty``, then each dirty variable's version goes up."""
+    dirty = ctx._dirty
+    if not all(_is_in(var, outputs) for var in dirty):
+        raise GraphError(
+            f"Some elements marked as dirty during the forward method were not returned as "
+            f"output. The inputs that are modified inplace must all be outputs of the "
+            f"Function ({name}.forward): return each Variable passed to ctx.mark_dirty"
+        )
+    if record:
+        for var in dirty:
+            if _is_in(var, ctx._non_differentiable):
+                continue
+            if not _is_in(var, inputs):
+                warnings.warn(
+                    f"Only input Variables should be given to ctx.mark_dirty(). If a "
+                    f"Variable is not an input, there is no need to pass it to mark_dirty() "
+                    f"({name}.forward, {var!r:.60})",
+                    stacklevel=4,
+                )
+            elif var.grad_fn is None and var._requires_grad:
+                raise GraphError(
+                    f"a leaf Variable that requires grad has been used in an in-place "
+                    f"operation: {name}.forward marked {var!r} dirty. Change a copy (a new "
+                    f"Variable) instead, or do it under no_grad()"
+                )
+    for var in {id(v): v for v in dirty}.values():
+        var._version += 1
 
 
 async def _on_executor(

@@ -68,6 +68,7 @@ class Variable:
         "_output_nr",
         "_post_hooks",
         "_requires_grad",
+        "_version",
         "data",
         "role",
     )
@@ -89,6 +90,8 @@ class Variable:
         self._output_nr = 0
         self._hooks: dict[int, Hook] | None = None
         self._post_hooks: dict[int, PostAccumulateHook] | None = None
+        # In-place changes a Function declared (ctx.mark_dirty), as PyTorch's _version.
+        self._version = 0
 
     # -- graph properties -------------------------------------------------
     @property

@@ -15,6 +15,11 @@ A model answers chat messages: ``await model.complete(messages, **params)`` retu
 - usage and cost totals (``model.usage.snapshot()`` -> ``Usage``; ``Pricing``; a dated
   price table ``PRICES`` for models built from a spec, ``ASYNCGRAPH_MODEL_PRICES`` to
   override it; an unknown price is reported as unknown, ``format_cost``);
+- limits (``context_tokens``, ``max_concurrency``, ``max_tokens``; ``await
+  model.limits()`` -> ``ModelLimits``): given, read from the server (llama.cpp,
+  vLLM) or from a dated table; every request sized to them (``reply_tokens``, the
+  reply size the asking code suggests) and a request beyond the window refused before
+  it is sent (``ModelContextError``);
 - a record of each call for observers (``observe_calls`` -> ``ModelCall``: request,
   reply, tokens, latency, cached, attempts, cost), which logs and traces build on.
 
@@ -36,6 +41,7 @@ from asyncgraph._exceptions import (
     ModelBackendError,
     ModelConfigError,
     ModelConnectionError,
+    ModelContextError,
     ModelError,
     ModelRateLimitedError,
     ModelRequestError,
@@ -55,6 +61,10 @@ from asyncgraph.models._calls import ModelCall, observe_calls
 
 # Not a public name: how asyncgraph.optim bounds every model call of a search.
 from asyncgraph.models._calls import limit_calls as limit_calls  # isort: skip
+
+# Not public names: how asyncgraph.text suggests a reply's size, and what limits() returns.
+from asyncgraph.models._limits import ModelLimits as ModelLimits  # isort: skip
+from asyncgraph.models._limits import reply_tokens as reply_tokens  # isort: skip
 from asyncgraph.models._openai import OpenAIChat
 
 # Imported for its effect: it installs the task hook that counts a remote task's model
@@ -95,6 +105,7 @@ __all__ = [
     "ModelCall",
     "ModelConfigError",
     "ModelConnectionError",
+    "ModelContextError",
     "ModelError",
     "ModelRateLimitedError",
     "ModelRequestError",

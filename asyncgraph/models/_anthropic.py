@@ -32,6 +32,7 @@ from asyncgraph._exceptions import ModelConfigError
 from asyncgraph._redact import redact_url
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._http import HttpChatModel, checked_http_url, join_url
+from asyncgraph.models._prices import context_window
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
@@ -267,8 +268,10 @@ class AnthropicChat(HttpChatModel):
     ``response_format`` served by a forced tool. ``base_url`` defaults to
     ``ANTHROPIC_BASE_URL`` or ``https://api.anthropic.com`` (a URL ending in ``/v1`` is
     taken as is); ``api_key`` to ``ANTHROPIC_API_KEY`` (required for api.anthropic.com),
-    sent as ``x-api-key`` with ``anthropic-version: 2023-06-01``. ``max_tokens`` is sent
-    when a call gives none (the API requires it). ``cache_prompt=True`` marks the system
+    sent as ``x-api-key`` with ``anthropic-version: 2023-06-01``. ``max_tokens`` (the
+    model's reply size, over the size asyncgraph suggests for what it asks) is sent when
+    a call gives none, else the suggested size, else 4,096 (the API requires one). The
+    context window comes from ``context_tokens=`` or the dated table. ``cache_prompt=True`` marks the system
     prompt ``cache_control: {"type": "ephemeral"}``, so repeated calls sharing it read it
     from Anthropic's prompt cache (content parts may carry their own ``cache_control``
     too). The usage counts cache writes and cache reads apart (``cache_write_tokens`` /
@@ -295,7 +298,7 @@ class AnthropicChat(HttpChatModel):
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_tokens: int | None = None,
         cache_prompt: bool = False,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 10.0,
@@ -307,12 +310,16 @@ class AnthropicChat(HttpChatModel):
         headers: Mapping[str, str] | None = None,
         default_params: Mapping[str, Any] | None = None,
         max_connections: int = 100,
+        max_concurrency: int | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         if not model:
             raise ValueError(
                 "AnthropicChat needs a model name, e.g. AnthropicChat('claude-sonnet-4-20250514')"
             )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         chosen = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_ANTHROPIC_URL
         checked = checked_http_url(
@@ -346,9 +353,9 @@ class AnthropicChat(HttpChatModel):
         )
         self.model = model
         self.base_url = checked
-        self.max_tokens = max_tokens
         self.cache_prompt = cache_prompt
         self.default_params = dict(default_params or {})
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
 
     @property
     def cache_endpoint(self) -> str:
@@ -359,16 +366,21 @@ class AnthropicChat(HttpChatModel):
             self.model,
             messages,
             {**self.default_params, **params},
-            max_tokens=self.max_tokens,
+            max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
             cache_prompt=self.cache_prompt,
         )
+
+    def _table_context_tokens(self) -> int | None:
+        return context_window(self.model)
 
     def estimate_tokens(self, messages: Any, params: Mapping[str, Any]) -> int:
         """As ``BaseChatModel``'s, with the client's ``max_tokens`` as the answer's share
         when the call sets none (that is what is sent)."""
         if "max_tokens" in params or "max_completion_tokens" in params:
             return super().estimate_tokens(messages, params)
-        return super().estimate_tokens(messages, {**params, "max_tokens": self.max_tokens})
+        return super().estimate_tokens(
+            messages, {**params, "max_tokens": self.max_tokens or DEFAULT_MAX_TOKENS}
+        )
 
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         response_format = {**self.default_params, **params}.get("response_format")

@@ -62,8 +62,10 @@ class AzureOpenAIChat(HttpChatModel):
     Entra ID (sent as ``Authorization: Bearer``); one of them is required.
     ``api_version`` defaults to ``AZURE_OPENAI_API_VERSION``, then ``OPENAI_API_VERSION``,
     then ``DEFAULT_AZURE_API_VERSION`` (``2024-10-21``). Everything else (retries,
-    timeouts, rate limit, cache, usage with cached prompt tokens, redaction of the key)
-    is ``OpenAIChat``'s. A deployment has no price in the shipped table (its name is the
+    timeouts, rate limit, cache, usage with cached prompt tokens, redaction of the key,
+    ``max_tokens`` / ``max_concurrency`` / ``context_tokens``) is ``OpenAIChat``'s; a
+    deployment's context window is not in the table (its name is the owner's): give
+    ``context_tokens=``. A deployment has no price in the shipped table (its name is the
     owner's): give ``pricing=`` or ``ASYNCGRAPH_MODEL_PRICES=DEPLOYMENT=IN/OUT/CACHED``.
 
     Example::
@@ -96,6 +98,9 @@ class AzureOpenAIChat(HttpChatModel):
         headers: Mapping[str, str] | None = None,
         default_params: Mapping[str, Any] | None = None,
         max_connections: int = 100,
+        max_tokens: int | None = None,
+        max_concurrency: int | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         if not deployment or "/" in deployment:
             raise ValueError(
@@ -152,6 +157,7 @@ class AzureOpenAIChat(HttpChatModel):
         self.endpoint = self.base_url = checked
         self.api_version = version.strip()
         self.default_params = dict(default_params or {})
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
 
     @property
     def cache_endpoint(self) -> str:

@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
+import anyio.lowlevel
 
 from asyncgraph._exceptions import (
     ModelBackendError,
+    ModelContextError,
     ModelError,
     ModelRetryError,
     ModelStatusError,
+    ModelTimeoutError,
 )
 from asyncgraph._redact import redact, redact_url
 from asyncgraph.models._cache import Cache, digest_request
 from asyncgraph.models._calls import ModelCall, call_slot, notify_call, observing_calls
 from asyncgraph.models._journal import CallJournal, current_journal
+from asyncgraph.models._limits import (
+    MIN_REPLY_TOKENS,
+    ModelLimits,
+    TokenEstimator,
+    current_reply_tokens,
+    request_chars,
+)
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
@@ -33,6 +46,24 @@ logger = logging.getLogger("asyncgraph.models")
 
 _RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
 
+_REPLY_PARAMS = ("max_tokens", "max_completion_tokens")
+_DISCOVERY_TRIES = 3
+
+# NOTE [Requests a server can serve]
+# A local server (llama.cpp's llama-server, vLLM) has a few slots and a context window
+# per slot; a request beyond the slots waits in the server's queue, where the client's
+# timeout runs out while the server still works on it, and a request beyond the window
+# is refused after the wait. So a model knows its limits (``limits()``: given, else from
+# the server, else from the dated table) and every request is shaped to them before it
+# leaves: its reply's ``max_tokens`` (the call's, the model's, else what the code asking
+# suggested with ``reply_tokens``) cut to the room the window leaves, and a request with
+# no room refused here with ``ModelContextError``, before any wait. At most
+# ``max_concurrency`` requests are at the server at once; the rest wait in this client's
+# queue, where no timeout runs (``timeout_s`` counts from the send). A request that timed
+# out may still be running on the server: its retry waits out its backoff *holding its
+# slot*, so a server never gets more than ``max_concurrency`` requests from this model
+# because of timeouts, and the timeout says how long the request waited in the queue and
+# how long at the server.
 SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long
 # The answer's share of a cut call's upper bound when the request sets no max_tokens (and
 # the client sends none by default): OpenAI's gpt-4o and gpt-4o-mini answer at most this
@@ -99,9 +130,20 @@ class BaseChatModel(ABC):
     logged (logger ``asyncgraph.models``) and treated as a miss: the cache never costs you
     an answer. ``aclose()`` (or ``async with``) releases the HTTP and Redis connections.
 
+    Limits (see NOTE [Requests a server can serve]): ``context_tokens`` (the window a
+    request must fit), ``max_concurrency`` (requests at the server at once; the rest wait
+    in this client's queue) and ``max_tokens`` (the size of every reply that asks for
+    none, over the size the asking code suggests) are taken as given, else from the server
+    where it says (``_discover``), else from the dated table; ``await model.limits()``
+    reads them. ``structured_outputs`` says whether the provider takes
+    ``response_format`` (a JSON schema): True for the HTTP clients; set it to False for a
+    server that does not, or let an optimizer find out (see ``asyncgraph.optim.TGD``).
+
     Subclasses implement ``_complete_once(messages, params)``, one attempt that raises a
     ``ModelError`` subclass on failure, and may override ``cache_request`` (whatever they
-    add to the request must be in it), ``cache_endpoint`` and ``estimate_tokens``.
+    add to the request must be in it), ``cache_endpoint``, ``estimate_tokens`` and
+    ``_discover``; ``reply_tokens_param`` names the parameter a reply's size is sent as
+    (None: the model is not sized).
     Example::
 
         class Echo(BaseChatModel):
@@ -139,8 +181,17 @@ class BaseChatModel(ABC):
     @property
     def cache_endpoint(self) -> str:
         """Where requests go, part of the cache key (the same request elsewhere is another)."""
+        max_tokens: int | None = None,
+        max_concurrency: int | None = None,
+        context_tokens: int | None = None,
         return self.name
 
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
+        self.estimator = TokenEstimator()
+        self._server_limits: tuple[int | None, int | None] = (None, None)
+        self._discovery_tries = 0
+        self._limits_lock = threading.Lock()
+        self._per_loop: weakref.WeakKeyDictionary[object, _LoopState] = weakref.WeakKeyDictionary()
     def _record_usage(self, record: Callable[..., None], *args: Any) -> None:
         """Record on this model's meter and on every enclosing ``track_usage`` meter (by
         name: a meter's subclass may extend the method, e.g. to check a cost cap)."""
@@ -150,11 +201,155 @@ class BaseChatModel(ABC):
     def cache_request(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]
     ) -> dict[str, Any]:
+    structured_outputs: bool = False
+    """Whether the provider takes ``response_format`` with a JSON schema (an instance may
+    set it: False for a server that refuses it)."""
+
+    reply_tokens_param: str | None = None
+    """The request parameter a reply's size is sent as (None: this model is not sized)."""
+
         """The request as it will be sent, as JSON data: what the cache key hashes.
 
         Everything that can change the answer must be in it, or two different requests
         would share one cached answer. The default is ``{"endpoint": cache_endpoint,
         "model": name, "messages": messages, "params": params}`` (``request_key``'s
+    # -- limits (NOTE [Requests a server can serve]) ---------------------------------------
+    async def _discover(self) -> tuple[int | None, int | None]:
+        """``(context_tokens, max_concurrency)`` as the server says them (None: it does
+        not); asked once, before the first request. Raises ``ModelError`` when the server
+        cannot be reached (asked again at the next request, up to three times)."""
+        return None, None
+
+    def _set_limits(
+        self, max_tokens: int | None, max_concurrency: int | None, context_tokens: int | None
+    ) -> None:
+        """Check and keep the limits a user gave (``ValueError`` for one that is not an int
+        >= 1 or None)."""
+        for option, value in (
+            ("max_tokens", max_tokens),
+            ("max_concurrency", max_concurrency),
+            ("context_tokens", context_tokens),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"{type(self).__name__}: {option}= must be an int >= 1 or None, got {value!r}"
+                )
+        self.max_tokens = max_tokens
+        self.max_concurrency = max_concurrency
+        self.context_tokens = context_tokens
+
+    def _table_context_tokens(self) -> int | None:
+        """The context window the dated table gives this model, or None."""
+        return None
+
+    async def limits(self) -> ModelLimits:
+        """This model's limits: those given, else the server's, else the table's (the
+        server is asked once, at the first call). See NOTE [Requests a server can serve].
+
+        Example::
+
+            limits = await model.limits()
+            print(limits.context_tokens, limits.max_concurrency, limits.source)
+        """
+        if self._discovery_tries < _DISCOVERY_TRIES and (
+            self.context_tokens is None or self.max_concurrency is None
+        ):
+            async with self._loop_state().discovery:
+                if self._discovery_tries < _DISCOVERY_TRIES:
+                    try:
+                        self._server_limits = await self._discover()
+                        self._discovery_tries = _DISCOVERY_TRIES
+                    except ModelError:
+                        self._discovery_tries += 1
+                        logger.debug("%s: could not read the server's limits", self.name)
+        server_context, server_slots = self._server_limits
+        context, source = self.context_tokens, "given"
+        if context is None and server_context is not None:
+            context, source = server_context, "server"
+        if context is None:
+            context, source = self._table_context_tokens(), "table"
+        return ModelLimits(
+            context_tokens=context,
+            max_concurrency=self.max_concurrency or server_slots,
+            max_tokens=self.max_tokens,
+            chars_per_token=self.estimator.chars_per_token,
+            source=source if context is not None else "",
+        )
+
+    def _loop_state(self) -> _LoopState:
+        """What this model keeps per running event loop (anyio primitives belong to one)."""
+        loop = anyio.lowlevel.current_token().native_token
+        with self._limits_lock:
+            state = self._per_loop.get(loop)
+            if state is None:
+                state = self._per_loop[loop] = _LoopState()
+            return state
+
+    async def _sized(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """``params`` with the reply's size (see NOTE [Requests a server can serve]);
+        ``ModelContextError`` when the window leaves no room for a reply."""
+        name = self.reply_tokens_param
+        if name is None:
+            return params
+        limits = await self.limits()
+        defaults: Mapping[str, Any] = getattr(self, "default_params", None) or {}
+        given = next((k for k in _REPLY_PARAMS if k in params), None)
+        default = next((k for k in _REPLY_PARAMS if k in defaults), None)
+        key: str = given or default or name
+        value: Any = params[given] if given else defaults[default] if default else None
+        if value is None:
+            key, value = name, limits.max_tokens or current_reply_tokens()
+        context = limits.context_tokens
+        if context is not None:
+            prompt = self.estimator.count(messages)
+            room = context - prompt
+            if room < MIN_REPLY_TOKENS:
+                raise self._no_room(messages, prompt, limits)
+            if isinstance(value, int) and value > room:
+                value = room
+        if value is None or params.get(key) == value or (not given and value == defaults.get(key)):
+            return params
+        rest = {k: v for k, v in params.items() if k not in _REPLY_PARAMS}
+        return {**rest, key: value}
+
+    def _no_room(
+        self, messages: list[dict[str, Any]], prompt: int, limits: ModelLimits
+    ) -> ModelContextError:
+        sizes = [self.estimator.tokens(str(m.get("content", ""))) for m in messages]
+        longest = max(range(len(messages)), key=lambda i: sizes[i])
+        where = {"given": "context_tokens=", "server": "the server", "table": "the table"}
+        return ModelContextError(
+            f"{self.name!r}: a request of about {prompt:,} tokens does not fit the context "
+            f"window of {limits.context_tokens:,} tokens (from {where[limits.source]}) with "
+            f"room for a reply of at least {MIN_REPLY_TOKENS}: messages[{longest}] "
+            f"({messages[longest].get('role')}) is the longest, about {sizes[longest]:,} "
+            "tokens. Send less (a shorter prompt or input, a smaller feedback budget), or "
+            "set context_tokens= on the model if its window is larger; nothing was sent",
+            model=self.name,
+            prompt_tokens=prompt,
+            context_tokens=limits.context_tokens,
+            reply_tokens=MIN_REPLY_TOKENS,
+        )
+
+    @asynccontextmanager
+    async def _server_slot(self, limit: int | None) -> AsyncIterator[float]:
+        """One of ``limit`` places at the server (none to wait for without a limit); yields
+        the seconds waited for it in this client's queue."""
+        if limit is None:
+            yield 0.0
+            return
+        state = self._loop_state()
+        if state.slots is None or state.slots_limit != limit:
+            state.slots, state.slots_limit = anyio.Semaphore(limit), limit
+        slots = state.slots
+        started = time.perf_counter()
+        async with slots:
+            yield time.perf_counter() - started
+
         fields); a client that adds to the request (default params, reply options)
         overrides it to return what it really sends.
         """
@@ -309,6 +504,7 @@ class BaseChatModel(ABC):
                 # Replaying an answer the caller cannot use would fail the same way forever.
                 await self._cache_delete(store, key)
         journal, call = self._journal_call(msgs, params, key)
+        params = await self._sized(msgs, params)
         replayed = await self._replay(journal, call, msgs, params, started if observed else None)
         if replayed is not None:
             return replayed
@@ -426,12 +622,13 @@ class BaseChatModel(ABC):
             if limiter is not None:
                 await limiter.acquire(tokens)
             try:
-                completion = await self._attempt(messages, params)
+                completion = await self._in_slot(messages, params, attempt, slots)
             except ModelError as exc:
                 if not exc.retryable:
                     raise
                 if attempt >= self.retry.max_attempts:
                     if attempt == 1:
+        slots = (await self.limits()).max_concurrency
                         raise
                     raise ModelRetryError(
                         f"{self.name!r}: gave up after {attempt} attempts; last error: "
@@ -450,7 +647,8 @@ class BaseChatModel(ABC):
                     delay,
                 )
                 self._record_usage(UsageMeter.record_retry)
-                await anyio.sleep(delay)
+                if not getattr(exc, "backoff_done", False):  # a timeout waited in its slot
+                    await anyio.sleep(delay)
                 continue
             # A server that reports no usage leaves the estimate booked: settling with 0
             # would refund the whole booking and switch the tokens-per-minute limit off.
@@ -480,6 +678,55 @@ class BaseChatModel(ABC):
         try:
             await store.delete(key)
         except ModelBackendError:
+    async def _in_slot(
+        self,
+        messages: list[dict[str, Any]],
+        params: dict[str, Any],
+        attempt: int,
+        slots: int | None,
+    ) -> Completion:
+        """One attempt in one of the server's ``slots`` (see NOTE [Requests a server can
+        serve]). A timeout says where its time went, and when a retry follows, its backoff
+        is waited out here, in the slot (the error's ``backoff_done`` says so)."""
+        async with self._server_slot(slots) as queued_s:
+            sent = time.perf_counter()
+            try:
+                completion = await self._attempt(messages, params)
+            except ModelTimeoutError as exc:
+                if slots is None:
+                    where = (
+                        "it was sent at once (no max_concurrency: any wait was in the "
+                        f"server's queue) and got no answer in {time.perf_counter() - sent:.1f}s"
+                    )
+                else:
+                    where = (
+                        f"it waited {queued_s:.1f}s in this client's queue for one of "
+                        f"max_concurrency={slots} slots, then "
+                        f"{time.perf_counter() - sent:.1f}s at the server"
+                    )
+                error = ModelTimeoutError(f"{exc}; {where}", model=exc.model or self.name)
+                if attempt < self.retry.max_attempts:
+                    # The server may still be working on it: the retry does not join a
+                    # queue this request is still in.
+                    await anyio.sleep(self.retry.backoff_s(attempt, timed_out=True))
+                    error.backoff_done = True
+                raise error from exc
+            except ModelContextError as exc:
+                if exc.prompt_tokens is not None:  # the server's exact count
+                    self.estimator.exact(
+                        chars=request_chars(messages),
+                        messages=len(messages),
+                        prompt_tokens=exc.prompt_tokens,
+                    )
+                raise
+        if completion.prompt_tokens > 0:  # the server's count teaches the estimator
+            self.estimator.observe(
+                chars=request_chars(messages),
+                messages=len(messages),
+                prompt_tokens=completion.prompt_tokens,
+            )
+        return completion
+
             logger.warning("%s: cache delete failed", self.name, exc_info=True)
 
     async def aclose(self) -> None:
@@ -522,6 +769,16 @@ def _check_options(
             "cache",
             cache,
             isinstance(cache, Cache),
+class _LoopState:
+    """A model's anyio primitives for one event loop: the server slots and the lock that
+    makes the server's limits be asked once."""
+
+    def __init__(self) -> None:
+        self.discovery = anyio.Lock()
+        self.slots: anyio.Semaphore | None = None
+        self.slots_limit: int | None = None
+
+
             "an asyncgraph.models cache (MemoryCache, DiskCache, RedisCache or any "
             "object with async get/set/delete/aclose)",
         ),

@@ -28,6 +28,7 @@ import anyio.lowlevel
 from asyncgraph._exceptions import (
     ModelConfigError,
     ModelConnectionError,
+    ModelContextError,
     ModelError,
     ModelRateLimitedError,
     ModelRequestError,
@@ -48,6 +49,7 @@ from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry, parse_retry_after
+from asyncgraph.models._limits import context_refusal
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
 
@@ -101,6 +103,11 @@ class HttpChatModel(BaseChatModel):
 
     def __init__(
         self,
+    # A call's params only become fields of the JSON body posted to ``url`` with this
+    # client's headers: none changes where it goes (see NOTE [Outbound policy]).
+    request_params = None
+    structured_outputs = True
+    reply_tokens_param: str | None = "max_tokens"
         name: str,
         *,
         url: str,
@@ -282,7 +289,7 @@ class HttpChatModel(BaseChatModel):
                 model=self.name,
             ) from exc
         if response.status_code >= 300:
-            raise self._status_error(response)
+            raise self._context_error(response) or self._status_error(response)
         return response
 
     def _server_message(self, response: httpx.Response) -> str:
@@ -290,6 +297,31 @@ class HttpChatModel(BaseChatModel):
         return error_body_message(response)
 
     def _status_error(self, response: httpx.Response) -> ModelStatusError:
+    def _context_error(self, response: httpx.Response) -> ModelContextError | None:
+        """A 400 that refuses the request for the context window, as ``ModelContextError``
+        (see ``asyncgraph.models._limits.context_refusal``), else None."""
+        if response.status_code != 400:
+            return None
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        server_message = self._redact(self._server_message(response))
+        refusal = context_refusal(data, server_message)
+        if refusal is None:
+            return None
+        prompt, context = refusal
+        return ModelContextError(
+            f"{self.name!r}: HTTP 400 from {self._shown_url}, the request does not fit the "
+            f"model's context window: {server_message} (asyncgraph sizes requests to the "
+            "window it knows: set context_tokens= on the model to the server's window per "
+            "slot, or send less)",
+            model=self.name,
+            prompt_tokens=prompt,
+            context_tokens=context,
+            status_code=400,
+        )
+
         status = response.status_code
         server_message = self._redact(self._server_message(response))
         retry_after_s = parse_retry_after(response.headers)

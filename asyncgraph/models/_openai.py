@@ -6,10 +6,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from asyncgraph._exceptions import ModelConfigError
+import anyio
+
+from asyncgraph._exceptions import ModelConfigError, ModelConnectionError
 from asyncgraph._redact import redact_url
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._http import HttpChatModel, checked_http_url, join_url
+from asyncgraph.models._prices import context_window
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
@@ -42,6 +45,13 @@ class OpenAIChat(HttpChatModel):
     see ``BaseChatModel``. The usage of an answer counts the prompt tokens OpenAI served
     from its prompt cache (``usage.prompt_tokens_details.cached_tokens``) as
     ``cache_read_tokens``, priced at the ``Pricing``'s cached-input rate.
+
+    Limits (see ``BaseChatModel``): ``context_tokens``, ``max_concurrency`` and
+    ``max_tokens`` as given; else, from a server other than api.openai.com, as it says
+    (llama.cpp's ``GET /props``: ``default_generation_settings.n_ctx``, the window of one
+    slot, and ``total_slots``; vLLM's ``GET {base_url}/models``: ``max_model_len``), else
+    the context window from the dated table. A reply's size is sent as ``max_tokens``
+    (``max_completion_tokens`` to api.openai.com, which wants it for its newer models).
 
     One model may serve several event loops, one after another (consecutive
     ``anyio.run`` calls, asyncio then trio) or at once (threads): it keeps one HTTP
@@ -79,6 +89,9 @@ class OpenAIChat(HttpChatModel):
         headers: Mapping[str, str] | None = None,
         default_params: Mapping[str, Any] | None = None,
         max_connections: int = 100,
+        max_tokens: int | None = None,
+        max_concurrency: int | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         if not model:
             raise ValueError("OpenAIChat needs a model name, e.g. OpenAIChat('gpt-4o-mini')")
@@ -117,6 +130,9 @@ class OpenAIChat(HttpChatModel):
         self.model = model
         self.base_url = checked
         self.default_params = dict(default_params or {})
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
+        if checked == DEFAULT_BASE_URL:
+            self.reply_tokens_param = "max_completion_tokens"
 
     @property
     def cache_endpoint(self) -> str:
@@ -125,11 +141,59 @@ class OpenAIChat(HttpChatModel):
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "model": self.model, "messages": messages}
 
+    def _table_context_tokens(self) -> int | None:
+        return context_window(self.model)
+
+    async def _discover(self) -> tuple[int | None, int | None]:
+        """llama.cpp's ``/props`` (beside the ``/v1`` base URL), else vLLM's ``/models``;
+        nothing asked of api.openai.com (the table knows its models)."""
+        if self.base_url == DEFAULT_BASE_URL:
+            return None, None
+        client = await self._http()
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        props = await self._get_json(client, join_url(root, "/props"))
+        if isinstance(props, dict):
+            slots = _positive(props.get("total_slots"))
+            settings = props.get("default_generation_settings")
+            context = _positive(settings.get("n_ctx")) if isinstance(settings, dict) else None
+            if context is not None or slots is not None:
+                return context, slots
+        listed = await self._get_json(client, join_url(self.base_url, "/models"))
+        rows = listed.get("data") if isinstance(listed, dict) else None
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and row.get("id") in (self.model, None):
+                return _positive(row.get("max_model_len")), None
+        if isinstance(rows, list) and len(rows) == 1 and isinstance(rows[0], dict):
+            return _positive(rows[0].get("max_model_len")), None
+        return None, None
+
+    async def _get_json(self, client: Any, url: str) -> Any:
+        """The JSON of ``GET url`` (None for an error status or a body that is not JSON);
+        ``ModelConnectionError`` when the server cannot be reached."""
+        try:
+            with anyio.fail_after(min(self.timeout_s, 10.0)):
+                response = await client.get(url)
+        except Exception as exc:  # any transport failure: the limits stay unknown
+            raise ModelConnectionError(
+                f"{self.name!r}: {redact_url(url)} could not be read: {type(exc).__name__}",
+                model=self.name,
+            ) from exc
+        if response.status_code != 200:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return None
+
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         return chat_completion(data, self.model)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r}, base_url={redact_url(self.base_url)!r})"
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def chat_completion(data: Any, model: str) -> Completion:

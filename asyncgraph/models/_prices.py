@@ -29,11 +29,14 @@ from asyncgraph._exceptions import ModelConfigError
 from asyncgraph.models._usage import Pricing
 
 __all__ = [
+    "CONTEXT_WINDOWS",
+    "CONTEXT_WINDOWS_DATE",
     "ENV_PRICES",
     "PRICES",
     "PRICES_DATE",
     "PRICES_SOURCE",
     "PRICE_SOURCES",
+    "context_window",
     "default_pricing",
 ]
 
@@ -79,6 +82,37 @@ _TABLE: dict[str, tuple[float, float, float | None, float | None]] = {
 
 PRICES: Mapping[str, Pricing] = {name: Pricing(*row) for name, row in _TABLE.items()}
 """The shipped price table (read on ``PRICES_DATE`` from ``PRICE_SOURCES``)."""
+
+CONTEXT_WINDOWS_DATE = "2025-08-07"
+# name -> context window in tokens (prompt and reply together), from the providers' model
+# pages (the same sources as the prices) as of CONTEXT_WINDOWS_DATE.
+CONTEXT_WINDOWS: Mapping[str, int] = {
+    "gpt-5": 400_000,
+    "gpt-5-mini": 400_000,
+    "gpt-5-nano": 400_000,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "gpt-4o": 128_000,
+    "gpt-4o-mini": 128_000,
+    "o1": 200_000,
+    "o3": 200_000,
+    "o3-mini": 200_000,
+    "o4-mini": 200_000,
+    "gpt-4-turbo": 128_000,
+    "gpt-3.5-turbo": 16_385,
+    "claude-opus-4-1": 200_000,
+    "claude-opus-4": 200_000,
+    "claude-opus-4-0": 200_000,
+    "claude-sonnet-4": 200_000,
+    "claude-sonnet-4-0": 200_000,
+    "claude-3-7-sonnet": 200_000,
+    "claude-3-5-sonnet": 200_000,
+    "claude-3-5-haiku": 200_000,
+    "claude-3-haiku": 200_000,
+    "claude-3-opus": 200_000,
+}
+"""Context windows of the hosted models the price table names (``CONTEXT_WINDOWS_DATE``)."""
 
 # A dated snapshot costs what its family name costs: OpenAI's "gpt-4o-mini-2024-07-18",
 # Anthropic's "claude-sonnet-4-20250514", and Anthropic's moving "...-latest" aliases.
@@ -139,4 +173,18 @@ def default_pricing(
     for name in (model, family) if table else ():
         if name in PRICES:
             return PRICES[name]
+    return None
+
+
+def context_window(model: str) -> int | None:
+    """The context window of a hosted ``model`` from ``CONTEXT_WINDOWS`` (a dated snapshot
+    name falls back to its family, as prices do), or None.
+
+    Example::
+
+        context_window("gpt-4o-mini-2024-07-18")     # 128000
+    """
+    for name in (model, _SNAPSHOT.sub("", model)):
+        if name in CONTEXT_WINDOWS:
+            return CONTEXT_WINDOWS[name]
     return None

@@ -24,8 +24,12 @@ class Retry:
     ``retry-after-ms``), the wait is that value instead, capped at ``retry_after_max_s``,
     plus a random extra of up to ``retry_after_jitter`` of it (0.2 = up to 20% more), so
     callers that got the same 429 at the same moment do not all come back in the same
-    instant. After ``max_attempts`` attempts the call raises ``ModelRetryError`` chaining
-    the last error. ``Retry(max_attempts=1)`` disables retries. ``rng`` draws the
+    instant. A timeout is not a refusal: the server may still be working on the request, so
+    its retry backs off from ``timeout_backoff_s`` (default: 4x ``backoff_base_s``)
+    instead, and waits it out holding the request's place among the model's
+    ``max_concurrency`` (see NOTE [Requests a server can serve] in
+    ``asyncgraph.models._base``). After ``max_attempts`` attempts the call raises
+    ``ModelRetryError`` chaining the last error. ``Retry(max_attempts=1)`` disables retries. ``rng`` draws the
     jitter (pass ``random.Random(seed)`` for reproducible delays).
 
     Example::
@@ -39,6 +43,7 @@ class Retry:
     backoff_max_s: float = 20.0
     retry_after_max_s: float = 60.0
     retry_after_jitter: float = 0.2
+    timeout_backoff_s: float | None = None
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -51,16 +56,23 @@ class Retry:
             self.backoff_max_s,
             self.retry_after_max_s,
             self.retry_after_jitter,
+            self.timeout_backoff_s if self.timeout_backoff_s is not None else 0.0,
         )
         if not all(b >= 0 for b in bounds):  # also rejects NaN
             raise ValueError(f"backoff, retry-after and jitter bounds must be >= 0, got {self!r}")
 
-    def backoff_s(self, failed_attempt: int, retry_after_s: float | None = None) -> float:
-        """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed."""
+    def backoff_s(
+        self, failed_attempt: int, retry_after_s: float | None = None, *, timed_out: bool = False
+    ) -> float:
+        """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed
+        (``timed_out``: it got no answer in time, rather than a refusal)."""
         if retry_after_s is not None and retry_after_s >= 0:
             wait = min(retry_after_s, self.retry_after_max_s)
             return wait + self.rng.uniform(0, wait * self.retry_after_jitter)
-        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** (failed_attempt - 1))
+        base = self.backoff_base_s
+        if timed_out:
+            base = self.timeout_backoff_s if self.timeout_backoff_s is not None else 4 * base
+        ceiling = min(self.backoff_max_s, base * 2.0 ** (failed_attempt - 1))
         return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
 
 

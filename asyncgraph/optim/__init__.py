@@ -2,7 +2,9 @@
 
 - :class:`TGD`: textual gradient descent; one model call per text parameter,
   all parameters at once, with constraints, feedback memory (``momentum``)
-  and a guard that condenses feedback beyond ``max_feedback_tokens``.
+  and a guard that condenses feedback beyond ``max_feedback_tokens``; updates
+  come back as structured outputs where the model takes them, and an update
+  that cannot be read is skipped (:class:`SkippedUpdate`) unless ``strict=True``.
 - :class:`ParetoSearch`: reflective Pareto search over a Module's parameters
   (GEPA-style): a pool of candidates scored per example, parents from the Pareto
   frontier, children from the textual gradients of failing examples, merges,
@@ -21,11 +23,19 @@ Example::
         tgd.zero_grad()
 """
 
-from asyncgraph._exceptions import NoFeedbackWarning, OptimizerError, UpdateParseError
+from asyncgraph._exceptions import (
+    NoFeedbackWarning,
+    OptimizerError,
+    ReplySkippedWarning,
+    UpdateParseError,
+)
 from asyncgraph.optim._optimizer import Optimizer
 from asyncgraph.optim._pareto import Candidate, ParetoSearch, SearchResult
 from asyncgraph.optim._sgd import SGD
 from asyncgraph.optim._tgd import TGD
+
+# Not a public name: what tgd.skipped holds (documented with TGD).
+from asyncgraph.optim._tgd import SkippedUpdate as SkippedUpdate  # isort: skip
 
 __all__ = [
     "Candidate",
@@ -33,6 +43,7 @@ __all__ = [
     "Optimizer",
     "OptimizerError",
     "ParetoSearch",
+    "ReplySkippedWarning",
     "SGD",
     "SearchResult",
     "TGD",

@@ -67,6 +67,7 @@ class Optimizer:
     def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:
         self.defaults: dict[str, Any] = dict(defaults)
         self.warn_no_feedback = True
+        self.warn_skipped = True  # ReplySkippedWarning; a job records skipped updates instead
         self.param_groups: list[ParamGroup] = []
         self.state: dict[Variable, dict[str, Any]] = {}
         if isinstance(params, Variable):

@@ -41,7 +41,7 @@ from asyncgraph import (
     no_grad,
 )
 from asyncgraph._exceptions import ModelConfigError, NoFeedbackWarning, UpdateParseError
-from asyncgraph.models import BaseChatModel, ChatModel, limit_calls, track_usage
+from asyncgraph.models import BaseChatModel, ChatModel, limit_calls, reply_tokens, track_usage
 from asyncgraph.optim._frontier import (
     Candidate,
     ancestors,
@@ -51,17 +51,23 @@ from asyncgraph.optim._frontier import (
     pareto_frontier,
     wins,
 )
-from asyncgraph.optim._prompts import merge_messages
-from asyncgraph.optim._tgd import DEFAULT_TAGS, TGD, parse_tagged
+from asyncgraph.optim._prompts import ValueForm, merge_messages
+from asyncgraph.optim._tgd import DEFAULT_TAGS, TGD, parse_value
 from asyncgraph.text import (
+    ask_json,
     current_models,
     describe,
     feedback_defaults,
     resolve_model,
     run_all,
+    update_tokens,
+    uses_structured,
 )
 
 __all__ = ["Candidate", "ParetoSearch", "SearchResult"]
+
+MERGE_FIELD = "merged_variable"
+"""The JSON field a merge comes back in when it is asked for with ``response_format``."""
 
 FORMAT = "asyncgraph-pareto-search"
 VERSION = 2
@@ -800,17 +806,21 @@ class ParetoSearch:
         await backward(failing, executor=self.executor)
         outcome.stages.append("backward")
         tgd = TGD(program.parameters(), model=self._model(), **self.tgd_options)
+        tgd.warn_skipped = False
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", NoFeedbackWarning)
                 await tgd.step()
-        except UpdateParseError as exc:
+        except UpdateParseError as exc:  # tgd_options={"strict": True}
             outcome.note = f"rewrite unreadable: {exc.role!r}"
             return None
         outcome.stages.append("rewrite")
         child = program.state_dict()
         if child == values:
-            outcome.note = "rewrite changed nothing"
+            unread = [s.role for s in tgd.skipped]
+            outcome.note = (
+                f"rewrite unreadable: {unread[0]!r}" if unread else "rewrite changed nothing"
+            )
             return None
         before = sum(score for _, score in results)
         return _Draft(outcome, child, dict(values), examples, before)
@@ -936,27 +946,52 @@ class ParetoSearch:
     async def _merge_text(
         self, model: ChatModel, role: str, first: str, second: str, ancestor: Any
     ) -> str | None:
+        """A merge written by ``model``, asked for as TGD asks for updates (structured
+        outputs where the model takes them, else tags); None when it is unreadable."""
         open_tag, close_tag = self.tgd_options.get("tags", DEFAULT_TAGS)
-        messages = merge_messages(
-            role=describe(role, "variable"),
-            first=first,
-            second=second,
-            ancestor=ancestor if isinstance(ancestor, str) else None,
-            open_tag=open_tag,
-            close_tag=close_tag,
+        structured = self.tgd_options.get("structured", "auto")
+        tags = ValueForm(open_tag, close_tag)
+        form = (
+            ValueForm(open_tag, close_tag, MERGE_FIELD)
+            if uses_structured(model, structured, unknown=False)
+            else tags
         )
+
+        def request(form: ValueForm) -> list[dict[str, Any]]:
+            return merge_messages(
+                role=describe(role, "variable"),
+                first=first,
+                second=second,
+                ancestor=ancestor if isinstance(ancestor, str) else None,
+                open_tag=open_tag,
+                close_tag=close_tag,
+                form=form,
+            )
+
         params = self.tgd_options.get("model_params")
         if params is None:
             params = current_models().for_feedback()[2]
-
-        def usable(text: str) -> bool:
-            return bool(parse_tagged(text, open_tag, close_tag))
-
-        if isinstance(model, BaseChatModel):
-            completion = await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
-        else:
-            completion = await model.complete(messages, **params)
-        return parse_tagged(completion.text, open_tag, close_tag)
+        with reply_tokens(update_tokens(first) + update_tokens(second)):
+            if form.field is not None:
+                completion, sent = await ask_json(
+                    model,
+                    request(form),
+                    params,
+                    form.schema(),
+                    structured=structured,
+                    fallback=request(tags),
+                    strict=True,
+                    usable=lambda text: bool(parse_value(text, form)),
+                )
+                return parse_value(completion.text, form if sent else tags) or None
+            messages = request(tags)
+            if isinstance(model, BaseChatModel):
+                reply = await model.complete(
+                    messages, cache_if=lambda c: bool(parse_value(c.text, tags)), **params
+                )
+            else:
+                reply = await model.complete(messages, **params)
+        return parse_value(reply.text, tags) or None
 
     # -- running -------------------------------------------------------------------
     async def run(

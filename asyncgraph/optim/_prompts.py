@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ValueForm",
     "merge_messages",
     "merge_system_prompt",
     "retry_message",
@@ -14,7 +16,53 @@ __all__ = [
 ]
 
 
-def update_system_prompt(open_tag: str, close_tag: str) -> str:
+@dataclass(frozen=True)
+class ValueForm:
+    """How a rewritten value comes back: between ``open_tag`` and ``close_tag``, or, with
+    ``field``, as that string of a JSON object (sent with ``response_format``)."""
+
+    open_tag: str
+    close_tag: str
+    field: str | None = None
+
+    @property
+    def send(self) -> str:
+        """Where the prompts say to put the value."""
+        if self.field is None:
+            return f"between {self.open_tag} and {self.close_tag}"
+        return f'as the "{self.field}" string of a JSON object'
+
+    @property
+    def reply(self) -> str:
+        """The reply's shape, for the last line of a request."""
+        if self.field is None:
+            return f"between {self.open_tag} and {self.close_tag}"
+        return f'as a JSON object {{"{self.field}": "..."}}'
+
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the reply in ``field`` form."""
+        field = self.field or "value"
+        return {
+            "title": field,
+            "type": "object",
+            "properties": {field: {"type": "string"}},
+            "required": [field],
+            "additionalProperties": False,
+        }
+
+
+def update_system_prompt(open_tag: str, close_tag: str, form: ValueForm | None = None) -> str:
+    form = form or ValueForm(open_tag, close_tag)
+    if form.field is not None:
+        return (
+            "You are part of an optimization system that improves text (the variable) using "
+            "feedback, like a gradient step. You are given the variable's role, its current "
+            "value and feedback on it, and possibly earlier versions with the feedback they got "
+            "and constraints the variable must satisfy. Rewrite the variable so that it "
+            "addresses the feedback while keeping what already works; make the changes the "
+            "feedback calls for, not unrelated ones. Your text replaces the variable verbatim, "
+            f"so send the complete improved variable {form.send}, and nothing else in it."
+        )
     return (
         "You are part of an optimization system that improves text (the variable) using "
         "feedback, like a gradient step. You are given the variable's role, its current value "
@@ -38,8 +86,10 @@ def update_messages(
     close_tag: str,
     system_prompt: str | None,
     examples: Sequence[str] = (),
+    form: ValueForm | None = None,
 ) -> list[dict[str, Any]]:
-    """The request for one parameter's improved value.
+    """The request for one parameter's improved value (``form``: how it comes back;
+    default: between ``open_tag`` and ``close_tag``).
 
     What stays the same from step to step comes first (the role, the constraints, the
     examples), then the value, its feedback and its history (see NOTE [Shared prefix
@@ -74,39 +124,58 @@ def update_messages(
             "first. Keep improving in a consistent direction and do not bring back problems "
             f"that were fixed:\n<PAST_ITERATIONS>\n{iterations}\n</PAST_ITERATIONS>"
         )
+    form = form or ValueForm(open_tag, close_tag)
     parts.append(
         f"Improve the variable ({role}) using the feedback. Send the complete improved "
-        f"variable between {open_tag} and {close_tag}."
+        f"variable {form.reply}."
     )
+    system = system_prompt or update_system_prompt(open_tag, close_tag, form)
     return [
-        {"role": "system", "content": system_prompt or update_system_prompt(open_tag, close_tag)},
+        {"role": "system", "content": system},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
 
 
-def retry_message(role: str, open_tag: str, close_tag: str, empty: bool) -> dict[str, Any]:
-    problem = (
-        f"the text between {open_tag} and {close_tag} was empty"
-        if empty
-        else f"it did not contain the improved variable between {open_tag} and {close_tag}"
-    )
+def retry_message(
+    role: str, open_tag: str, close_tag: str, empty: bool, form: ValueForm | None = None
+) -> dict[str, Any]:
+    form = form or ValueForm(open_tag, close_tag)
+    if form.field is not None:
+        problem = (
+            f'its "{form.field}" was empty'
+            if empty
+            else f'it was not a JSON object with the improved variable as "{form.field}"'
+        )
+    elif empty:
+        problem = f"the text between {open_tag} and {close_tag} was empty"
+    else:
+        problem = f"it did not contain the improved variable between {open_tag} and {close_tag}"
     return {
         "role": "user",
         "content": (
             f"Your reply could not be used: {problem}. Reply again with the complete improved "
-            f"variable ({role}) between {open_tag} and {close_tag}."
+            f"variable ({role}) {form.reply}."
         ),
     }
 
 
-def merge_system_prompt(open_tag: str, close_tag: str) -> str:
-    return (
+def merge_system_prompt(open_tag: str, close_tag: str, form: ValueForm | None = None) -> str:
+    form = form or ValueForm(open_tag, close_tag)
+    intro = (
         "You are part of an optimization system that improves text (the variable). Two "
         "versions of the variable were found, each of which works best on different examples. "
         "Combine them into one version that keeps what makes each of them work; where they "
-        "contradict each other, keep the one that matters for more examples. The text you put "
-        "between the tags replaces the variable verbatim, so send the complete merged variable "
-        f"between {open_tag} and {close_tag} and put nothing else between them."
+        "contradict each other, keep the one that matters for more examples. "
+    )
+    if form.field is not None:
+        return (
+            f"{intro}Your text replaces the variable verbatim, so send the complete merged "
+            f"variable {form.send}, and nothing else in it."
+        )
+    return (
+        f"{intro}The text you put between the tags replaces the variable verbatim, so send the "
+        f"complete merged variable between {open_tag} and {close_tag} and put nothing else "
+        "between them."
     )
 
 
@@ -118,18 +187,20 @@ def merge_messages(
     ancestor: str | None,
     open_tag: str,
     close_tag: str,
+    form: ValueForm | None = None,
 ) -> list[dict[str, Any]]:
     """The request to merge two versions of one parameter (``ParetoSearch``'s merges)."""
+    form = form or ValueForm(open_tag, close_tag)
     parts = [f"Here is the role of the variable: <ROLE>{role}</ROLE>."]
     if ancestor is not None:
         parts.append(f"Both versions descend from this one:\n<ANCESTOR>{ancestor}</ANCESTOR>")
     parts += [
         f"The first version:\n<VARIABLE_A>{first}</VARIABLE_A>",
         f"The second version:\n<VARIABLE_B>{second}</VARIABLE_B>",
-        f"Merge the two versions ({role}) into one. Send the complete merged variable between "
-        f"{open_tag} and {close_tag}.",
+        f"Merge the two versions ({role}) into one. Send the complete merged variable "
+        f"{form.reply}.",
     ]
     return [
-        {"role": "system", "content": merge_system_prompt(open_tag, close_tag)},
+        {"role": "system", "content": merge_system_prompt(open_tag, close_tag, form)},
         {"role": "user", "content": "\n\n".join(parts)},
     ]

@@ -4,30 +4,39 @@ from __future__ import annotations
 
 import functools
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from asyncgraph import Variable
-from asyncgraph._exceptions import UpdateParseError
-from asyncgraph.models import BaseChatModel, ChatModel
+from asyncgraph._exceptions import ReplySkippedWarning, UpdateParseError
+from asyncgraph.models import BaseChatModel, ChatModel, reply_tokens
 from asyncgraph.optim._optimizer import Closure, Optimizer, ParamGroup, Params
-from asyncgraph.optim._prompts import retry_message, update_messages
+from asyncgraph.optim._prompts import ValueForm, retry_message, update_messages
 from asyncgraph.text import (
     approx_tokens,
+    ask_json,
+    check_structured,
     condense_feedback,
     current_models,
     describe,
     feedback_defaults,
     feedback_entries,
+    parse_structured,
     render_feedback,
     resolve_model,
     run_all,
     truncate_to_tokens,
+    update_tokens,
+    uses_structured,
 )
 
-__all__ = ["TGD", "parse_tagged"]
+__all__ = ["TGD", "SkippedUpdate", "parse_tagged", "parse_value"]
 
 DEFAULT_TAGS = ("<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>")
+UPDATE_FIELD = "improved_variable"
+"""The JSON field an update comes back in when it is asked for with ``response_format``."""
 _TRUNCATED = "\n[... feedback truncated to max_feedback_tokens]"
 _PAST_TRUNCATED = "\n[... truncated to max_feedback_tokens]"
 
@@ -49,6 +58,46 @@ def parse_tagged(reply: str, open_tag: str, close_tag: str) -> str | None:
     return reply[opens[-1].end() : end].strip()
 
 
+def parse_value(reply: str, form: ValueForm) -> str | None:
+    """The value in ``reply`` as ``form`` asks for it: the JSON object's ``form.field``
+    string (a reply in tags is read too), or the text between the tags; None if there is
+    none. An empty value is ``""`` (not None), so a retry can say it was empty."""
+    if form.field is not None:
+        data, errors = parse_structured(reply, form.schema())
+        if not errors and isinstance(data, dict) and isinstance(data.get(form.field), str):
+            return str(data[form.field]).strip()
+    return parse_tagged(reply, form.open_tag, form.close_tag)
+
+
+@dataclass(frozen=True)
+class SkippedUpdate:
+    """An update ``step()`` could not read from the model's replies: the parameter kept its
+    value (see ``TGD(strict=...)``). ``role`` is the parameter's role, ``attempts`` the
+    replies tried, ``reply`` the last one, ``structured`` whether it was asked for with
+    ``response_format``.
+
+    Example::
+
+        await tgd.step()
+        for skipped in tgd.skipped:
+            print(skipped.role, skipped.attempts, skipped.reply[:80])
+    """
+
+    role: str
+    attempts: int
+    reply: str
+    structured: bool
+
+    def to_data(self) -> dict[str, Any]:
+        """A JSON-ready summary (the reply cut to 300 characters), for histories."""
+        return {
+            "role": self.role,
+            "attempts": self.attempts,
+            "reply": _excerpt(self.reply),
+            "structured": self.structured,
+        }
+
+
 def _examples(value: Any) -> list[str]:
     if isinstance(value, str) or not all(isinstance(item, str) for item in value):
         raise TypeError(
@@ -60,6 +109,10 @@ def _examples(value: Any) -> list[str]:
 
 def _excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_Outcome = tuple[str, str] | SkippedUpdate
+"""An update's outcome: (new value, the feedback it was computed from), or skipped."""
 
 
 class TGD(Optimizer):
@@ -98,12 +151,26 @@ class TGD(Optimizer):
     default feedback model where ``step()`` runs (``asyncgraph.text.use_models``).
     ``model_params``: model parameters for every request (``{"temperature": 0}``);
     not given: the default feedback params.
-    ``max_retries``: when a reply has no tagged value (or an empty one), the
-    reply and a correction are sent back, up to this many extra times; then
-    ``UpdateParseError`` names the parameter's role and shows the reply. A
-    reply that cannot be parsed is never stored in (or replayed from) the
-    model's response cache (``cache_if`` of a ``BaseChatModel``), so the next
-    step asks the model again. ``system_prompt`` replaces the built-in one.
+    ``structured``: how the new value comes back. ``"auto"`` (the default): as a
+    JSON object ``{"improved_variable": "..."}`` sent with ``response_format`` (a JSON
+    schema; a grammar on llama.cpp's server, a forced tool on Anthropic) where the
+    model takes it (its ``structured_outputs``: the HTTP clients), else (a model
+    that does not say, ``SimulatedModel``) between ``tags``; a server that refuses ``response_format`` is asked with the tags from
+    then on. ``True``: always ``response_format``; ``False``: always the tags. A
+    small model that ignores the tags and answers in prose still gives a value
+    with structured outputs.
+    ``max_retries``: when a reply has no value (or an empty one), the reply and a
+    correction are sent back, up to this many extra times. Then, by default, the
+    update is *skipped*: the parameter keeps its value, ``tgd.skipped`` lists it
+    (a :class:`SkippedUpdate`, for the last step) and a ``ReplySkippedWarning``
+    says so (a job records it in its history and progress line instead);
+    ``strict=True`` raises ``UpdateParseError`` (naming the parameter's role and
+    showing the reply) and no parameter changes. A reply that cannot be parsed
+    is never stored in (or replayed from) the model's response cache
+    (``cache_if`` of a ``BaseChatModel``), so the next step asks the model again.
+    Each update asks for a reply of at most ``update_tokens(value)`` tokens
+    (about twice the value's length; a model's own ``max_tokens`` wins).
+    ``system_prompt`` replaces the built-in one.
     ``in_context_examples``: texts shown in every update request as examples to
     follow (TextGrad's option): good values of the parameter, or of what it
     should produce; a parameter group may give its own (``{"params": [...],
@@ -147,6 +214,8 @@ class TGD(Optimizer):
         system_prompt: str | None = None,
         in_context_examples: Iterable[str] = (),
         staged: bool = False,
+        structured: bool | str = "auto",
+        strict: bool = False,
     ) -> None:
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0:
             raise ValueError(f"TGD: max_retries must be an int >= 0, got {max_retries!r}")
@@ -164,6 +233,10 @@ class TGD(Optimizer):
                 f"wrap it in a list"
             )
         self.in_context_examples = _examples(in_context_examples)
+        self.structured = check_structured(structured, "TGD")
+        self.strict = bool(strict)
+        self.skipped: list[SkippedUpdate] = []
+        """The updates the last ``step()`` skipped (see the class docstring)."""
         self.model = model
         self.base_url = base_url
         self.max_retries = max_retries
@@ -181,7 +254,7 @@ class TGD(Optimizer):
         self.staged = bool(staged)
         # Parameter -> (the pass's gradient, the value it was computed for, the update
         # or the error it raised): filled by the hooks during backward, read by step().
-        self._staged: dict[Variable, tuple[Variable, Any, tuple[str, str] | Exception]] = {}
+        self._staged: dict[Variable, tuple[Variable, Any, _Outcome | Exception]] = {}
         self._hook_handles = (
             [p.register_post_accumulate_grad_hook(self._early_update) for p in self.params]
             if self.staged
@@ -218,9 +291,7 @@ class TGD(Optimizer):
         self, model: ChatModel, messages: list[dict[str, Any]], usable: Callable[[str], bool]
     ) -> str:
         """One request; a reply that is not ``usable`` is kept out of the response cache."""
-        params = self.model_params
-        if params is None:  # the default feedback params (see use_models)
-            params = current_models().for_feedback()[2]
+        params = self._params()
         if isinstance(model, BaseChatModel):
             completion = await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
         else:
@@ -256,7 +327,7 @@ class TGD(Optimizer):
         if not entries:
             return
         value = p.data
-        outcome: tuple[str, str] | Exception
+        outcome: _Outcome | Exception
         try:
             outcome = await self._update(self._model(), p, group, entries)
         except Exception as exc:  # raised by step(), which is where an update fails
@@ -277,11 +348,12 @@ class TGD(Optimizer):
         """
         loss = await self._run_closure(closure)
         self._warn_no_feedback(self.params)
+        self.skipped = []
         jobs = self._jobs()
         staged, self._staged = self._staged, {}
         if not jobs:
             return loss
-        results: list[tuple[str, str] | None] = [None] * len(jobs)
+        results: list[_Outcome | None] = [None] * len(jobs)
         pending: list[int] = []
         for i, (p, _, _) in enumerate(jobs):
             early = staged.get(p)
@@ -303,6 +375,20 @@ class TGD(Optimizer):
             await run_all([functools.partial(update, i) for i in pending])
         for (p, group, _), result in zip(jobs, results, strict=True):
             assert result is not None
+            if isinstance(result, SkippedUpdate):
+                self.skipped.append(result)
+                if self.warn_skipped:
+                    warnings.warn(
+                        ReplySkippedWarning(
+                            f"TGD.step(): the update of the parameter with role {result.role!r} "
+                            f"was skipped: no readable value in {result.attempts} repl"
+                            f"{'y' if result.attempts == 1 else 'ies'} (last: "
+                            f"{_excerpt(result.reply, 120)!r}); it keeps its value. "
+                            "TGD(strict=True) raises UpdateParseError instead"
+                        ),
+                        stacklevel=2,
+                    )
+                continue
             new_value, used_feedback = result
             state = self.state.setdefault(p, {})
             state["step"] = int(state.get("step", 0)) + 1
@@ -316,8 +402,9 @@ class TGD(Optimizer):
 
     async def _update(
         self, model: ChatModel, p: Variable, group: ParamGroup, entries: list[str]
-    ) -> tuple[str, str]:
-        """The new value of ``p`` and the feedback it was computed from (after the guard)."""
+    ) -> _Outcome:
+        """The new value of ``p`` and the feedback it was computed from (after the guard),
+        or the skipped update (``strict=False``)."""
         role = describe(p.role, "variable")
         budget: int | None = group["max_feedback_tokens"]
         feedback = render_feedback(entries)
@@ -339,44 +426,92 @@ class TGD(Optimizer):
                 for item in history
             ]
         open_tag, close_tag = self.tags
-        messages = update_messages(
-            role=role,
-            value=p.data,
-            feedback=feedback,
-            history=history,
-            constraints=group["constraints"],
-            open_tag=open_tag,
-            close_tag=close_tag,
-            system_prompt=self.system_prompt,
-            examples=group.get("in_context_examples", self.in_context_examples),
-        )
+        tags = ValueForm(open_tag, close_tag)
+        json_form = ValueForm(open_tag, close_tag, UPDATE_FIELD)
 
-        def parses(reply: str) -> bool:
-            return bool(parse_tagged(reply, open_tag, close_tag))
+        def request(form: ValueForm) -> list[dict[str, Any]]:
+            return update_messages(
+                role=role,
+                value=p.data,
+                feedback=feedback,
+                history=history,
+                constraints=group["constraints"],
+                open_tag=open_tag,
+                close_tag=close_tag,
+                system_prompt=self.system_prompt,
+                examples=group.get("in_context_examples", self.in_context_examples),
+                form=form,
+            )
 
+        form = json_form if uses_structured(model, self.structured, unknown=False) else tags
+        messages = request(form)
         attempts = self.max_retries + 1
         reply = ""
-        for _ in range(attempts):
-            reply = await self._ask(model, messages, parses)
-            value = parse_tagged(reply, open_tag, close_tag)
-            if value:
-                return value, feedback
-            messages = [
-                *messages,
-                {"role": "assistant", "content": reply},
-                retry_message(role, open_tag, close_tag, empty=value is not None),
-            ]
+        with reply_tokens(update_tokens(p.data)):
+            for _ in range(attempts):
+                reply, form, messages = await self._reply(model, form, messages, request)
+                value = parse_value(reply, form)
+                if value:
+                    return value, feedback
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": reply},
+                    retry_message(role, open_tag, close_tag, empty=value is not None, form=form),
+                ]
+        if not self.strict:
+            return SkippedUpdate(p.role, attempts, reply, form.field is not None)
+        shape = (
+            f'a JSON object with a non-empty "{form.field}"'
+            if form.field is not None
+            else f"a non-empty {open_tag}...{close_tag} span"
+        )
         raise UpdateParseError(
             f"TGD could not read an improved value for the parameter with role {p.role!r}: "
-            f"after {attempts} attempt(s) the model's reply has no non-empty "
-            f"{open_tag}...{close_tag} span. Last reply ({len(reply)} chars): "
-            f"{_excerpt(reply)!r}. The model must put the new value between these tags: check "
-            f"that it follows the optimizer's prompt, raise max_retries, or pass the tags it "
-            f"uses as tags=(open, close). No parameter was changed.",
+            f"after {attempts} attempt(s) the model's reply has no {shape}. Last reply "
+            f"({len(reply)} chars): {_excerpt(reply)!r}. The model must send the new value as "
+            f"the optimizer's prompt says: check that it follows it, raise max_retries, use "
+            f"structured outputs (structured=True, with a server that takes response_format), "
+            f"or pass the tags it uses as tags=(open, close). No parameter was changed.",
             role=p.role,
             attempts=attempts,
             reply=reply,
         )
+
+    async def _reply(
+        self,
+        model: ChatModel,
+        form: ValueForm,
+        messages: list[dict[str, Any]],
+        request: Callable[[ValueForm], list[dict[str, Any]]],
+    ) -> tuple[str, ValueForm, list[dict[str, Any]]]:
+        """One reply to ``messages`` in ``form``; a server that refuses ``response_format``
+        is asked the tags' way instead (the form and messages returned say which)."""
+        if form.field is None:
+            return (
+                await self._ask(model, messages, lambda r: bool(parse_value(r, form))),
+                form,
+                messages,
+            )
+        tags = ValueForm(form.open_tag, form.close_tag)
+        fallback = request(tags)
+        completion, sent = await ask_json(
+            model,
+            messages,
+            self._params(),
+            form.schema(),
+            structured=self.structured,
+            fallback=fallback,
+            strict=True,
+            usable=lambda r: bool(parse_value(r, form)),
+        )
+        if sent:
+            return completion.text, form, messages
+        return completion.text, tags, fallback
+
+    def _params(self) -> dict[str, Any]:
+        if self.model_params is not None:
+            return dict(self.model_params)
+        return current_models().for_feedback()[2]  # the default feedback params
 
     async def _condense(self, model: ChatModel, role: str, entries: list[str], budget: int) -> str:
         """The feedback ``entries`` condensed into at most ``budget`` tokens (map-reduce:

@@ -30,9 +30,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from asyncgraph.models import reply_tokens
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import approx_tokens, feedback_entries, render_feedback
 from asyncgraph.text._prompts import summary_messages
+from asyncgraph.text._reply import summary_tokens
 
 __all__ = [
     "DEFAULT_FEEDBACK_BUDGET",
@@ -228,7 +230,8 @@ async def _summarise(
     messages = summary_messages(
         role=role, feedback=text, entries=len(chunk), max_tokens=target, summaries=summaries
     )
-    reply = (await ask(messages)).strip()
+    with reply_tokens(summary_tokens(target)):
+        reply = (await ask(messages)).strip()
     return truncate_to_tokens(reply or text, target, marker)
 
 

@@ -28,16 +28,18 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Function, Variable
+from asyncgraph.models import reply_tokens
 from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
 from asyncgraph.text._options import OUTPUT_ROLE, LLMOptions
 from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
 from asyncgraph.text._registry import ModelLike, ModelRef
+from asyncgraph.text._reply import ANSWER_TOKENS, FEEDBACK_TOKENS
 from asyncgraph.text._structured import (
     StructuredOutputError,
+    ask_json,
     parse_structured,
-    response_format_param,
     retry_message,
 )
 
@@ -101,6 +103,12 @@ async def _complete(ref: ModelRef, messages: list[dict[str, Any]], params: dict[
     return completion.text
 
 
+async def _feedback(ref: ModelRef, messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
+    """One feedback request (a reply of ``FEEDBACK_TOKENS`` at most)."""
+    with reply_tokens(FEEDBACK_TOKENS):
+        return await _complete(ref, messages, params)
+
+
 def _slot(index: int, var: Variable, fallback: str) -> dict[str, Any]:
     return {"index": index, "role": describe(var.role, fallback), "value": _text(var)}
 
@@ -124,11 +132,12 @@ async def _llm_forward(
             messages.append({"role": "system", "content": system_prompt})
         messages.append({"role": "user", "content": with_images(user_prompt, images)})
     schema = options.response_format
-    if schema is None:
-        output = await _complete(options.model, messages, dict(options.params))
-        value: Any = output
-    else:
-        output, value = await _structured_reply(ctx, options, messages, schema)
+    with reply_tokens(ANSWER_TOKENS, replace=False):  # a judge asks for a verdict's size
+        if schema is None:
+            output = await _complete(options.model, messages, dict(options.params))
+            value: Any = output
+        else:
+            output, value = await _structured_reply(ctx, options, messages, schema)
     # Model objects passed in: the node keeps them alive (the registry holds them
     # weakly), off the wire (underscored ctx attributes are not sent to workers).
     ctx._model_objects = options.local_models()
@@ -145,11 +154,14 @@ async def _structured_reply(
     ctx: Any, options: LLMOptions, messages: list[dict[str, Any]], schema: dict[str, Any]
 ) -> tuple[str, Any]:
     """The reply's text and its data, asked again with the errors until it follows
-    ``schema`` (``format_attempts`` replies in all); ``StructuredOutputError`` then."""
-    params = {**options.params, "response_format": response_format_param(schema)}
+    ``schema`` (``format_attempts`` replies in all); ``StructuredOutputError`` then. The
+    schema goes as ``response_format`` where the model takes it, else in the prompt
+    (``ask_json``)."""
     attempts = options.format_attempts
+    model = options.model.resolve()
     for attempt in range(1, attempts + 1):
-        output = await _complete(options.model, messages, params)
+        completion, _ = await ask_json(model, messages, options.params, schema)
+        output = completion.text
         data, errors = parse_structured(output, schema)
         if not errors:
             return output, data
@@ -202,7 +214,7 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
         )
         if images:  # the feedback model sees what the forward saw
             messages[-1] = {**messages[-1], "content": with_images(messages[-1]["content"], images)}
-        text = await _complete(ref, messages, params)
+        text = await _feedback(ref, messages, params)
         if note is not None:  # the gradient says what it was built from
             text = f"{note}\n{text}"
         grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncgraph import Variable
+from asyncgraph.models import reply_tokens
 from asyncgraph.text._functions import FormattedLLMCall, LLMCall
 from asyncgraph.text._prompts import describe
 from asyncgraph.text._registry import ModelLike, model_ref
+from asyncgraph.text._reply import VERDICT_TOKENS
 
 __all__ = ["TextLoss"]
 
@@ -32,7 +34,9 @@ class TextLoss:
 
     ``model`` / ``base_url`` / ``params`` / ``feedback_model`` as in
     :class:`LLMCall` (those not given come from ``use_models`` /
-    ``set_default_models`` when the loss is computed); ``role`` names the loss (default: ``"evaluation of <the
+    ``set_default_models`` when the loss is computed); its verdict is asked for in at most
+    ``VERDICT_TOKENS`` (512) tokens unless the model or ``params`` set ``max_tokens``;
+    ``role`` names the loss (default: ``"evaluation of <the
     inputs' roles>"``). ``function`` picks the Function class, e.g. a subclass
     with ``dispatch = "local"``.
 
@@ -109,7 +113,10 @@ class TextLoss:
                     "await loss_fn(answer); give template=... to use named fields"
                 )
             options["role"] = self._role_for(list(inputs))
-            out: Variable = await self.function.apply(self.eval_system_prompt, *inputs, **options)
+            with reply_tokens(VERDICT_TOKENS):
+                out: Variable = await self.function.apply(
+                    self.eval_system_prompt, *inputs, **options
+                )
             return out
         if inputs or not fields:
             raise TypeError(
@@ -117,7 +124,10 @@ class TextLoss:
                 f"with the fields of {self.template!r:.80}"
             )
         options["role"] = self._role_for(list(fields.values()))
-        out = await self.function.apply(self.template, self.eval_system_prompt, **options, **fields)
+        with reply_tokens(VERDICT_TOKENS):
+            out = await self.function.apply(
+                self.template, self.eval_system_prompt, **options, **fields
+            )
         return out
 
     def __repr__(self) -> str:

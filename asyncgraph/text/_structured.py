@@ -7,6 +7,14 @@ JSON or does not follow the schema is sent back to the model with the validation
 error, up to ``max_attempts`` in all; then ``StructuredOutputError`` names the schema
 path that failed. The node's feedback still flows as text (the reply's JSON).
 
+Whether the request carries ``response_format`` depends on the model (``ask_json``): a
+model whose ``structured_outputs`` is True (the HTTP clients: OpenAI, Azure, vLLM and
+llama.cpp's server, which turns the schema into a grammar; Anthropic, as a forced tool)
+gets it; one whose ``structured_outputs`` is False (``SimulatedModel``, a server set so)
+gets the schema in its prompt instead and its reply is parsed the same way; a server that
+refuses ``response_format`` (HTTP 400 / 422) is asked again without it, and its model's
+``structured_outputs`` becomes False, so later requests do not try again.
+
 The validator covers the part of JSON Schema structured outputs use: ``type`` (object,
 array, string, integer, number, boolean, null, or a list of them), ``properties``,
 ``required``, ``additionalProperties`` (false or a schema), ``items``, ``enum``,
@@ -18,14 +26,30 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from asyncgraph._exceptions import StructuredOutputError
+from asyncgraph._exceptions import ModelRequestError, StructuredOutputError
+from asyncgraph.models import BaseChatModel, ChatModel, Completion
 
-__all__ = ["StructuredOutputError", "json_schema_of", "parse_structured", "schema_errors"]
+__all__ = [
+    "StructuredOutputError",
+    "ask_json",
+    "check_structured",
+    "json_schema_of",
+    "parse_structured",
+    "schema_errors",
+    "uses_structured",
+]
+
+logger = logging.getLogger("asyncgraph.text")
+
+Structured = bool | Literal["auto"]
+"""``structured=``: True (always send ``response_format``), False (never: the schema or
+the tags go in the prompt) or ``"auto"`` (as the model says: ``structured_outputs``)."""
 
 DEFAULT_STRUCTURED_ATTEMPTS = 3
 
@@ -231,11 +255,105 @@ def parse_structured(reply: str, schema: Mapping[str, Any]) -> tuple[Any, list[s
     return data, schema_errors(data, schema)
 
 
-def response_format_param(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The OpenAI ``response_format`` request parameter for ``schema``."""
+def response_format_param(schema: Mapping[str, Any], *, strict: bool = False) -> dict[str, Any]:
+    """The OpenAI ``response_format`` request parameter for ``schema`` (``strict``: ask
+    OpenAI to follow it exactly; the schema must then list every property as required
+    and forbid others)."""
     name = str(schema.get("title") or "response")
     name = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)[:64] or "response"
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema)}}
+    spec: dict[str, Any] = {"name": name, "schema": dict(schema)}
+    if strict:
+        spec["strict"] = True
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def check_structured(value: Any, where: str) -> Structured:
+    """``value`` if it is True, False or ``"auto"``; else a ``ValueError`` naming ``where``."""
+    if value is True or value is False or value == "auto":
+        return value  # type: ignore[no-any-return]
+    raise ValueError(f"{where}: structured must be True, False or 'auto', got {value!r}")
+
+
+def uses_structured(model: ChatModel, structured: Structured, *, unknown: bool = True) -> bool:
+    """Whether a request to ``model`` carries ``response_format``: ``structured`` if True or
+    False; with ``"auto"``, the model's ``structured_outputs``, or ``unknown`` for a
+    ``ChatModel`` that does not say."""
+    if structured != "auto":
+        return bool(structured)
+    return bool(getattr(model, "structured_outputs", unknown))
+
+
+def schema_instruction(schema: Mapping[str, Any]) -> str:
+    """What a prompt says when the schema cannot be sent as ``response_format``."""
+    return (
+        "Reply with only a JSON object (no other text, no code fence) that follows this "
+        f"JSON schema:\n{json.dumps(dict(schema), ensure_ascii=False)}"
+    )
+
+
+def with_instruction(messages: Sequence[Mapping[str, Any]], text: str) -> list[dict[str, Any]]:
+    """``messages`` with ``text`` added at the end of the last one."""
+    out = [dict(m) for m in messages]
+    content = out[-1].get("content")
+    if isinstance(content, list):
+        out[-1]["content"] = [*content, {"type": "text", "text": text}]
+    else:
+        out[-1]["content"] = f"{content}\n\n{text}"
+    return out
+
+
+async def ask_json(
+    model: ChatModel,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    schema: Mapping[str, Any],
+    *,
+    structured: Structured = "auto",
+    fallback: Sequence[Mapping[str, Any]] | None = None,
+    strict: bool = False,
+    usable: Callable[[str], bool] | None = None,
+) -> tuple[Completion, bool]:
+    """One request for a reply that follows ``schema``; returns the completion and whether
+    it was sent with ``response_format``.
+
+    With ``response_format`` (``uses_structured``): ``messages`` as they are. Without:
+    ``fallback`` (default: ``messages`` with the schema in the last one). A server that
+    refuses ``response_format`` (HTTP 400 / 422) under ``structured="auto"`` is asked
+    again without it, once, and the model's ``structured_outputs`` becomes False (a
+    warning on the ``asyncgraph.text`` logger says so). ``usable(text)``: only replies it
+    accepts enter a ``BaseChatModel``'s response cache.
+    """
+    if uses_structured(model, structured):
+        with_format = {**params, "response_format": response_format_param(schema, strict=strict)}
+        try:
+            return await _send(model, messages, with_format, usable), True
+        except ModelRequestError as exc:
+            if structured != "auto" or exc.status_code not in (400, 422):
+                raise
+            logger.warning(
+                "%s refused response_format (%s); asking with the format in the prompt from now on",
+                getattr(model, "name", model),
+                exc.server_message or exc,
+            )
+            try:
+                model.structured_outputs = False  # type: ignore[attr-defined]
+            except AttributeError:  # an object that does not take attributes
+                pass
+    plain = (
+        fallback if fallback is not None else with_instruction(messages, schema_instruction(schema))
+    )
+    return await _send(model, plain, params, usable), False
+
+
+async def _send(
+    model: ChatModel,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    usable: Callable[[str], bool] | None,
+) -> Completion:
+    if usable is not None and isinstance(model, BaseChatModel):
+        return await model.complete(messages, cache_if=lambda c: usable(c.text), **params)
+    return await model.complete(messages, **params)
 
 
 def retry_message(errors: list[str]) -> dict[str, Any]:

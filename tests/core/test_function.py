@@ -728,3 +728,226 @@ async def test_once_differentiable_wraps_an_async_backward() -> None:
     with pytest.raises(BackwardError, match=r"AsyncOnceDifferentiable\.backward"):
         await gx.backward()
     assert x.grad is None
+
+
+class MulInplace(Function):
+    """``x *= k`` in place, as PyTorch's mul_: x's data changes and x is marked dirty."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, k: float) -> Variable:
+        x.data = x.data * k
+        ctx.mark_dirty(x)
+        ctx.k = k
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Any, None]:
+        return g.data * ctx.k, None
+
+
+class DoubleInplace(Function):
+    """PyTorch's DoubleInplace (test_return_duplicate_inplace): returns x twice."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> tuple[Variable, Variable]:
+        x.data = x.data * 2
+        ctx.mark_dirty(x)
+        return x, x
+
+    @staticmethod
+    def backward(ctx: Any, g1: Variable, g2: Variable) -> Any:
+        return g1.data * 2 + g2.data * 2
+
+
+def clone(x: Variable) -> Variable:
+    from ._ops import Identity
+
+    out: Variable = Identity.apply(x)
+    return out
+
+
+@pytest.mark.anyio
+async def test_mark_dirty_returns_the_input_itself_with_a_new_history() -> None:
+    x = Variable(2.0, requires_grad=True)
+    a = clone(x)
+    before = a.grad_fn
+    b = MulInplace.apply(a, 3)
+    assert b is a and a.data == 6.0 and a._version == 1
+    assert a.grad_fn is not None and a.grad_fn is not before and a.grad_fn.name == "MulInplace"
+    assert a.grad_fn.next_functions == ((before, 0), (None, 0))  # the old history behind it
+    await a.backward()
+    assert x.grad is not None and x.grad.data == 3.0
+
+
+@pytest.mark.anyio
+async def test_return_duplicate_inplace() -> None:
+    # Ported from test_return_duplicate_inplace (its gradcheck done by hand: 4 * x).
+    x = Variable(1.5, requires_grad=True)
+    a, b = DoubleInplace.apply(clone(x))
+    assert a is b
+    await Add.apply(a, b).backward()
+    assert x.grad is not None and x.grad.data == 4.0
+    # Can't modify leaf variables in-place
+    with pytest.raises(
+        GraphError, match="a leaf Variable that requires grad has been used in an in-place"
+    ):
+        MulInplace.apply(x, 2)
+    assert x.data == 3.0 and x.is_leaf  # forward ran; the error is in recording it
+
+
+@pytest.mark.anyio
+async def test_mark_dirty_under_no_grad_and_on_a_leaf_that_needs_no_gradient() -> None:
+    x = Variable(2.0, requires_grad=True)
+    with no_grad():  # in place on a leaf, under no_grad(): allowed, as in PyTorch
+        assert MulInplace.apply(x, 2) is x
+    assert x.is_leaf and x.data == 4.0 and x._version == 1
+
+    class AddInplace(Function):
+        @staticmethod
+        def forward(ctx: Any, acc: Variable, w: Variable) -> Variable:
+            acc.data = acc.data + w.data
+            ctx.mark_dirty(acc)
+            return acc
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> tuple[Variable, Variable]:
+            return g, g
+
+    acc = Variable(1.0)
+    w = Variable(5.0, requires_grad=True)
+    assert AddInplace.apply(acc, w) is acc
+    assert acc.data == 6.0 and not acc.is_leaf and acc.requires_grad
+    await acc.backward()
+    assert w.grad is not None and w.grad.data == 1.0
+
+
+def test_mark_dirty_needs_the_dirty_input_returned_and_warns_for_a_non_input() -> None:
+    class NotReturned(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            ctx.mark_dirty(x)
+            return Variable(x.data)
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> Variable:
+            return g
+
+    with pytest.raises(GraphError, match="Some elements marked as dirty during the forward"):
+        NotReturned.apply(clone(Variable(1.0, requires_grad=True)))
+    with no_grad(), pytest.raises(GraphError, match=r"NotReturned\.forward"):
+        NotReturned.apply(Variable(1.0))
+
+    class NotAnInput(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            out = Variable(x.data)
+            ctx.mark_dirty(out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> Variable:
+            return g
+
+    with pytest.warns(UserWarning, match=r"Only input Variables should be given to"):
+        NotAnInput.apply(Variable(1.0, requires_grad=True))
+    with pytest.raises(TypeError, match="mark_dirty expects the input Variables"):
+        FunctionCtx().mark_dirty(1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_saved_variable_changed_in_place_afterwards_is_an_error_at_backward() -> None:
+    # PyTorch's mark_dirty docstring example: b saved a, then a changed in place.
+    x = Variable(1.0, requires_grad=True)
+    a = clone(x)
+    b = Mul.apply(a, a)  # saves a at version 0
+    MulInplace.apply(a, 2)
+    with pytest.raises(BackwardError, match="modified by an inplace operation") as info:
+        await b.backward()
+    assert isinstance(info.value.__cause__, GraphError)
+    assert "is at version 1; expected version 0 instead" in str(info.value)
+    assert x.grad is None
+
+    class SaveThenChange(Function):
+        """Saves its input, then changes it in place: saved after the change, no error."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> Variable:
+            ctx.save_for_backward(x)
+            x.data = x.data * 3
+            ctx.mark_dirty(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: Variable) -> Any:
+            (saved,) = ctx.saved_variables
+            assert saved.data == 3.0  # the value after the change
+            return g.data * 3
+
+    x = Variable(1.0, requires_grad=True)
+    await SaveThenChange.apply(clone(x)).backward()
+    assert x.grad is not None and x.grad.data == 3.0
+
+
+@pytest.mark.anyio
+async def test_retain_grad_inplace() -> None:
+    # Ported from test_retain_grad_inplace: the gradient of the latest version.
+    a = clone(Variable(1.0, requires_grad=True))
+    a.retain_grad()
+    MulInplace.apply(a, 2)
+    await a.backward()
+    assert a.grad is not None and a.grad.data == 1.0
+
+    a = clone(Variable(1.0, requires_grad=True))
+    a.retain_grad()
+    MulInplace.apply(a, 2)  # in place several times is OK
+    MulInplace.apply(a, 2)
+    await a.backward()
+    assert a.grad is not None and a.grad.data == 1.0
+
+
+@pytest.mark.anyio
+async def test_tensor_hooks_inplace() -> None:
+    # Ported from test_tensor_hooks_inplace: a hook registered before the in-place change
+    # sees the old version's gradient, one registered after sees the new version's.
+    seen: list[tuple[str, float]] = []
+
+    def fn1(g: Variable) -> Variable:
+        seen.append(("fn1", g.data))  # x2 from the mul, x2 from fn2
+        return Variable(g.data * 2)
+
+    def fn2(g: Variable) -> Variable:
+        seen.append(("fn2", g.data))
+        return Variable(g.data * 2)
+
+    a = Variable(1.0, requires_grad=True)
+    b = clone(a)
+    b.register_hook(fn1)
+    MulInplace.apply(b, 2)
+    b.register_hook(fn2)
+    await b.backward()
+    assert seen == [("fn2", 1.0), ("fn1", 4.0)]
+    assert a.grad is not None and a.grad.data == 8.0
+
+
+@pytest.mark.anyio
+async def test_retains_grad_inplace_multiple_outputs() -> None:
+    # Ported from test_retains_grad_inplace_multiple_outputs (DoubleMul).
+    class DoubleMul(Function):
+        @staticmethod
+        def forward(ctx: Any, x: Variable) -> tuple[Variable, Variable]:
+            return Variable(x.data * 2), Variable(x.data * 3)
+
+        @staticmethod
+        def backward(ctx: Any, g1: Variable, g2: Variable) -> Any:
+            return g1.data * 2 + g2.data * 3
+
+    var, mean = DoubleMul.apply(Variable(0.7, requires_grad=True))
+    var.retain_grad()
+    mean.retain_grad()
+    MulInplace.apply(var, 2)  # var's retain_grad leaves the multi-output node
+    await Add.apply(var, mean).backward()
+    var2, mean2 = DoubleMul.apply(Variable(0.7, requires_grad=True))
+    MulInplace.apply(var2, 2)
+    expected = await asyncgraph.grad(Add.apply(var2, mean2), [var2, mean2])
+    assert var.grad is not None and mean.grad is not None
+    assert (var.grad.data, mean.grad.data) == tuple(g.data for g in expected if g is not None)

@@ -218,6 +218,22 @@ class WithRaw(Function):
         return grad.data * 2 + (0 if g_raw is None else 100)
 
 
+class ScaleInPlace(Function):
+    """A remote forward that tries to change its input in place: refused on a worker."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        x.data = x.data * 2
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable) -> Any:
+        return grad.data * 2
+
+
 class Ask(Function):
     """Remote backward that calls a (simulated) model: its usage travels back in the reply."""
 

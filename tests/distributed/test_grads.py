@@ -237,6 +237,37 @@ async def test_a_raw_value_a_remote_forward_returns_gets_none_as_in_process(
     assert x.grad is not None and x.grad.data == 2.0  # 102.0 had the raw 7 got a zero
 
 
+class LocalDouble(Function):
+    """Changes its input in place (ctx.mark_dirty), in-process."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable) -> Variable:
+        x.data = x.data * 2
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Any:
+        return g.data * 2
+
+
+async def test_mark_dirty_is_refused_on_a_worker_and_checked_before_a_remote_backward(
+    redis_server_url: str, shared_fleet: str
+) -> None:
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
+        x = Parameter(1.0, role="x")
+        with pytest.raises(RemoteError, match=r"mark_dirty\(\.\.\.\) on a worker"):
+            await ex.apply(F.ScaleInPlace, Add.apply(x, Variable(0.0)))
+        # Saved here by a remote Function's local forward, changed in place afterwards: the
+        # remote backward is refused before its task is sent, as in-process.
+        a = Add.apply(x, Variable(0.0))
+        y = F.Double.apply(a)  # saves a
+        LocalDouble.apply(a)
+        with pytest.raises(BackwardError, match="modified by an inplace operation"):
+            await backward(y, executor=ex)
+    assert x.grad is None
+
+
 class NotServed(Function):
     dispatch = "remote"
 

@@ -11,7 +11,7 @@ from optim_helpers import Script, improve
 from asyncgraph import Parameter, Variable
 from asyncgraph.models import MemoryCache, OpenAIChat, SimulatedModel
 from asyncgraph.models._testing import OpenAITestServer, Reply
-from asyncgraph.optim import TGD, NoFeedbackWarning, UpdateParseError
+from asyncgraph.optim import TGD, NoFeedbackWarning, ReplySkippedWarning, UpdateParseError
 from asyncgraph.optim._tgd import parse_tagged
 from asyncgraph.text import TextLoss, approx_tokens, llm_call, render_feedback
 
@@ -134,7 +134,7 @@ async def test_replies_without_tags_end_in_a_clear_error_and_change_nothing() ->
     script = Script(responder)
     good = _param("keep", "instructions", "fb")
     bad = _param("old", "system prompt", "fb")
-    tgd = TGD([good, bad], model=script.model, max_retries=1)
+    tgd = TGD([good, bad], model=script.model, max_retries=1, strict=True)
     with pytest.raises(UpdateParseError) as info:
         await tgd.step()
     error = info.value
@@ -146,6 +146,31 @@ async def test_replies_without_tags_end_in_a_clear_error_and_change_nothing() ->
     assert error.reply == "Sorry, I cannot help with that. " * 20
     assert (good.data, bad.data) == ("keep", "old")  # no half-applied step
     assert tgd.state == {}
+
+
+async def test_an_unreadable_update_is_skipped_the_others_applied_and_recorded() -> None:
+    def responder(messages: list[dict[str, Any]]) -> str:
+        if "<VARIABLE>keep</VARIABLE>" in messages[1]["content"]:
+            return improve(messages)
+        return "Sorry, I cannot help with that."
+
+    script = Script(responder)
+    good = _param("keep", "instructions", "fb")
+    bad = _param("old", "system prompt", "fb")
+    tgd = TGD([good, bad], model=script.model, max_retries=1)
+    with pytest.warns(ReplySkippedWarning, match="'system prompt' was skipped"):
+        await tgd.step()
+    assert bad.data == "old" and good.data != "keep"  # the readable update is applied
+    assert [(s.role, s.attempts, s.structured) for s in tgd.skipped] == [
+        ("system prompt", 2, False)
+    ]
+    assert tgd.skipped[0].to_data()["reply"] == "Sorry, I cannot help with that."
+    assert bad not in tgd.state and tgd.state[good]["step"] == 1  # no step counted for it
+    tgd.warn_no_feedback = False
+    good.grad = None
+    with pytest.warns(ReplySkippedWarning):
+        await tgd.step()  # the next step starts a new list
+    assert len(tgd.skipped) == 1
 
 
 async def test_retry_and_error_against_the_openai_protocol_server() -> None:
@@ -160,7 +185,7 @@ async def test_retry_and_error_against_the_openai_protocol_server() -> None:
             "test-model", base_url=server.url, api_key="test", cache=MemoryCache()
         ) as model:
             p = _param("Answer.", "system prompt", "Give the number.")
-            tgd = TGD([p], model=model, max_retries=1)
+            tgd = TGD([p], model=model, max_retries=1, strict=True)
             await tgd.step()
             assert p.data == "Answer with a number."
             assert len(server.requests) == 2  # the retry is a new request, not a cache hit
@@ -353,7 +378,7 @@ async def test_an_unparsable_reply_is_not_replayed_from_the_cache() -> None:
             "test-model", base_url=server.url, api_key="test", cache=MemoryCache()
         ) as model:
             p = _param("Answer.", "system prompt", "Give units.")
-            tgd = TGD([p], model=model, max_retries=0)
+            tgd = TGD([p], model=model, max_retries=0, strict=True)
             with pytest.raises(UpdateParseError, match="rather not"):
                 await tgd.step()
             await tgd.step()  # the same request again: asks the server, not the cache

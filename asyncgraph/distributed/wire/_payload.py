@@ -139,8 +139,11 @@ def _ctx_attrs(ctx: FunctionCtx, fn: type[Function]) -> dict[str, Any]:
 
 
 def ctx_state(ctx: FunctionCtx, fn: type[Function]) -> dict[str, Any]:
-    """The ctx as plain data (call ``diagnose_unpackable`` if packing it then fails)."""
-    saved = ctx._saved
+    """The ctx as plain data (call ``diagnose_unpackable`` if packing it then fails).
+
+    Raises ``GraphError`` when a saved variable was changed in place since it was saved
+    (``ctx.mark_dirty``), as reading ``ctx.saved_variables`` in-process does."""
+    saved = None if ctx._saved is None else ctx.saved_variables
     return {
         "saved": None if saved is None else [_saved_entry(v) for v in saved],
         "needs": list(ctx.needs_input_grad),

@@ -129,6 +129,12 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
             await _call(threads, _is_async(fn.setup_context), fn.setup_context, ctx, inputs, output)
         else:
             output = await _call(threads, _is_async(fn.forward), fn.forward, ctx, *args, **kwargs)
+    if ctx._dirty:
+        raise TypeError(
+            f"{fn.__name__}.forward called ctx.mark_dirty(...) on a worker, where it works on "
+            f"copies of the inputs: the caller's Variables cannot change in place. Return "
+            f"new Variables instead, or give {fn.__name__} dispatch = 'local'"
+        )
     is_tuple = isinstance(output, tuple)
     outputs = output if is_tuple else (output,)
     non_diff = ctx._non_differentiable

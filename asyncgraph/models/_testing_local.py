@@ -1,0 +1,315 @@
+"""A local fake of a small model behind llama.cpp's or vLLM's OpenAI-compatible server.
+
+For tests and benchmarks (not for production). ``LocalModelTestServer`` is an
+``OpenAITestServer`` that answers as a small local model does, not as a prompt says:
+
+- **prose, no tags**: a reply never holds the ``<IMPROVED_VARIABLE>`` tags a prompt asks
+  for; an update request gets "Sure! Here is a better version: ..." in prose. A request
+  with ``response_format`` (a JSON schema) gets JSON that follows the schema, as
+  llama.cpp's grammar (or vLLM's guided decoding) forces it to; a request whose schema the
+  server refuses (``json_schema=False``) gets llama.cpp's 400;
+- **rambling**: without ``max_tokens`` a reply runs to ``ramble_tokens`` tokens (the
+  client waits ``s_per_token`` for each), with it, to at most that many;
+- **slots**: at most ``slots`` requests are worked on at once; the others wait in the
+  server's queue (``max_busy`` and ``queued`` record it), as llama.cpp's ``-np`` slots do;
+  a request whose client went away is still worked to its end;
+- **a context window per slot** of ``n_ctx`` tokens (a token is 3.5 characters here,
+  plus 5 per message): ``flavor="llama.cpp"`` refuses a prompt of ``n_ctx`` tokens or
+  more with its ``exceed_context_size_error`` (HTTP 400, ``n_prompt_tokens``,
+  ``n_ctx``) and cuts a reply at the window's end; ``flavor="vllm"`` refuses a prompt plus
+  ``max_tokens`` beyond ``n_ctx`` with vLLM's "maximum context length" 400;
+- **what it says of itself**: llama.cpp's ``GET /props`` (``default_generation_settings.n_ctx``
+  per slot, ``total_slots``), vLLM's ``GET /v1/models`` (``max_model_len``).
+
+Example::
+
+    with LocalModelTestServer(slots=4, n_ctx=2048) as server:
+        model = OpenAIChat("smollm2", base_url=server.url, api_key="")
+        ...
+        assert server.max_busy <= 4 and server.refused_for_context == 0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from asyncgraph.models._testing import CHAT_PATH, OpenAITestServer, RecordedRequest, _Handler
+
+__all__ = ["LocalModelTestServer", "local_tokens", "schema_value"]
+
+_CHARS_PER_TOKEN = 3.5
+_PER_MESSAGE = 5
+_VARIABLE = re.compile(r"<VARIABLE(?:_A)?>(.*?)</VARIABLE(?:_A)?>", re.DOTALL)
+_PROSE = (
+    "Sure! I would be happy to help with that. Here is what I think about it, step by step, "
+    "with some more words than needed, as a small model tends to write when nothing stops "
+    "it, going on and on about the question and the answer and the feedback. "
+)
+
+
+def local_tokens(body: Any) -> int:
+    """A request's prompt tokens as this server counts them (3.5 characters a token, plus
+    5 a message)."""
+    try:
+        messages = body["messages"]
+        chars = sum(len(_text(m.get("content", ""))) for m in messages)
+        return math.ceil(chars / _CHARS_PER_TOKEN) + _PER_MESSAGE * len(messages)
+    except (KeyError, TypeError, AttributeError):
+        return 0
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def schema_value(schema: Any, prose: str) -> Any:
+    """A value that follows ``schema`` (what a grammar-constrained model produces), its
+    strings filled with ``prose``."""
+    if not isinstance(schema, Mapping):
+        return prose
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    if "anyOf" in schema:
+        return schema_value(schema["anyOf"][0], prose)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: schema_value(sub, prose) for name, sub in props.items()}
+    if kind == "array":
+        return [schema_value(schema.get("items"), prose)]
+    if kind == "integer":
+        return max(int(schema.get("minimum", 7)), 7)
+    if kind == "number":
+        return 0.5
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return prose
+
+
+class _LocalHandler(_Handler):
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        assert isinstance(owner, LocalModelTestServer)
+        owner._get(self)
+
+
+class LocalModelTestServer(OpenAITestServer):
+    """See the module docstring. ``improve(value) -> str`` says what an update request's
+    value becomes (default: the value with " Be precise." added once)."""
+
+    def __init__(
+        self,
+        *,
+        slots: int = 4,
+        n_ctx: int = 2048,
+        flavor: str = "llama.cpp",
+        ramble_tokens: int = 181,
+        s_per_token: float = 0.0,
+        json_schema: bool = True,
+        improve: Callable[[str], str] | None = None,
+        model: str = "smollm2",
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if flavor not in ("llama.cpp", "vllm"):
+            raise ValueError(f"flavor must be 'llama.cpp' or 'vllm', got {flavor!r}")
+        super().__init__(host=host, port=port)
+        self.slots = slots
+        self.n_ctx = n_ctx
+        self.flavor = flavor
+        self.ramble_tokens = ramble_tokens
+        self.s_per_token = s_per_token
+        self.json_schema = json_schema
+        self.improve = improve or (lambda v: v if "Be precise." in v else f"{v} Be precise.")
+        self.model = model
+        self._slot_sem = threading.BoundedSemaphore(slots)
+        self._busy = 0
+        self.max_busy = 0
+        """The most requests worked on at once."""
+        self.queued = 0
+        """Requests that waited for a slot."""
+        self.refused_for_context = 0
+        self.completion_tokens: list[int] = []
+        """The completion tokens of each answer, in order."""
+
+    def start(self) -> LocalModelTestServer:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        from asyncgraph.models._testing import _Server
+
+        httpd = _Server((self._host, self._port), _LocalHandler)
+        httpd.owner = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> LocalModelTestServer:
+        return self.start()
+
+    # -- what the server says of itself ------------------------------------------------
+
+    def _get(self, req: _Handler) -> None:
+        path = req.path.split("?", 1)[0].rstrip("/")
+        if path == "/props" and self.flavor == "llama.cpp":
+            props = {
+                "default_generation_settings": {"n_ctx": self.n_ctx, "params": {}},
+                "total_slots": self.slots,
+                "model_path": f"/models/{self.model}.gguf",
+            }
+            self._send_json(req, 200, props, {})
+        elif path == "/v1/models":
+            row: dict[str, Any] = {"id": self.model, "object": "model", "owned_by": "local"}
+            if self.flavor == "vllm":
+                row["max_model_len"] = self.n_ctx
+            self._send_json(req, 200, {"object": "list", "data": [row]}, {})
+        else:
+            self._send_json(req, 404, {"error": {"code": 404, "message": "File Not Found"}}, {})
+
+    # -- serving -----------------------------------------------------------------------
+
+    def _handle(self, req: _Handler) -> None:
+        length = int(req.headers.get("content-length") or 0)
+        raw = req.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in req.headers.items()}
+        arrived = time.monotonic()
+        if req.path.split("?", 1)[0].rstrip("/") != CHAT_PATH or not isinstance(body, dict):
+            self._record(RecordedRequest(arrived, req.path, headers, body, 404))
+            self._send_json(req, 404, {"error": {"code": 404, "message": "File Not Found"}}, {})
+            return
+        if not self._slot_sem.acquire(blocking=False):
+            with self._cond:
+                self.queued += 1
+            self._slot_sem.acquire()
+        with self._cond:
+            self._busy += 1
+            self.max_busy = max(self.max_busy, self._busy)
+        try:
+            status, payload, delay = self._work(body)
+            self._record(RecordedRequest(arrived, req.path, headers, body, status))
+            if delay > 0:
+                self._stopping.wait(delay)  # the slot is busy all this time
+        finally:
+            with self._cond:
+                self._busy -= 1
+            self._slot_sem.release()
+        self._send_json(req, status, payload, {})
+
+    def _refusal(self, prompt: int, max_tokens: int | None) -> dict[str, Any] | None:
+        if self.flavor == "llama.cpp" and prompt >= self.n_ctx:
+            return {
+                "error": {
+                    "code": 400,
+                    "message": (
+                        f"request ({prompt} tokens) exceeds the available context size "
+                        f"({self.n_ctx} tokens), try increasing it"
+                    ),
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": prompt,
+                    "n_ctx": self.n_ctx,
+                }
+            }
+        completion = max_tokens if max_tokens is not None else 0
+        if self.flavor == "vllm" and prompt + completion > self.n_ctx:
+            return {
+                "error": {
+                    "message": (
+                        f"This model's maximum context length is {self.n_ctx} tokens. However, "
+                        f"you requested {prompt + completion} tokens ({prompt} in the messages, "
+                        f"{completion} in the completion). Please reduce the length of the "
+                        "messages or completion."
+                    ),
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            }
+        return None
+
+    def _work(self, body: dict[str, Any]) -> tuple[int, Any, float]:
+        """The status, JSON and generation time of an answer to ``body``."""
+        prompt = local_tokens(body)
+        limit = body.get("max_tokens", body.get("max_completion_tokens"))
+        limit = limit if isinstance(limit, int) and limit > 0 else None
+        refused = self._refusal(prompt, limit)
+        if refused is not None:
+            with self._cond:
+                self.refused_for_context += 1
+            return 400, refused, 0.0
+        room = self.n_ctx - prompt
+        budget = min(self.ramble_tokens, limit or self.ramble_tokens, room)
+        response_format = body.get("response_format")
+        spec = response_format.get("json_schema") if isinstance(response_format, dict) else None
+        if isinstance(spec, dict):
+            if not self.json_schema:
+                error = {
+                    "code": 400,
+                    "message": "response_format is not supported",
+                    "type": "invalid_request_error",
+                }
+                return 400, {"error": error}, 0.0
+            text = json.dumps(schema_value(spec.get("schema"), self._value(body)))
+        else:
+            text = self._prose(body, budget)
+        completion = min(budget, max(1, math.ceil(len(text) / _CHARS_PER_TOKEN)))
+        with self._cond:
+            self.completion_tokens.append(completion)
+        answer = {
+            "id": f"chatcmpl-local-{len(self._requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length" if completion >= budget and not spec else "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
+        }
+        return 200, answer, completion * self.s_per_token
+
+    def _value(self, body: dict[str, Any]) -> str:
+        """The string a grammar-bound reply holds: an update request's improved value, or
+        a short verdict."""
+        everything = "\n".join(_text(m.get("content", "")) for m in body["messages"])
+        found = _VARIABLE.findall(everything)
+        if found:
+            return self.improve(found[-1].strip())
+        return "The answer looks right."
+
+    def _prose(self, body: dict[str, Any], budget: int) -> str:
+        """What a small model writes without a grammar: prose, no tags, up to ``budget``."""
+        everything = "\n".join(_text(m.get("content", "")) for m in body["messages"])
+        found = _VARIABLE.findall(everything)
+        text = (
+            f"Sure! Here is a better version: {self.improve(found[-1].strip())} " if found else ""
+        )
+        text += _PROSE * (1 + budget * 4 // len(_PROSE))
+        return text[: max(1, int(budget * _CHARS_PER_TOKEN))]

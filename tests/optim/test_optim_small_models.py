@@ -1,0 +1,113 @@
+"""Updates that parse with any model: a local fake that answers like a small model
+(prose, no tags; JSON only where a schema forces it)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+
+from asyncgraph import Parameter, Variable
+from asyncgraph.models import OpenAIChat, SimulatedModel
+from asyncgraph.models._testing_local import LocalModelTestServer
+from asyncgraph.optim import TGD, ReplySkippedWarning, UpdateParseError
+from asyncgraph.optim._tgd import UPDATE_FIELD
+from asyncgraph.text import TextLoss, llm_call, update_tokens, use_models
+
+pytestmark = pytest.mark.anyio
+
+
+def _param(value: str, feedback: str) -> Parameter:
+    p = Parameter(value, role="system prompt")
+    p.grad = Variable(feedback)
+    return p
+
+
+def _local(server: LocalModelTestServer, **options: Any) -> OpenAIChat:
+    return OpenAIChat("smollm2", base_url=server.url, api_key="", **options)
+
+
+async def test_a_small_model_that_ignores_tags_is_optimized_with_structured_outputs() -> None:
+    with LocalModelTestServer() as server:
+        async with _local(server) as model:
+            p = _param("Answer the question.", "Be more precise.")
+            await TGD([p], model=model).step()
+        assert p.data == "Answer the question. Be precise."
+        (request,) = [r.body for r in server.requests]
+        spec = request["response_format"]["json_schema"]
+        assert spec["schema"]["required"] == [UPDATE_FIELD] and spec["strict"] is True
+        assert "<IMPROVED_VARIABLE>" not in request["messages"][-1]["content"]
+        # sized to the value, not left to ramble
+        assert request["max_tokens"] == update_tokens("Answer the question.") < 300
+
+
+async def test_with_tags_the_same_model_skips_its_update_and_the_job_goes_on() -> None:
+    with LocalModelTestServer() as server:
+        async with _local(server) as model:
+            p = _param("Answer the question.", "Be more precise.")
+            tgd = TGD([p], model=model, structured=False, max_retries=2)
+            with pytest.warns(ReplySkippedWarning, match="keeps its value"):
+                await tgd.step()
+            assert p.data == "Answer the question."
+            assert [(s.attempts, s.structured) for s in tgd.skipped] == [(3, False)]
+            assert tgd.skipped[0].reply.startswith("Sure! Here is a better version")
+            assert all("response_format" not in r.body for r in server.requests)
+
+            tgd.strict = True
+            with pytest.raises(UpdateParseError, match="IMPROVED_VARIABLE"):
+                await tgd.step()
+            assert p.data == "Answer the question."
+
+
+async def test_a_server_that_refuses_response_format_is_asked_with_tags_from_then_on() -> None:
+    with LocalModelTestServer(json_schema=False) as server:
+        async with _local(server) as model:
+            p = _param("Answer the question.", "Be more precise.")
+            tgd = TGD([p], model=model, max_retries=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ReplySkippedWarning)
+                await tgd.step()  # refused, then asked with tags: prose, skipped
+            assert model.structured_outputs is False
+            statuses = server.statuses()
+            assert statuses == [400, 200]
+            assert "<IMPROVED_VARIABLE>" in server.requests[1].body["messages"][-1]["content"]
+            assert len(tgd.skipped) == 1
+            p.grad = Variable("Again.")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ReplySkippedWarning)
+                await tgd.step()
+            assert "response_format" not in server.requests[-1].body  # not tried again
+
+
+async def test_structured_true_with_a_model_that_does_not_say_sends_the_schema() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def responder(messages: list[dict[str, Any]]) -> str:
+        seen.append({"messages": messages})
+        return '{"improved_variable": "Answer in one word."}'
+
+    model = SimulatedModel(latency_s=0, responder=responder, tag_replies=False)
+    p = _param("Answer.", "Shorter.")
+    await TGD([p], model=model, structured=True).step()
+    assert p.data == "Answer in one word."
+
+
+async def test_structured_must_be_true_false_or_auto() -> None:
+    with pytest.raises(ValueError, match="structured must be True, False or 'auto'"):
+        TGD([Parameter("x")], model="simulated", structured="yes")
+
+
+async def test_the_readme_script_completes_against_a_small_local_model() -> None:
+    with LocalModelTestServer() as server:
+        async with _local(server) as model:
+            with use_models(model):
+                prompt = Parameter("Answer the question.", role="system prompt")
+                answer = await llm_call(prompt, Variable("What is 17 * 23?", role="question"))
+                loss = await TextLoss("Is the answer correct? Be terse.")(answer)
+                await loss.backward()
+                await TGD([prompt]).step()
+        assert prompt.data == "Answer the question. Be precise."
+        sizes = [r.body.get("max_tokens") for r in server.requests]
+        assert None not in sizes  # every request says how long a reply it wants
+        assert server.refused_for_context == 0
