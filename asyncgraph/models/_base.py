@@ -45,7 +45,6 @@ __all__ = ["BaseChatModel"]
 logger = logging.getLogger("asyncgraph.models")
 
 _RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
-
 _REPLY_PARAMS = ("max_tokens", "max_completion_tokens")
 _DISCOVERY_TRIES = 3
 
@@ -64,6 +63,7 @@ _DISCOVERY_TRIES = 3
 # slot*, so a server never gets more than ``max_concurrency`` requests from this model
 # because of timeouts, and the timeout says how long the request waited in the queue and
 # how long at the server.
+
 SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long
 # The answer's share of a cut call's upper bound when the request sets no max_tokens (and
 # the client sends none by default): OpenAI's gpt-4o and gpt-4o-mini answer at most this
@@ -116,7 +116,6 @@ class BaseChatModel(ABC):
     answered, with the usage the server reported; cut before its answer (cancelled,
     timed out, connection lost), at an upper bound (``Usage.cut``; NOTE [One meter]).
 
-
     Inside a task run by a fleet's worker, each call is also kept in the task's call
     journal before it returns, and a rerun of the task (its worker died before the
     reply) replays it instead of calling the model again, whatever ``cache`` says:
@@ -167,8 +166,17 @@ class BaseChatModel(ABC):
         cache: Cache | None = None,
         pricing: Pricing | None = None,
         usage: UsageMeter | None = None,
+        max_tokens: int | None = None,
+        max_concurrency: int | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         _check_options(type(self).__name__, retry, rate_limit, cache, pricing, usage)
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
+        self.estimator = TokenEstimator()
+        self._server_limits: tuple[int | None, int | None] = (None, None)
+        self._discovery_tries = 0
+        self._limits_lock = threading.Lock()
+        self._per_loop: weakref.WeakKeyDictionary[object, _LoopState] = weakref.WeakKeyDictionary()
         self.name = name
         self.retry = retry if retry is not None else Retry()
         self.rate_limiter = (
@@ -178,29 +186,6 @@ class BaseChatModel(ABC):
         self.pricing = pricing
         self.usage = usage if usage is not None else UsageMeter()
 
-    @property
-    def cache_endpoint(self) -> str:
-        """Where requests go, part of the cache key (the same request elsewhere is another)."""
-        max_tokens: int | None = None,
-        max_concurrency: int | None = None,
-        context_tokens: int | None = None,
-        return self.name
-
-        self._set_limits(max_tokens, max_concurrency, context_tokens)
-        self.estimator = TokenEstimator()
-        self._server_limits: tuple[int | None, int | None] = (None, None)
-        self._discovery_tries = 0
-        self._limits_lock = threading.Lock()
-        self._per_loop: weakref.WeakKeyDictionary[object, _LoopState] = weakref.WeakKeyDictionary()
-    def _record_usage(self, record: Callable[..., None], *args: Any) -> None:
-        """Record on this model's meter and on every enclosing ``track_usage`` meter (by
-        name: a meter's subclass may extend the method, e.g. to check a cost cap)."""
-        for meter in meters_for(self.usage):
-            getattr(meter, record.__name__)(*args)
-
-    def cache_request(
-        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
     structured_outputs: bool = False
     """Whether the provider takes ``response_format`` with a JSON schema (an instance may
     set it: False for a server that refuses it)."""
@@ -208,11 +193,11 @@ class BaseChatModel(ABC):
     reply_tokens_param: str | None = None
     """The request parameter a reply's size is sent as (None: this model is not sized)."""
 
-        """The request as it will be sent, as JSON data: what the cache key hashes.
+    @property
+    def cache_endpoint(self) -> str:
+        """Where requests go, part of the cache key (the same request elsewhere is another)."""
+        return self.name
 
-        Everything that can change the answer must be in it, or two different requests
-        would share one cached answer. The default is ``{"endpoint": cache_endpoint,
-        "model": name, "messages": messages, "params": params}`` (``request_key``'s
     # -- limits (NOTE [Requests a server can serve]) ---------------------------------------
     async def _discover(self) -> tuple[int | None, int | None]:
         """``(context_tokens, max_concurrency)`` as the server says them (None: it does
@@ -350,6 +335,20 @@ class BaseChatModel(ABC):
         async with slots:
             yield time.perf_counter() - started
 
+    def _record_usage(self, record: Callable[..., None], *args: Any) -> None:
+        """Record on this model's meter and on every enclosing ``track_usage`` meter (by
+        name: a meter's subclass may extend the method, e.g. to check a cost cap)."""
+        for meter in meters_for(self.usage):
+            getattr(meter, record.__name__)(*args)
+
+    def cache_request(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The request as it will be sent, as JSON data: what the cache key hashes.
+
+        Everything that can change the answer must be in it, or two different requests
+        would share one cached answer. The default is ``{"endpoint": cache_endpoint,
+        "model": name, "messages": messages, "params": params}`` (``request_key``'s
         fields); a client that adds to the request (default params, reply options)
         overrides it to return what it really sends.
         """
@@ -487,6 +486,7 @@ class BaseChatModel(ABC):
                 f"complete(cache=True) on {self.name!r}, which has no cache: construct it with "
                 "cache=MemoryCache() / DiskCache(dir) / RedisCache(url)"
             )
+        params = await self._sized(msgs, params)
         store = self.cache if cache is not False else None
         observed = observing_calls()
         started = (time.perf_counter(), time.time()) if observed else (0.0, 0.0)
@@ -504,7 +504,6 @@ class BaseChatModel(ABC):
                 # Replaying an answer the caller cannot use would fail the same way forever.
                 await self._cache_delete(store, key)
         journal, call = self._journal_call(msgs, params, key)
-        params = await self._sized(msgs, params)
         replayed = await self._replay(journal, call, msgs, params, started if observed else None)
         if replayed is not None:
             return replayed
@@ -611,6 +610,7 @@ class BaseChatModel(ABC):
         """The attempts of one call (step 2 and 3); ``attempts[0]`` counts them as they go."""
         limiter = self.rate_limiter
         tokens = self.estimate_tokens(messages, params) if limiter is not None else 0
+        slots = (await self.limits()).max_concurrency
         attempt = 0
         while True:
             attempt += 1
@@ -628,7 +628,6 @@ class BaseChatModel(ABC):
                     raise
                 if attempt >= self.retry.max_attempts:
                     if attempt == 1:
-        slots = (await self.limits()).max_concurrency
                         raise
                     raise ModelRetryError(
                         f"{self.name!r}: gave up after {attempt} attempts; last error: "
@@ -661,23 +660,6 @@ class BaseChatModel(ABC):
                     logger.warning("%s: token budget correction failed", self.name, exc_info=True)
             return completion
 
-    async def _cache_get(self, store: Cache, key: str) -> Completion | None:
-        try:
-            return await store.get(key)
-        except ModelBackendError:
-            logger.warning("%s: cache read failed; treating as a miss", self.name, exc_info=True)
-            return None
-
-    async def _cache_set(self, store: Cache, key: str, completion: Completion) -> None:
-        try:
-            await store.set(key, completion)
-        except ModelBackendError:
-            logger.warning("%s: cache write failed; answer not cached", self.name, exc_info=True)
-
-    async def _cache_delete(self, store: Cache, key: str) -> None:
-        try:
-            await store.delete(key)
-        except ModelBackendError:
     async def _in_slot(
         self,
         messages: list[dict[str, Any]],
@@ -727,6 +709,23 @@ class BaseChatModel(ABC):
             )
         return completion
 
+    async def _cache_get(self, store: Cache, key: str) -> Completion | None:
+        try:
+            return await store.get(key)
+        except ModelBackendError:
+            logger.warning("%s: cache read failed; treating as a miss", self.name, exc_info=True)
+            return None
+
+    async def _cache_set(self, store: Cache, key: str, completion: Completion) -> None:
+        try:
+            await store.set(key, completion)
+        except ModelBackendError:
+            logger.warning("%s: cache write failed; answer not cached", self.name, exc_info=True)
+
+    async def _cache_delete(self, store: Cache, key: str) -> None:
+        try:
+            await store.delete(key)
+        except ModelBackendError:
             logger.warning("%s: cache delete failed", self.name, exc_info=True)
 
     async def aclose(self) -> None:
@@ -752,6 +751,16 @@ class BaseChatModel(ABC):
         return f"{type(self).__name__}({self.name!r})"
 
 
+class _LoopState:
+    """A model's anyio primitives for one event loop: the server slots and the lock that
+    makes the server's limits be asked once."""
+
+    def __init__(self) -> None:
+        self.discovery = anyio.Lock()
+        self.slots: anyio.Semaphore | None = None
+        self.slots_limit: int | None = None
+
+
 def _check_options(
     model: str, retry: Any, rate_limit: Any, cache: Any, pricing: Any, usage: Any
 ) -> None:
@@ -769,16 +778,6 @@ def _check_options(
             "cache",
             cache,
             isinstance(cache, Cache),
-class _LoopState:
-    """A model's anyio primitives for one event loop: the server slots and the lock that
-    makes the server's limits be asked once."""
-
-    def __init__(self) -> None:
-        self.discovery = anyio.Lock()
-        self.slots: anyio.Semaphore | None = None
-        self.slots_limit: int | None = None
-
-
             "an asyncgraph.models cache (MemoryCache, DiskCache, RedisCache or any "
             "object with async get/set/delete/aclose)",
         ),

@@ -47,9 +47,9 @@ from asyncgraph._redact import (
 )
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
+from asyncgraph.models._limits import context_refusal
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry, parse_retry_after
-from asyncgraph.models._limits import context_refusal
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
 
@@ -100,14 +100,11 @@ class HttpChatModel(BaseChatModel):
 
     _status_hints: Mapping[int, str] = {}
     _answer_kind = "an answer of this API"
+    structured_outputs = True
+    reply_tokens_param: str | None = "max_tokens"
 
     def __init__(
         self,
-    # A call's params only become fields of the JSON body posted to ``url`` with this
-    # client's headers: none changes where it goes (see NOTE [Outbound policy]).
-    request_params = None
-    structured_outputs = True
-    reply_tokens_param: str | None = "max_tokens"
         name: str,
         *,
         url: str,
@@ -292,11 +289,6 @@ class HttpChatModel(BaseChatModel):
             raise self._context_error(response) or self._status_error(response)
         return response
 
-    def _server_message(self, response: httpx.Response) -> str:
-        """What the server said in an error body (default: OpenAI's ``error.message``)."""
-        return error_body_message(response)
-
-    def _status_error(self, response: httpx.Response) -> ModelStatusError:
     def _context_error(self, response: httpx.Response) -> ModelContextError | None:
         """A 400 that refuses the request for the context window, as ``ModelContextError``
         (see ``asyncgraph.models._limits.context_refusal``), else None."""
@@ -322,6 +314,11 @@ class HttpChatModel(BaseChatModel):
             status_code=400,
         )
 
+    def _server_message(self, response: httpx.Response) -> str:
+        """What the server said in an error body (default: OpenAI's ``error.message``)."""
+        return error_body_message(response)
+
+    def _status_error(self, response: httpx.Response) -> ModelStatusError:
         status = response.status_code
         server_message = self._redact(self._server_message(response))
         retry_after_s = parse_retry_after(response.headers)
