@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from asyncgraph._values import from_json, to_json
 
+from ._module_hooks import ModuleHooks
 from ._variable import Parameter
 
 __all__ = ["IncompatibleKeys", "Module"]
@@ -46,7 +47,7 @@ def _check_name(owner: Module, name: Any, what: str) -> None:
         )
 
 
-class Module:
+class Module(ModuleHooks):
     """Base class of programs made of Parameters (prompts, numbers) and other Modules.
 
     Subclass it, call ``super().__init__()`` first, assign Parameters and
@@ -71,6 +72,13 @@ class Module:
     - ``save(path)`` writes the state as JSON (atomically); ``load(path,
       strict=True)`` reads it into this Module (built by the same code).
     - ``zero_grad()`` clears every parameter's ``.grad``.
+    - Hooks, as PyTorch's: ``register_forward_pre_hook(hook)`` (``hook(module, args)``
+      before ``forward``), ``register_forward_hook(hook)`` (``hook(module, args,
+      output)`` after it), ``register_full_backward_pre_hook(hook)`` (``hook(module,
+      grad_output)``) and ``register_full_backward_hook(hook)`` (``hook(module,
+      grad_input, grad_output)`` once the gradients of a call's inputs are known). A value
+      a hook returns replaces what it was given; hooks may be ``async def``; each
+      registration returns a handle whose ``remove()`` unregisters it.
 
     Assigning something else to a name that holds a Parameter (or a Module)
     raises ``TypeError``: to change a prompt, set ``module.prompt.data``.
@@ -351,7 +359,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """``await module(...)``: run ``forward`` (sync or async)."""
+        """``await module(...)``: run ``forward`` (sync or async), with the Module's hooks."""
+        if self._has_hooks():
+            return await self._call_with_hooks(args, kwargs)
         result = self.forward(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result

@@ -165,9 +165,11 @@ async def test_the_fleet_runs_as_the_documented_users_and_a_client_cannot_touch_
                 assert refused(client.expire, key, 1), key
                 assert refused(client.eval, "return redis.call('DEL', KEYS[1])", 1, key), key
             assert refused(client.hset, calls[0], "a:0", b'{"text": "FORGED"}')
+            assert refused(client.hgetall, calls[0])  # nor read it
             assert refused(client.xclaim, task_stream(queue), "workers", "ghost", 0, ["0-1"])
             # The status user reads, and writes nothing.
             assert reader.hgetall(workers_hash(queue))
+            assert reader.hgetall(calls[0])  # in the clear: the secret signs, not encrypts
             assert refused(reader.delete, workers_hash(queue))
             assert refused(reader.xadd, task_stream(queue), {b"m": b"x"})
             assert refused(reader.set, f"asyncgraph:{{{queue}}}:ran:x", b"x")
