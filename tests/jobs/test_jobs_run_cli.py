@@ -318,8 +318,8 @@ def test_a_model_error_inside_the_concurrent_forward_is_one_line(
     err = capsys.readouterr().err
     assert err == (
         "error: cannot reach http://model.invalid: refused\n"
-        f"the checkpoint of the last completed step is in {out}: continue with the same "
-        "command plus --resume\n"
+        f"no step completed, so {out} holds nothing to resume: the same command runs the job "
+        "again from the start\n"
     )
     assert listing(out) == [
         "checkpoint.json",
@@ -622,4 +622,5 @@ def test_verbose_shows_model_retries(tmp_path: Path, flags: tuple[str, ...], sho
 def test_a_bad_log_level_is_a_usage_error() -> None:
     proc = run_cli("demo", "--log-level", "LOUD")
     assert proc.returncode == 2
-    assert "usage: asyncgraph demo" in proc.stderr and "invalid choice: 'LOUD'" in proc.stderr
+    assert proc.stderr.startswith("asyncgraph demo: error: argument --log-level: invalid choice")
+    assert "'LOUD'" in proc.stderr and "(see 'asyncgraph demo --help')" in proc.stderr
