@@ -327,6 +327,22 @@ def test_the_built_site_shows_no_raw_rst_markup_and_no_all(site: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_built_site_publishes_pages_and_pictures_not_build_tools(site: Path) -> None:
+    """docs/griffe_rst.py renders the reference; it was published at the site's root."""
+    published = sorted(str(p.relative_to(site)) for p in site.rglob("*.py"))
+    assert published == []
+
+
+def test_the_home_pages_install_block_fits_a_narrow_column() -> None:
+    """Its lines were cut off and scrolled sideways on the home page (about 60 characters
+    fit beside the navigation at common widths)."""
+    text = (DOCS / "index.md").read_text()
+    block = text.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    too_long = [line for line in block.splitlines() if len(line) > 60]
+    assert too_long == []
+
+
+@pytest.mark.slow
 def test_every_link_of_the_built_site_reaches_a_page_and_an_anchor(site: Path) -> None:
     # Offline: links to other hosts are not followed; every link inside the site must
     # name a file that was built and, with a #fragment, an id on that page.
