@@ -102,7 +102,8 @@ class GradManager(_RecordingBlock):
       gradient through ``gm.backward`` (as MegEngine documents).
     - ``await backward(y=None, dy=None)``: requires recording (else
       ``RuntimeError``); accumulates into the ``.grad`` of attached variables
-      only, then releases. ``y=None`` only releases.
+      only (and of variables that called ``retain_grad()``, as every pass does),
+      then releases. ``y=None`` only releases.
     - ``gm1 | gm2`` makes a :class:`GradManagerGroup` that records together.
 
     Example::
