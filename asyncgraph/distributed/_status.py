@@ -153,13 +153,13 @@ def _worker(
     }
 
 
-def _wrong_type(key: str, reply: Any, malformed: list[str]) -> bool:
+def _wrong_type(key: str, reply: Any, malformed: list[str], display: str) -> bool:
     """Whether ``reply`` says ``key`` holds another type than the one read (noted in
-    ``malformed``, once per key); any other error reply is raised as the connection's."""
+    ``malformed``, once per key); any other error reply (``NOPERM``) is raised."""
     if not isinstance(reply, ReplyError):
         return False
     if not str(reply).startswith("WRONGTYPE"):
-        raise reply
+        raise RemoteConnectionError(f"Redis at {display} refused: {reply}")
     note = f"{key}: {reply}"
     if note not in malformed:
         malformed.append(note)
@@ -190,13 +190,14 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                     ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
                 ]
             )
+            shown = address.display
             for reply in (now, exists):
                 if isinstance(reply, ReplyError):
-                    raise reply
-            beats = [] if _wrong_type(beats_key, beats, malformed) else beats
-            infos = [] if _wrong_type(infos_key, infos, malformed) else infos
-            dead_len = None if _wrong_type(dead, dead_len, malformed) else int(dead_len)
-            latest = [] if _wrong_type(dead, latest, malformed) else latest
+                    raise RemoteConnectionError(f"Redis at {shown} refused: {reply}")
+            beats = [] if _wrong_type(beats_key, beats, malformed, shown) else beats
+            infos = [] if _wrong_type(infos_key, infos, malformed, shown) else infos
+            dead_len = None if _wrong_type(dead, dead_len, malformed, shown) else int(dead_len)
+            latest = [] if _wrong_type(dead, latest, malformed, shown) else latest
             group: dict[str, Any] | None = {}
             oldest_ms: int | None = None
             length: int | None = 0
@@ -208,7 +209,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                         ["XPENDING", tasks, keys.GROUP, "-", "+", 1],
                     ]
                 )
-                if _wrong_type(tasks, length, malformed):
+                if _wrong_type(tasks, length, malformed, shown):
                     length, group, groups, oldest = None, None, [], []
                 for entry in groups if isinstance(groups, list) else []:
                     fields = _pairs(entry)

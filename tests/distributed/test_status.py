@@ -293,3 +293,20 @@ def test_bidi_overrides_stored_in_redis_are_shown_escaped(redis_url: str) -> Non
         assert char not in text.stdout, repr(char)
     assert "w\\u202eevil\\u202c\\u2066x\\u2069\\u200f\\u061c\\u2028: alive" in text.stdout
     assert "version 1\\u202d2" in text.stdout
+
+
+def test_a_command_the_user_may_not_run_is_one_clear_line(redis_url: str) -> None:
+    # Not a malformed entry: Redis refused (an ACL without HGETALL); the reading stops.
+    client = redis.Redis.from_url(redis_url)
+    client.acl_setuser(
+        "nohgetall", enabled=True, passwords=["+pw-0123456789"], commands=["+@all", "-hgetall"],
+        keys=["*"],
+    )  # fmt: skip
+    try:
+        host = redis_url.split("//", 1)[1].split("/", 1)[0]
+        done = status(f"redis://nohgetall:pw-0123456789@{host}/0")
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert done.stderr.startswith("error: Redis at ") and "refused: NOPERM" in done.stderr
+    finally:
+        client.acl_deluser("nohgetall")
+        client.close()
