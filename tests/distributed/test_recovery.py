@@ -35,15 +35,18 @@ async def test_sigkill_mid_task_loses_nothing_and_counts_once(
 ) -> None:
     first = start_worker(redis_url, "kill", *FAST, "--concurrency", "8")
     leaves = [Parameter(float(i + 1), role=f"p{i}") for i in range(6)]
-    outs = [F.Sleep.apply(F.Scale.apply(p, 2.0), 1.0, f"kill{i}") for i, p in enumerate(leaves)]
-    async with open_redis_executor(redis_url, queue="kill", timeout_s=30) as ex:
+    # Tasks long enough that none finishes before the kill, even on a loaded machine.
+    outs = [F.Sleep.apply(F.Scale.apply(p, 2.0), 5.0, f"kill{i}") for i, p in enumerate(leaves)]
+    async with open_redis_executor(redis_url, queue="kill", timeout_s=120) as ex:
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(backward, outs, executor=ex))
             await wait_until(
                 lambda: all(pids(redis_url, f"agdist:started:kill{i}") for i in range(6))
             )
-            start_worker(redis_url, "kill", *FAST, "--concurrency", "8")
+            # Killed before the second worker starts: a start that takes seconds on a busy
+            # machine no longer lets the first finish its tasks (was `assert 1 == 2`).
             first.kill()
+            start_worker(redis_url, "kill", *FAST, "--concurrency", "8")
         assert ex.stats.completed == 12
     assert [p.grad.data for p in leaves] == [2.0] * 6  # type: ignore[union-attr]
     for i in range(6):

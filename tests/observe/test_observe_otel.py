@@ -199,7 +199,7 @@ class Receiver:
             target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
         ).start()
 
-    def wait_for(self, count: int, timeout_s: float = 10.0) -> None:
+    def wait_for(self, count: int, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.spans) < count and time.monotonic() < deadline:
             time.sleep(0.05)
