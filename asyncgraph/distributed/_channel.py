@@ -20,6 +20,12 @@ executor's task group:
   can be read;
 - a *deadline watcher*: a task gets its reply within ``timeout_s`` or is woken
   ``timed_out`` (its caller diagnoses, then cancels it on the workers);
+- *reports of cancelled tasks*: a task whose caller is cancelled is cancelled on the
+  workers, and its caller waits (shielded, ``redis_timeout_s`` at most) for what the
+  worker that held it reports (its reply to the cancel: the model usage of its calls
+  before the cancel, NOTE [One meter] in ``asyncgraph.models``), handed to ``on_report``
+  in the caller's context; a task no worker held (still queued: the cancel deletes it)
+  reports nothing, and is not waited for;
 - a *heartbeat*: while the channel is open, its key (``client_key``) expires
   ``CLIENT_TTL_MS`` ahead and its reply stream ``timeout_s`` ahead (``keys.reply_ttl_s``:
   a reply outlives any stall of this client shorter than its deadline), renewed every
@@ -92,6 +98,9 @@ class _Pending:
     sent: bool = False
     timed_out: bool = False
     woken: bool = False  # its waiter was woken and has not resumed yet
+    reported: anyio.Event | None = (
+        None  # cancelled: set once its worker's report came, or none will
+    )
 
 
 @dataclass(slots=True)
@@ -143,6 +152,9 @@ class TaskChannel:
         self._reply_ttl_s = keys.reply_ttl_s(max(1, int(timeout_s * 1000)))
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
+        self._reporting: dict[str, _Pending] = {}  # cancelled, waiting for their workers' reports
+        self.on_report: Callable[[dict[str, Any]], None] = lambda meta: None
+        """Takes the metadata a cancelled task's worker reported, in its caller's context."""
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
@@ -199,10 +211,34 @@ class TaskChannel:
                     self._waking -= 1
         except BaseException:
             self._cancel(pending)
+            await self._collect_report(pending)
             raise
         if pending.reply is not None:
             self.stats.completed += 1
         return pending
+
+    async def _collect_report(self, pending: _Pending) -> None:
+        """For a task its caller stopped waiting for: wait (shielded, ``redis_timeout_s`` at
+        most) for what the worker that held it reports, and hand its metadata (the model
+        usage of the task's calls) to ``on_report``; also when the reply came just before."""
+        if pending.reported is not None:
+            with anyio.move_on_after(self._pool.timeout_s, shield=True):
+                await pending.reported.wait()
+            self._reporting.pop(pending.task_id, None)
+        reply = pending.reply
+        if reply is not None and reply.meta:
+            try:
+                self.on_report(reply.meta)
+            except Exception:  # what a worker reported must not change how the caller ends
+                log.exception(
+                    "queue %r: the report of cancelled task %s", self.queue, pending.task_id
+                )
+
+    def _reported(self, pending: _Pending) -> None:
+        """No (more) report to wait for from ``pending``'s worker."""
+        self._reporting.pop(pending.task_id, None)
+        if pending.reported is not None:
+            pending.reported.set()
 
     async def beat(self) -> bool:
         """Renew this client's key and its reply stream's expiry; False if the key had expired.
@@ -312,6 +348,9 @@ class TaskChannel:
     def _cancel(self, pending: _Pending) -> None:
         """Forget a task this client stopped waiting for and tell the workers (off the caller's path)."""
         if self._pending.pop(pending.task_id, None) is not None:
+            if pending.sent and not self.closed:  # a worker may hold it: it will report
+                pending.reported = anyio.Event()
+                self._reporting[pending.task_id] = pending
             self.send_cancel(pending)
 
     def send_cancel(self, pending: _Pending) -> None:
@@ -393,12 +432,12 @@ class TaskChannel:
         ]
         for p in outbox:
             p.sent = True
+        held_at = len(commands)
+        held = [p for p in cancels if p.entry_id is not None]
         if cancels:
             # Queued entries are deleted (no worker will start them); running ones are
-            # stopped by the workers watching the cancel stream.
-            entry_ids = [p.entry_id for p in cancels if p.entry_id is not None]
-            if entry_ids:
-                commands.append(["XDEL", self._task_stream, *entry_ids])
+            # stopped by the workers watching the cancel stream, and report what they spent.
+            commands += self._cancel_commands(held)
             packed, signature = encode(
                 CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
                 self._signer,
@@ -430,6 +469,8 @@ class TaskChannel:
         except RedisConnectionLost as exc:
             for p in outbox:
                 self._fail(p, self._connection_error(exc, "sending the task"))
+            for p in cancels:  # the workers may never hear of the cancel: no report to wait for
+                self._reported(p)
             return
         except Exception as exc:
             # Not a network error (a bug, or a reply this client cannot parse): fail the
@@ -461,6 +502,27 @@ class TaskChannel:
                 )
             else:
                 p.entry_id = reply
+        if held:
+            self._read_cancels(held, replies[held_at + 1 + 2 * len(held)])
+
+    def _cancel_commands(self, cancels: list[_Pending]) -> list[list[Any]]:
+        """One MULTI: per cancelled task, whether a worker holds it (the group's pending
+        list: then it reports what it spent) and deleting its entry (1: it was still there)."""
+        commands: list[list[Any]] = [["MULTI"]]
+        for p in cancels:
+            commands.append(["XPENDING", self._task_stream, keys.GROUP, p.entry_id, p.entry_id, 1])
+            commands.append(["XDEL", self._task_stream, p.entry_id])
+        return [*commands, ["EXEC"]]
+
+    def _read_cancels(self, cancels: list[_Pending], done: Any) -> None:
+        """Stop waiting for the report of each task ``_cancel_commands`` found queued, never
+        delivered (deleted now: nothing of it ran). A task a worker holds reports; one
+        already settled has its reply in the stream (or none: the wait is bounded)."""
+        if not isinstance(done, list) or len(done) != 2 * len(cancels):
+            return
+        for p, delivered, deleted in zip(cancels, done[::2], done[1::2], strict=True):
+            if delivered == [] and deleted == 1:
+                self._reported(p)
 
     def _fail(self, pending: _Pending, error: BaseException) -> None:
         if self._pending.pop(pending.task_id, None) is not None:
@@ -592,6 +654,8 @@ class TaskChannel:
         for pending in list(self._pending.values()):
             if pending.sent:
                 self._fail(pending, self._connection_error(exc, doing))
+        for pending in list(self._reporting.values()):  # their reports are lost with Redis
+            self._reported(pending)
 
     def _on_reply(self, fields: list[Any]) -> None:
         data = dict(zip(fields[::2], fields[1::2], strict=False))
@@ -613,6 +677,11 @@ class TaskChannel:
             return
         pending = self._pending.pop(message.id, None)
         if pending is None:
+            cancelled = self._reporting.get(message.id)
+            if cancelled is not None:  # its worker's report: what the cancelled task spent
+                cancelled.reply = message
+                self._reported(cancelled)
+                return
             self.stats.duplicate_replies += 1  # ran twice, cancelled, or timed out: joined once
             return
         pending.reply = message
@@ -655,6 +724,8 @@ class TaskChannel:
     async def close(self) -> None:
         """Cancel what still waits, flush cancellations, delete the reply stream (bounded)."""
         self.closed = True
+        for pending in list(self._reporting.values()):
+            self._reported(pending)
         for pending in list(self._pending.values()):
             pending.cancelled = True
             self._cancels.append(pending)

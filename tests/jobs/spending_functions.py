@@ -7,6 +7,9 @@
 - ``AskedSquaredError``: the line-fit loss ``(w * x - y) ** 2`` whose remote backward
   asks a model (an OpenAI-compatible server) for a scale, and can be held after that
   call, before its reply, for a test to SIGKILL the worker there.
+- ``PricedAsk``: the same loss, whose remote backward asks at gpt-4o-mini's prices (for
+  ``test_jobs_bill``: what the job reports against what the server billed), and waits,
+  cancellably, after an answer that says ``WAIT``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import anyio
 from asyncgraph import Function, Variable
 from asyncgraph.jobs.demo import demo_responder
 from asyncgraph.models import Completion, OpenAIChat, Pricing, SimulatedModel
+from asyncgraph.models._prices import PRICES
 from asyncgraph.text import register_model
 
 PRICED_MODEL = "priced-fleet"
@@ -106,3 +110,35 @@ class AskedSquaredError(Function):
         if ctx.hold is not None:
             await anyio.to_thread.run_sync(_hold, *ctx.hold)
         return (2 * ctx.residual * ctx.x * g.data * scale, None, None, None, None)
+
+
+ASK_PRICE = PRICES["gpt-4o-mini"]  # the project's table: OpenAI's published prices
+ASK_MAX_TOKENS = 40  # each answer at most: the answer's share of a cut call's bound
+WAIT = "wait"  # an answer that makes the asking backward wait (cancellably) before it returns
+
+
+class PricedAsk(Function):
+    """``(w * x - y) ** 2`` for a Parameter ``w`` and numbers ``x``, ``y``; the backward
+    (remote) asks the model at ``base_url`` (gpt-4o-mini at the table's prices, at most
+    ``ASK_MAX_TOKENS`` of answer) ``"scale for w=.. x=.. y=.."`` in five words, and when
+    the answer is ``WAIT`` it waits ``HOLD_S`` before it returns the exact gradient (a
+    cancel stops it there, its call answered and paid)."""
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, w: Variable, x: float, y: float, base_url: str) -> Variable:
+        ctx.w, ctx.x, ctx.y, ctx.base_url = w.data, x, y, base_url
+        ctx.residual = w.data * x - y
+        return Variable(ctx.residual**2, role="squared error")
+
+    @staticmethod
+    async def backward(ctx: Any, g: Variable) -> tuple[Any, None, None, None]:
+        question = f"scale for w={ctx.w!r} x={ctx.x!r} y={ctx.y!r}"
+        async with OpenAIChat("gpt-4o-mini", ctx.base_url, "sk-test", pricing=ASK_PRICE) as model:
+            reply = await model.complete(
+                [{"role": "user", "content": question}], max_tokens=ASK_MAX_TOKENS
+            )
+        if reply.text == WAIT:
+            await anyio.sleep(HOLD_S)
+        return (2 * ctx.residual * ctx.x * g.data, None, None, None)

@@ -26,10 +26,12 @@ from asyncgraph.jobs._ui import run_summary
 from asyncgraph.models import ModelRequestError, OpenAIChat, observe_calls
 from asyncgraph.models._prices import PRICES
 from asyncgraph.models._testing import OpenAITestServer, Reply
-from asyncgraph.optim import TGD
+from asyncgraph.optim import SGD, TGD
 from asyncgraph.text import llm_call
 
-from .jobs_helpers import read_json
+from .jobs_helpers import LR, TRAIN, read_json
+from .spending_functions import ASK_MAX_TOKENS, ASK_PRICE, WAIT, PricedAsk
+from .test_jobs_fleet_spending import MODULE, fleet, run_on
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -58,8 +60,14 @@ class HoldingServer(OpenAITestServer):
         if self._hold(body):
             with self._cond:
                 self.held += 1
+                self._cond.notify_all()
             self.released.wait(HOLD_S)
         return self._reply(body)
+
+    def wait_held(self, count: int) -> None:
+        """Block (in a server thread) until ``count`` requests were held, ``HOLD_S`` at most."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.held >= count, HOLD_S)
 
     def release(self) -> None:
         self.released.set()
@@ -117,9 +125,14 @@ async def test_a_cap_passed_mid_wave_lets_the_calls_in_flight_finish_and_counts_
     # The first forward's answer passes the cap while the three others are at the server,
     # held there until that answer was counted: they are not cancelled, and are counted.
     first = QUESTIONS[0]
-    server = HoldingServer(
-        hold=lambda body: first not in asked(body) and not first_answered.is_set()
-    )
+
+    def hold(body: Any) -> bool:  # the first is answered once the three others are held
+        if first in asked(body):
+            server.wait_held(3)
+            return False
+        return True
+
+    server = HoldingServer(hold=hold)
     with server:
         first_answered_then_release = threading.Thread(
             target=lambda: first_answered.wait(HOLD_S) and server.release(), daemon=True
@@ -198,6 +211,98 @@ async def test_a_step_that_fails_with_calls_in_flight_counts_them_at_an_upper_bo
     assert_one_bill(spent["cost_usd"], spent["cut_calls"], billed)
     summary = run_summary(out)
     assert summary["cut_calls"] == 3 and summary["cost_usd"] == pytest.approx(spent["cost_usd"])
+
+
+# -- on a fleet ------------------------------------------------------------------------------
+
+
+def priced_line_fit(base_url: str, cap: float) -> Job:
+    """One step of the line fit over four examples: four remote backwards at once, each
+    asking the server once (``PricedAsk``, gpt-4o-mini's prices) on a worker."""
+    w = Parameter(0.0, role="slope")
+
+    async def forward(example: Mapping[str, Any]) -> Evaluation:
+        return Evaluation(loss=PricedAsk.apply(w, example["x"], example["y"], base_url), score=0.0)
+
+    return Job(
+        name="priced-line-fit",
+        parameters=[w],
+        optimizer=SGD([w], lr=LR),
+        forward=forward,
+        train_set=list(TRAIN[:4]),
+        batch_size=4,
+        max_concurrency=4,
+        max_cost_usd=cap,
+    )
+
+
+ONE_CALL = ASK_PRICE.cost_usd(5, 1)  # a five-word question, a one-word answer
+
+
+async def test_on_a_fleet_a_cancelled_task_reports_the_calls_it_made_and_they_are_counted(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The first backward to ask is told to wait (its call answered and paid); the three
+    # others reply, the third passes the cap, and the waiting task is cancelled on its
+    # worker: its reply to the cancel reports its call, and the job counts it.
+    answers = iter([WAIT])
+    server = HoldingServer(
+        hold=lambda body: False, answer=lambda body: Reply(text=next(answers, "fine"))
+    )
+    with server, fleet(redis_url, monkeypatch, [MODULE], allowed_base_urls=[server.url]) as queue:
+        job = priced_line_fit(server.url, cap=2.5 * ONE_CALL)
+        result = await run_on(redis_url, queue, job, tmp_path / "capped")
+        assert server.wait_for_bill(4)
+        billed = server.billed_usd(ASK_PRICE)
+    assert result.stopped_at_cost_cap and result.steps_done == 0
+    assert billed == pytest.approx(4 * ONE_CALL)
+    assert result.cut_calls == 0 and not result.cost_is_upper_bound
+    assert_one_bill(result.cost_usd, result.cut_calls, billed)
+    assert read_json(tmp_path / "capped" / "checkpoint.json")["spent"]["cost_usd"] == pytest.approx(
+        result.cost_usd
+    )
+
+
+async def test_on_a_fleet_calls_cut_by_a_cancel_are_reported_at_an_upper_bound(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The first question is answered once all four are at the server, and passes the cap;
+    # the three others are held there until the job ended: their tasks are cancelled, the
+    # calls cut on the workers, which report them at their upper bound; the server bills them.
+    questions: list[str] = []
+    arrived = threading.Condition()
+
+    def hold(body: Any) -> bool:
+        with arrived:
+            questions.append(asked(body))
+            arrived.notify_all()
+            first = len(questions) == 1
+            if first:
+                arrived.wait_for(lambda: len(questions) == 4, HOLD_S)
+        return not first
+
+    server = HoldingServer(hold=hold, answer=lambda body: Reply(text="fine"))
+    with server, fleet(redis_url, monkeypatch, [MODULE], allowed_base_urls=[server.url]) as queue:
+        job = priced_line_fit(server.url, cap=0.5 * ONE_CALL)
+        try:
+            result = await run_on(redis_url, queue, job, tmp_path / "cut")
+        finally:
+            server.release()
+        assert server.wait_for_bill(4)  # the provider finished them: billed all the same
+        billed = server.billed_usd(ASK_PRICE)
+        counter = OpenAIChat("gpt-4o-mini", base_url=server.url, api_key="sk-test")
+    assert result.stopped_at_cost_cap and result.steps_done == 0
+    assert result.cut_calls == 3 and result.cost_is_upper_bound
+    assert_one_bill(result.cost_usd, result.cut_calls, billed)
+    # Each cut call at its bound: the prompt as the rate limiter counts it, max_tokens out.
+    bounds = [
+        ASK_PRICE.cost_usd(
+            counter.estimate_prompt_tokens([{"role": "user", "content": q}]), ASK_MAX_TOKENS
+        )
+        for q in questions[1:]
+    ]
+    assert result.cost_usd == pytest.approx(ONE_CALL + sum(bounds))
+    assert run_summary(tmp_path / "cut")["cut_calls"] == 3
 
 
 def leaf(error: BaseException) -> BaseException:

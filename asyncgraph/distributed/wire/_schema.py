@@ -63,9 +63,16 @@ __all__ = [
 Op = Literal["backward", "forward"]
 # Why a remote task failed: its function raised ("error"); the worker has no such
 # function, or other code under its name ("fingerprint"); the task was dead-lettered;
-# the worker could not decode or accept it ("invalid"); Redis refused its reply.
+# the worker could not decode or accept it ("invalid"); Redis refused its reply; its
+# client cancelled it ("cancelled": the reply reports what the task spent before, in ``x``).
 ErrorKind = Literal[
-    "error", "unknown_function", "fingerprint", "dead_letter", "invalid", "redis_refused"
+    "error",
+    "unknown_function",
+    "fingerprint",
+    "dead_letter",
+    "invalid",
+    "redis_refused",
+    "cancelled",
 ]
 OPS: tuple[Op, ...] = get_args(Op)
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)

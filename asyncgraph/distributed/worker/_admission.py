@@ -201,7 +201,7 @@ def _decide(
     """The function that serves a verified task, or how it is settled at once (``admit``)."""
     assert held.key is not None
     if held.key in cancelled:
-        return replies.settled(held, "cancelled")
+        return replies.stopped(held, "cancelled")
     gone = client_gone(message.client)
     held.deadline = task_deadline(message.expiry_ms, redis_now_ms, now)
     if held.deadline <= now:

@@ -155,6 +155,24 @@ class Replies:
         packed, signature = encode(reply, self.signer)
         return self.reply(held, client, task_id, packed, signature, outcome, *extra)
 
+    def stopped(self, held: Held, why: str, meta: dict[str, Any] | None = None) -> Settled:
+        """A task stopped (``why``: ``"cancelled"``, ``"expired"``) before or while it ran.
+
+        A task its client cancelled gets a short reply (kind ``cancelled``), which that
+        client waits for: ``meta`` is what the task's hooks report (the model usage of its
+        calls before the cancel, cut ones included; NOTE [One meter] in
+        ``asyncgraph.models``). Any other stop settles it without a reply.
+        """
+        if why != "cancelled" or held.key is None:
+            return self.settled(held, why)
+        client, task_id = held.key
+        info = ErrorInfo(
+            "cancelled",
+            "Cancelled",
+            f"task {task_id} was cancelled by its client; worker {self.consumer} stopped it",
+        )
+        return self.error(held, client, task_id, info, "cancelled", meta=meta)
+
     def refused(
         self, held: Held, client: str, task_id: str, text: str, *extra: list[Any]
     ) -> Settled:

@@ -156,7 +156,7 @@ class Tasks:
         runner = self._slots.runner
         assert held.key is not None and runner is not None
         if held.key in self._cancels:  # cancelled during the claim's round trip
-            self._settle(held, admitted, self._replies.settled(held, "cancelled"))
+            self._settle(held, admitted, self._replies.stopped(held, "cancelled"))
             return
         self._slots.running[held.key] = held
         runner.start(held, self._run, held, admitted)
@@ -166,7 +166,7 @@ class Tasks:
         runner = self._slots.runner
         assert held.key is not None and runner is not None
         if held.stopped is not None:  # cancelled (or expired) before it began
-            self._settle(held, admitted, self._replies.settled(held, held.stopped))
+            self._settle(held, admitted, self._replies.stopped(held, held.stopped))
             return
         message: TaskMessage = admitted.message
         ctx = self._ctx
@@ -174,6 +174,7 @@ class Tasks:
         result: Any = None
         error: Exception | None = None
         around: AroundTask | None = None
+        stopped: str | None = None
         hooks = task_hooks()
         if hooks:  # else no TaskInfo to build
             info = TaskInfo(
@@ -194,11 +195,13 @@ class Tasks:
             except Exception as exc:
                 error = exc
             except runner.cancelled:
-                why = runner.why_stopped(held)
-                if why is None:
+                stopped = runner.why_stopped(held)
+                if stopped is None:
                     raise  # the worker is stopping: the task is handed back
-                self._settle(held, admitted, self._replies.settled(held, why))
-                return
+        if stopped is not None:  # its hooks report what it spent (a cancel's reply carries it)
+            meta = around.metadata() if around is not None else None
+            self._settle(held, admitted, self._replies.stopped(held, stopped, meta))
+            return
         spent = time.perf_counter() - started
         ctx.metrics.observe("asyncgraph_worker_task_seconds", spent)
         ctx.metrics.observe_histogram(
