@@ -8,9 +8,11 @@ Subcommands live next to what they drive and register themselves here:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
 __all__ = ["main"]
@@ -87,14 +89,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            for layer in POLICY_LAYERS.get(name, ()):
-                importlib.import_module(layer)
-            if name == "worker":
-                _worker_tracing()
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
-            sub_parser.set_defaults(_run=module.run, _parser=sub_parser)
+            sub_parser.set_defaults(_run=functools.partial(_run, name, module), _parser=sub_parser)
     return parser
+
+
+def _run(name: str, module: ModuleType, args: argparse.Namespace) -> int:
+    """Run subcommand ``name``: what it needs beyond its options loads now, not for --help
+    or a usage error (the policy layers of a worker, its tracing)."""
+    for layer in POLICY_LAYERS.get(name, ()):
+        importlib.import_module(layer)
+    if name == "worker":
+        _worker_tracing()
+    return int(module.run(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,10 +63,10 @@ def test_version_prints_the_installed_version() -> None:
     assert done.stdout.strip() == f"asyncgraph {asyncgraph.__version__}"
 
 
-def test_a_bad_flag_after_a_subcommand_prints_that_subcommands_usage() -> None:
+def test_a_bad_flag_after_a_subcommand_is_one_line_naming_that_subcommands_help() -> None:
     for argv, usage in (
-        (["demo", "--bogus"], "usage: asyncgraph demo"),
-        (["run", "job.py", "--bogus"], "usage: asyncgraph run"),
+        (["demo", "--bogus"], "asyncgraph demo: error: "),
+        (["run", "job.py", "--bogus"], "asyncgraph run: error: "),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "asyncgraph", *argv],
@@ -75,15 +75,17 @@ def test_a_bad_flag_after_a_subcommand_prints_that_subcommands_usage() -> None:
             timeout=60,
         )
         assert done.returncode == 2
-        assert usage in done.stderr, done.stderr
+        assert done.stderr.startswith(usage), done.stderr
         assert "unrecognized arguments: --bogus" in done.stderr
+        command = usage.split(":")[0]
+        assert done.stderr.count("\n") == 1 and f"(see '{command} --help')" in done.stderr
 
 
 def test_worker_log_level_is_checked_and_documented() -> None:
     import os
 
     for argv, env, named in (
-        (["worker", "--log-level", "LOUD"], {}, "usage: asyncgraph worker"),
+        (["worker", "--log-level", "LOUD"], {}, "asyncgraph worker: error: argument --log-level"),
         (
             ["worker", "--import", "asyncgraph.text"],
             {"ASYNCGRAPH_LOG_LEVEL": "LOUD"},

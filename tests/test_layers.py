@@ -31,6 +31,7 @@ SHARED_LEAVES = (
     "asyncgraph._files",
     "asyncgraph._values",
     "asyncgraph._install",
+    "asyncgraph._lazy",
 )
 
 

@@ -13,19 +13,24 @@ Imports go one way: this package uses the core and the leaf Redis client
 (``asyncgraph.resp``); the core never imports it.
 """
 
-from asyncgraph.distributed._executor import RedisExecutor, open_redis_executor
-from asyncgraph.distributed._fleet import (
-    FleetError,
-    live_workers,
-    local_fleet,
-    wait_for_workers,
-)
-from asyncgraph.distributed._redis_server import RedisServer
-from asyncgraph.distributed.wire._codec import Limits
-from asyncgraph.distributed.wire._keys import check_queue_name
-from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
-from asyncgraph.distributed.worker._registry import build_registry
-from asyncgraph.distributed.worker._worker import Worker
+from typing import TYPE_CHECKING
+
+from asyncgraph._lazy import lazy_exports
+
+if TYPE_CHECKING:  # loaded on first use (``asyncgraph._lazy``): the Redis client is heavy
+    from asyncgraph.distributed._executor import RedisExecutor, open_redis_executor
+    from asyncgraph.distributed._fleet import (
+        FleetError,
+        live_workers,
+        local_fleet,
+        wait_for_workers,
+    )
+    from asyncgraph.distributed._redis_server import RedisServer
+    from asyncgraph.distributed.wire._codec import Limits
+    from asyncgraph.distributed.wire._keys import check_queue_name
+    from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
+    from asyncgraph.distributed.worker._registry import build_registry
+    from asyncgraph.distributed.worker._worker import Worker
 
 __all__ = [
     "ConfigError",
@@ -42,3 +47,22 @@ __all__ = [
     "open_redis_executor",
     "wait_for_workers",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ConfigError": ".worker._config",
+        "FleetError": "._fleet",
+        "Limits": ".wire._codec",
+        "RedisExecutor": "._executor",
+        "RedisServer": "._redis_server",
+        "Worker": ".worker._worker",
+        "WorkerConfig": ".worker._config",
+        "build_registry": ".worker._registry",
+        "check_queue_name": ".wire._keys",
+        "live_workers": "._fleet",
+        "local_fleet": "._fleet",
+        "open_redis_executor": "._executor",
+        "wait_for_workers": "._fleet",
+    },
+)

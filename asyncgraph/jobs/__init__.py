@@ -17,10 +17,15 @@ dashboard. ``_checkpoint`` names ``Job`` in annotations only (``_job`` takes its
 ``fingerprint_data``); ``_runner`` imports both, the commands import ``_runner``.
 """
 
-from ._checkpoint import CheckpointError, load_parameters
-from ._job import Evaluation, Job, JobResult
-from ._mlflow import MLflowReporter
-from ._runner import evaluate, run_job
+from typing import TYPE_CHECKING
+
+from asyncgraph._lazy import lazy_exports
+
+if TYPE_CHECKING:  # loaded on first use (``asyncgraph._lazy``): a command's --help needs none
+    from ._checkpoint import CheckpointError, load_parameters
+    from ._job import Evaluation, Job, JobResult
+    from ._mlflow import MLflowReporter
+    from ._runner import evaluate, run_job
 
 __all__ = [
     "CheckpointError",
@@ -32,3 +37,17 @@ __all__ = [
     "load_parameters",
     "run_job",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CheckpointError": "._checkpoint",
+        "Evaluation": "._job",
+        "Job": "._job",
+        "JobResult": "._job",
+        "MLflowReporter": "._mlflow",
+        "evaluate": "._runner",
+        "load_parameters": "._checkpoint",
+        "run_job": "._runner",
+    },
+)

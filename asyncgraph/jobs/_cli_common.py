@@ -21,8 +21,6 @@ import anyio
 
 from asyncgraph import AsyncGraphError
 from asyncgraph._redact import redact
-from asyncgraph.distributed import check_queue_name, live_workers
-from asyncgraph.resp import parse_redis_url
 
 from ._checkpoint import CHECKPOINT_FILE, CheckpointError, holds_no_step
 from ._job import Job, JobResult
@@ -201,6 +199,10 @@ def already_finished_line(result: JobResult) -> str:
 def redis_problem(url: str | None, queue: str) -> str | None:
     """What is wrong with ``--redis URL`` / ``--queue NAME`` before connecting, or None."""
     try:
+        # The fleet's modules load when a command uses them, not for --help.
+        from asyncgraph.distributed import check_queue_name
+        from asyncgraph.resp import parse_redis_url
+
         check_queue_name(queue)
         if url is not None:
             parse_redis_url(url)
@@ -216,6 +218,8 @@ async def check_live_workers(url: str, queue: str, imports: Sequence[str]) -> st
     saying nobody serves the queue. Raises ``RemoteConnectionError`` when Redis
     does not answer (within 5 s).
     """
+    from asyncgraph.distributed import live_workers
+
     if await live_workers(url, queue, timeout_s=5.0):
         return None
     return no_live_workers_message(queue, imports)

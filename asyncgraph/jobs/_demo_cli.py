@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgraph.resp import redact_url
+from asyncgraph._redact import redact_url
 
 from ._checkpoint import CheckpointError
 from ._cli_common import (
@@ -41,7 +41,6 @@ from ._cli_common import (
 )
 from ._job import Job, JobResult
 from ._run_cli import add_logging, add_max_attempts, apply_logging, apply_max_attempts, outputs
-from ._runner import finished_run, run_job
 
 __all__ = ["add_arguments", "run", "run_demo"]
 
@@ -140,12 +139,17 @@ def _finished_before_start(args: argparse.Namespace, job: Job, out: Path) -> Job
     )
     if problem is not None:
         raise CheckpointError(problem)
-    return finished_run(job, out) if args.resume else None
+    if not args.resume:
+        return None
+    from ._runner import finished_run
+
+    return finished_run(job, out)
 
 
 async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
     from ..models import track_usage
     from . import demo as _demo
+    from ._runner import run_job
 
     job, prompt, info = _build(args)
     done = _finished_before_start(args, job, out)
@@ -191,6 +195,8 @@ async def _run_remote(
 ) -> JobResult:
     """``job`` on the workers at ``url``; ``secret``: theirs (None: ``$ASYNCGRAPH_SECRET``)."""
     from asyncgraph.distributed import open_redis_executor
+
+    from ._runner import run_job
 
     async with open_redis_executor(
         url, queue=args.queue, timeout_s=120.0, secret=secret

@@ -40,7 +40,6 @@ from ._run_cli import (
     load_job,
     open_fleet,
 )
-from ._runner import evaluate, forwards_executor
 
 __all__ = ["SPLITS", "add_arguments", "run"]
 
@@ -115,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 score = saved.get("val_score")
                 shown = "not measured" if score is None else f"{score:.2f}"
                 source += f" (step {saved.get('step')}, validation {shown})"
+        from ._runner import evaluate, forwards_executor  # loads the optimizers, models
+
         started = time.perf_counter()
         try:
             async with open_fleet(args, module.__name__) as executor:

@@ -40,7 +40,6 @@ from ._cli_common import (
     usage_error,
 )
 from ._job import Job, JobResult
-from ._runner import run_job
 
 __all__ = ["JobFileError", "add_arguments", "best_line", "load_job_file", "print_best", "run"]
 
@@ -206,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         problem = existing_run_problem(out, resume=args.resume, overwrite=args.overwrite, job=job)
         if problem is not None:
             raise CheckpointError(problem)
+        from ._runner import run_job  # the optimizers and models load with the run
+
         try:
             async with open_fleet(args, module.__name__) as executor:
                 result = await run_job(

@@ -32,6 +32,7 @@ streams) set it from their message limit, so one huge entry cannot exhaust memor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import ssl
@@ -39,7 +40,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 import anyio.abc
@@ -126,15 +127,45 @@ def parse_redis_url(url: str) -> RedisAddress:
     return _parse_one(url, url)
 
 
+def _url_parts(url: str) -> dict[str, Any]:
+    """Host, port, socket path, db and credentials of a ``redis://``, ``rediss://`` or
+    ``unix://`` URL, read as redis-py's ``parse_url`` reads them (percent-decoded; the db
+    from ``?db=`` or else the path), without importing redis-py: ``asyncgraph worker
+    --help`` and every worker start parse a URL, and redis-py costs tens of milliseconds
+    to import. The query's other options are ``url_options``'."""
+    parts = urlsplit(url)
+    kw: dict[str, Any] = {}
+    db = parse_qs(parts.query).get("db")
+    if db:
+        try:
+            kw["db"] = int(db[0])
+        except ValueError:
+            raise ValueError("Invalid value for 'db' in connection URL.") from None
+    if parts.username:
+        kw["username"] = unquote(parts.username)
+    if parts.password:
+        kw["password"] = unquote(parts.password)
+    if parts.scheme == "unix":
+        if parts.path:
+            kw["path"] = unquote(parts.path)
+        return kw
+    if parts.hostname:
+        kw["host"] = unquote(parts.hostname)
+    if parts.port:  # ValueError for a port out of range or not a number
+        kw["port"] = int(parts.port)
+    if parts.path and "db" not in kw:
+        with contextlib.suppress(ValueError):
+            kw["db"] = int(unquote(parts.path).replace("/", ""))
+    return kw
+
+
 def _parse_one(url: str, shown: str) -> RedisAddress:
     """A ``redis://``, ``rediss://`` or ``unix://`` URL; errors name ``shown`` (the URL
     the user wrote, of which ``url`` may be one node)."""
-    from redis.connection import parse_url
-
     scheme = url.split("://", 1)[0]
     options = url_options(shown, scheme, urlsplit(url).query)
     try:
-        kw: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+        kw = _url_parts(url)
     except ValueError as exc:
         raise ValueError(f"invalid Redis URL {redact_url(shown)!r}: {exc}") from None
     return RedisAddress(
