@@ -81,6 +81,7 @@ _DIAGNOSIS_MAX_BULK = 40_000
 _SETTLE_CHECKPOINTS = 2  # quiet checkpoints before the flusher sends what was submitted
 _IDLE_READ_DELAY_S = 0.05  # an idle listener's next read waits this long for a submission
 _MAX_BATCH = 1024  # tasks per round trip at most: a wider level starts going out sooner
+_LAPSE_RECHECKS = 3  # beats after a lapse that look again for tasks skipped meanwhile
 
 
 @dataclass(eq=False, slots=True)
@@ -269,17 +270,26 @@ class TaskChannel:
         """Tell the workers this client is alive, while the channel is open (after a first ``beat``).
 
         A beat that finds the key gone means workers may have skipped this client's
-        tasks meanwhile (``_send_lost_again``).
+        tasks meanwhile (``_send_lost_again``), and may still skip a few for a moment
+        after it is renewed (a worker that asked just before): the next
+        ``_LAPSE_RECHECKS`` beats look again.
         """
+        rechecks = 0
         while True:
             await anyio.sleep(keys.CLIENT_BEAT_MS / 1000)
             try:
                 if not await self.beat():
-                    await self._send_lost_again()
+                    rechecks = _LAPSE_RECHECKS
+                    await self._send_lost_again(lapsed=True)
+                elif rechecks:
+                    # A worker that asked for this key just before it was renewed may
+                    # still skip tasks it read then, after the check above: look again.
+                    rechecks -= 1
+                    await self._send_lost_again(lapsed=False)
             except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
                 log.debug("queue %r: client heartbeat: %s", self.queue, exc)
 
-    async def _send_lost_again(self) -> None:
+    async def _send_lost_again(self, *, lapsed: bool) -> None:
         """Send again the tasks in flight that workers settled with no reply to read.
 
         After a lapse of this client's heartbeat (its loop or its connection stalled, or
@@ -315,15 +325,23 @@ class TaskChannel:
             and self._pending.get(p.task_id) is p
             and id(p) not in queued
         ]
-        log.warning(
-            "queue %r: this client's heartbeat lapsed for over %g s (its event loop was "
-            "blocked, or Redis restarted): %d of its %d task(s) in flight were settled "
-            "without a reply to read; sending those again",
-            self.queue,
-            keys.CLIENT_TTL_MS / 1000,
-            len(again),
-            len(flight),
-        )
+        if lapsed:
+            log.warning(
+                "queue %r: this client's heartbeat lapsed for over %g s (its event loop or "
+                "its connection was blocked, or Redis restarted): %d of its %d task(s) in "
+                "flight were settled without a reply to read; sending those again",
+                self.queue,
+                keys.CLIENT_TTL_MS / 1000,
+                len(again),
+                len(flight),
+            )
+        elif again:
+            log.warning(
+                "queue %r: %d task(s) in flight were skipped after this client's heartbeat "
+                "came back (by a worker that found it gone just before); sending those again",
+                self.queue,
+                len(again),
+            )
         if again:
             self.stats.resent += len(again)
             self._outbox += again

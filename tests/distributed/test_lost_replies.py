@@ -143,3 +143,36 @@ async def test_a_replay_of_a_task_whose_reply_its_stalled_client_has_not_read_is
     assert x.grad is not None and x.grad.data == 1.0
     assert runs(redis_url, tag) == 1
     client.close()
+
+
+async def test_a_task_skipped_just_after_its_lapsed_client_looked_is_sent_again(
+    redis_url: str, proxy: Any, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #39: a worker that found the client gone just before its heartbeat came back may
+    skip one of its tasks after the client looked for skipped ones. The client looks again
+    at its next beats, and sends it again (here the test deletes the entry itself, as that
+    worker's skip would, once the client's first look is over)."""
+    queue = "lateskip"
+    client = redis.Redis.from_url(redis_url)
+    stream = keys.task_stream(queue)
+    leaves = [Parameter(float(i), role=f"x{i}") for i in range(3)]
+    outs = [F.Sleep.apply(p, 0.0, "lateskip") for p in leaves]
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    async with open_redis_executor(url, queue=queue, timeout_s=60) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: backward(outs, executor=ex))
+            await wait_until(lambda: client.xlen(stream) == 3)  # queued: no worker yet
+            proxy.pause()
+            await wait_until(lambda: not client.exists(keys.client_key(queue, ex.client_id)))
+            proxy.resume()
+            await wait_until(lambda: "heartbeat lapsed" in caplog.text)  # it looked: all queued
+            assert ex.stats.resent == 0
+            (first, _), *_ = client.xrange(stream)
+            client.xdel(stream, first)
+            start_worker(redis_url, queue, wait=False)
+            resumed_at = time.monotonic()
+        assert time.monotonic() - resumed_at < 15  # not the 60 s timeout
+        assert ex.stats.resent == 1 and ex.stats.completed == 3
+    assert [p.grad.data for p in leaves] == [1.0] * 3  # type: ignore[union-attr]
+    assert "skipped after this client's heartbeat came back" in caplog.text
+    client.close()
