@@ -116,9 +116,11 @@ def test_every_package_may_import_the_exception_tree_and_nothing_else_private() 
 
 
 @pytest.mark.parametrize("leaf", SHARED_LEAVES)
-def test_a_shared_leaf_imports_nothing_of_asyncgraph(leaf: str) -> None:
+def test_a_shared_leaf_imports_nothing_of_asyncgraph_but_another_leaf(leaf: str) -> None:
+    # _files writes every file through _redact: the one private write is the one redaction.
     path = ROOT / (leaf.replace(".", "/") + ".py")
-    assert [t for _, t in imports_of(path) if t.startswith("asyncgraph")] == []
+    found = [t for _, t in imports_of(path) if t.startswith("asyncgraph")]
+    assert [t for t in found if not t.startswith(SHARED_LEAVES)] == []
 
 
 @pytest.mark.slow

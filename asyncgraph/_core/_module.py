@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from asyncgraph._files import write_private_json
 from asyncgraph._values import from_json, to_json
 
 from ._module_hooks import ModuleHooks
@@ -306,7 +307,9 @@ class Module(ModuleHooks):
         return IncompatibleKeys(missing, unexpected)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write ``state_dict()`` to ``path`` as JSON, atomically (a crash leaves the old file)."""
+        """Write ``state_dict()`` to ``path`` as JSON, atomically (a crash leaves the old
+        file), as every file asyncgraph writes: mode 0600, its strings redacted (a prompt
+        quoting an API key keeps ``[redacted]`` in its place)."""
         target = Path(path)
         payload = {
             "format": FORMAT,
@@ -314,10 +317,7 @@ class Module(ModuleHooks):
             "module": f"{type(self).__module__}.{type(self).__qualname__}",
             "state_dict": self.state_dict(),
         }
-        text = json.dumps(payload, indent=1, ensure_ascii=False)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        write_private_json(target, payload, indent=1, repr_unknown=False)
 
     def load(self, path: str | os.PathLike[str], strict: bool = True) -> IncompatibleKeys:
         """Load a file written by ``save()`` into this Module; see ``load_state_dict``.

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from asyncgraph._exceptions import FleetError
+from asyncgraph._files import write_credentials
 from asyncgraph._install import install_hint
 
 __all__ = ["SERVER_ENV", "RedisServer", "bundled_redis_servers", "find_redis_server", "free_port"]
@@ -179,9 +180,7 @@ class RedisServer:
         if self.password is None:
             return []
         path = Path(self._dir.name) / "auth.conf"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(f"requirepass {self.password}\n")
+        write_credentials(path, f"requirepass {self.password}\n")  # the server reads it
         return [str(path)]
 
     def start(self) -> None:

@@ -28,14 +28,13 @@ import contextlib
 import hashlib
 import json
 import numbers
-import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import CheckpointError
+from asyncgraph._files import write_private_json
 from asyncgraph._values import from_json, to_json
 
 if TYPE_CHECKING:  # the job spec builds its identity with fingerprint_data from here
@@ -113,27 +112,11 @@ def fingerprint_data(value: Any) -> str:
 def atomic_write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write ``payload`` to ``path`` so that a crash leaves the old file or the new one.
 
-    The JSON goes to a temporary file in the same directory (mode 0600, as every file
-    of a run: prompts, replies and parameters are the user's data), is flushed and
-    fsynced, then renamed over ``path``; the directory is fsynced too.
+    Through the one private write (``asyncgraph._files``): every string redacted, mode
+    0600 (prompts, replies and parameters are the user's data), a new directory 0700, a
+    temporary file fsynced and renamed over ``path``, the directory fsynced too.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(payload, indent=1, ensure_ascii=False, sort_keys=True).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # mkstemp made it 0600: the run's files are the user's data
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_private_json(path, payload, indent=1, sort_keys=True, repr_unknown=False)
 
 
 # -- parameter values as JSON ------------------------------------------------------------

@@ -5,6 +5,14 @@ without the server). ``mlflow`` is imported when a reporter is built, never by
 ``import asyncgraph.jobs``. It talks to MLflow through an ``MlflowClient`` and the run's
 id, never through MLflow's process-wide active run, so two jobs in one process report to
 two runs.
+
+What the project hands to MLflow goes through the one redaction and the one private mode
+(``asyncgraph._redact``, ``asyncgraph._files``): params (the job's ``config`` redacted
+by name too: ``api_key``, a base URL's password), tags, the run's name, the best
+parameters' texts (written with ``write_private``, then logged) and the run directory
+(written so already). MLflow writes its store with files of its own (params, metrics,
+``meta.yaml``, the copies of artifacts): every MLflow call runs under
+``private_umask()``, so what it creates on this machine is 0600 / 0700.
 """
 
 from __future__ import annotations
@@ -12,12 +20,15 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncgraph._files import private_umask, write_private
 from asyncgraph._install import install_hint
+from asyncgraph._redact import redact, redact_data
 
 from ._job import Job
 from ._report import Reporter
@@ -33,7 +44,7 @@ _PARAM_CHARS = 6000
 
 def job_params(job: Job) -> dict[str, str]:
     """The run's params: the job's settings, its optimizer, its ``config`` (as
-    ``config.KEY``), each as the string MLflow keeps."""
+    ``config.KEY``), each as the string MLflow keeps, redacted (the config by name too)."""
     params: dict[str, Any] = {
         "job": job.name,
         "optimizer": type(job.optimizer).__name__,
@@ -50,9 +61,9 @@ def job_params(job: Job) -> dict[str, str]:
         "forward_on_workers": job.forward_on_workers,
         "parameters": ", ".join(job.param_names or [p.role for p in job.params]),
     }
-    for key, value in dict(job.config).items():
+    for key, value in redact_data(dict(job.config), by_name=True).items():
         params[f"config.{key}"] = value if isinstance(value, str) else json.dumps(value)
-    return {key: str(value)[:_PARAM_CHARS] for key, value in params.items()}
+    return {redact(key): redact(str(value))[:_PARAM_CHARS] for key, value in params.items()}
 
 
 def step_metrics(row: Mapping[str, Any]) -> dict[str, float]:
@@ -133,18 +144,22 @@ class MLflowReporter(Reporter):
                 f"MLflowReporter needs mlflow, which is not installed: {_INSTALL}"
             ) from exc
         self.job = job
-        self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
-        self.experiment = experiment or job.name
-        self.run_name = run_name or job.name
-        self.tags = dict(tags or {})
+        with private_umask():  # a file store is created as it is opened
+            self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
+        self.experiment = redact(experiment or job.name)
+        self.run_name = redact(run_name or job.name)
+        self.tags = {redact(k): redact(v) for k, v in dict(tags or {}).items()}
         self.run_id: str | None = None
         self._interrupted = False
 
     def _safely(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` (MLflow's), its files private; None and a warning if it fails."""
         try:
-            return call()
+            with private_umask():
+                return call()
         except Exception as exc:  # reporting never costs the job its run
-            logger.warning("MLflow: could not %s (run %s): %s", what, self.run_id, exc)
+            shown = redact(f"{type(exc).__name__}: {exc}")
+            logger.warning("MLflow: could not %s (run %s): %s", what, self.run_id, shown)
             return None
 
     def _log_rows(self, rows: list[dict[str, Any]]) -> None:
@@ -168,7 +183,7 @@ class MLflowReporter(Reporter):
                 if found is not None
                 else self.client.create_experiment(self.experiment)
             )
-            tags = {"asyncgraph.job": self.job.name, **self.tags}
+            tags = {"asyncgraph.job": redact(self.job.name), **self.tags}
             run = self.client.create_run(experiment_id, run_name=self.run_name, tags=tags)
             run_id: str = run.info.run_id
             params = [self._entities.Param(k, v) for k, v in job_params(self.job).items()]
@@ -197,8 +212,10 @@ class MLflowReporter(Reporter):
             )
 
         def log_best() -> None:
-            for name, text in _best_values(out_dir, self.job).items():
-                self.client.log_text(run_id, text, f"best/{name}.txt")
+            with tempfile.TemporaryDirectory(prefix="asyncgraph-best-") as folder:
+                for name, text in _best_values(out_dir, self.job).items():
+                    write_private(f"{folder}/{name}.txt", text)
+                self.client.log_artifacts(run_id, folder, "best")
 
         self._safely("log the best parameters", log_best)
         status = "FAILED" if error is not None else "KILLED" if self._interrupted else "FINISHED"

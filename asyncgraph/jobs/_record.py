@@ -28,7 +28,6 @@ and left out.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncgraph import Parameter, observe_nodes
-from asyncgraph._files import open_private
+from asyncgraph._files import append_private_line
 
 from ..models import ModelCall, observe_calls
 from ..observe import CallLog, Span, Timeline, call_record
@@ -267,10 +266,7 @@ class JobRecorder:
 
     def _append(self, line: Mapping[str, Any]) -> None:
         try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            with open_private(self.out / STEPS_FILE, append=True) as f:
-                f.write(json.dumps(line, ensure_ascii=False, allow_nan=False, default=repr))
-                f.write("\n")
+            append_private_line(self.out / STEPS_FILE, line, allow_nan=False)
         except (OSError, ValueError) as exc:
             self._note(STEPS_FILE, exc)
 

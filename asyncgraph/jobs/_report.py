@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import Any
 
-from asyncgraph._files import PRIVATE_MODE
+from asyncgraph._files import write_private
 from asyncgraph._install import install_hint
+from asyncgraph._redact import redact
 
 from ..models import format_cost
 from ._checkpoint import atomic_write_json
@@ -225,12 +227,12 @@ def write_plot(
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("training loss")
     loss_ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(redact(title))  # a picture cannot be redacted once drawn
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    picture = io.BytesIO()
     try:
-        fig.savefig(path)
-        path.chmod(PRIVATE_MODE)  # as every file of a run
+        fig.savefig(picture, format="png")
     finally:
         plt.close(fig)
+    write_private(path, picture.getvalue())  # as every file of a run
     return True

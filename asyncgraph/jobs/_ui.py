@@ -61,6 +61,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from asyncgraph._files import json_text, write_credentials
+
 from ._checkpoint import is_number
 from ._record import STEPS_FILE, STOP_REASONS, TRACES_DIR, trace_name
 
@@ -481,7 +483,8 @@ class _Handler(BaseHTTPRequestHandler):
         return hmac.compare_digest(token.encode(), self.server.token.encode())
 
     def _json(self, payload: Any) -> None:
-        data = json.dumps(payload, ensure_ascii=False, allow_nan=False, default=repr)
+        # Redacted as every file is (a run directory written before it was, a config).
+        data = json_text(payload, allow_nan=False)
         self._send(HTTPStatus.OK, data.encode("utf-8"), "application/json")
 
     def _send(self, status: HTTPStatus, data: bytes, kind: str) -> None:
@@ -544,18 +547,14 @@ def open_ui_server(
 def _redirect_file(url: str) -> Iterator[Path]:
     """A 0600 HTML file that sends a browser to ``url``: what the browser is opened on, so
     the token is not on a command line other users can read (``ps``)."""
-    fd, name = tempfile.mkstemp(prefix="asyncgraph-ui-", suffix=".html")
-    path = Path(name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(
-                f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" '
-                f'content="0;url={url}"><title>asyncgraph ui</title>'
-                f'<p><a href="{url}">Open the dashboard</a>'
-            )
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="asyncgraph-ui-") as folder:  # 0700
+        # Not redacted: the browser needs the token in it (asyncgraph._files).
+        yield write_credentials(
+            Path(folder) / "open.html",
+            f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" '
+            f'content="0;url={url}"><title>asyncgraph ui</title>'
+            f'<p><a href="{url}">Open the dashboard</a>',
+        )
 
 
 def run(args: argparse.Namespace) -> int:

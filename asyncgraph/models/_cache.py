@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import anyio.to_thread
 
 from asyncgraph._exceptions import ModelBackendError
+from asyncgraph._files import write_private_json
 from asyncgraph.models._keys import CACHE_PREFIX, cache_key
 from asyncgraph.models._redis import RedisHandle
 from asyncgraph.models._types import Completion
@@ -144,8 +144,9 @@ class DiskCache:
 
     Writes are atomic (a temporary file in the same directory, fsynced, then
     ``os.replace``), so concurrent processes sharing the directory never read a
-    half-written entry. File I/O runs in a worker thread. Entries never expire: delete
-    the directory to clear it.
+    half-written entry; entries are 0600 and new directories 0700, their text redacted,
+    as every file asyncgraph writes. File I/O runs in a worker thread. Entries never
+    expire: delete the directory to clear it.
 
     Example::
 
@@ -177,20 +178,10 @@ class DiskCache:
 
     async def set(self, key: str, completion: Completion) -> None:
         path = self.path_for(key)
-        data = _encode(completion)
+        entry = completion.to_dict()  # what _decode reads
 
-        def write() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        def write() -> None:  # as every file asyncgraph writes: redacted, 0600, atomic
+            write_private_json(path, entry)
 
         try:
             await anyio.to_thread.run_sync(write)

@@ -4,13 +4,11 @@ Each line holds the request as sent (messages and parameters; headers never), th
 reply, tokens, latency, whether it was cached, the attempts it took, its cost (null
 when the model has no price), the node it ran in, the trace (``trace_pass``) and the
 labels (``labels``: a job's step and phase) it belongs to, and the process. Secrets
-never reach the file: requests carry no headers, and every value of an environment
-variable whose name says it is a secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
-``*PASSWORD*``), every ``Bearer`` credential and every ``sk-...`` key that appears in
-a line anyway (a prompt quoting one, an echoing server) is replaced by
-``[redacted]``, and every URL in it (the endpoint included) loses its userinfo password
-and credential query values (``asyncgraph._redact``). The file is created 0600: its
-prompts and replies are the user's data.
+never reach the file: requests carry no headers, and every line is written through the
+one private write (``asyncgraph._files.PrivateLines``), which redacts each of its
+strings (NOTE [Redaction] in ``asyncgraph._redact``: URL credentials, the environment's
+and the registered secrets in the forms servers echo them, ``Bearer`` and ``sk-...``
+keys). The file is created 0600: its prompts and replies are the user's data.
 """
 
 from __future__ import annotations
@@ -23,10 +21,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import Any, Self
 
-from asyncgraph._files import open_private
-from asyncgraph._redact import redact, secret_values
+from asyncgraph._files import PrivateLines
 
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels, node_info
@@ -85,10 +82,8 @@ class CallLog:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open_private(self.path, append=append)
+        self._lines: PrivateLines | None = PrivateLines(self.path, append=append)
         self._lock = threading.Lock()
-        self._secrets = secret_values()
         self.count = 0
 
     def on_call(self, call: ModelCall) -> None:
@@ -97,13 +92,10 @@ class CallLog:
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Write one record (``call_record``'s, perhaps with more labels) as a line."""
-        line = json.dumps(record, ensure_ascii=False, default=repr)
-        line = redact(line, self._secrets)
         with self._lock:
-            if self._file is None:
+            if self._lines is None:
                 return
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._lines.write_json(record)
             self.count += 1
 
     @contextmanager
@@ -113,9 +105,9 @@ class CallLog:
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._lines is not None:
+                self._lines.close()
+                self._lines = None
 
     def __enter__(self) -> Self:
         return self

@@ -22,7 +22,6 @@ what spans from another machine are aligned with.
 from __future__ import annotations
 
 import contextvars
-import json
 import os
 import secrets
 import threading
@@ -37,7 +36,7 @@ from typing import Any, Literal, Self
 import anyio.to_thread
 
 from asyncgraph import NodeEvent, Variable, current_node, observe_nodes
-from asyncgraph._files import write_private
+from asyncgraph._files import write_private_json
 
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels
@@ -350,10 +349,7 @@ class Timeline:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write ``to_chrome_trace()`` to ``path`` (directories created); returns the path."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(self.to_chrome_trace(), ensure_ascii=False, default=repr)
-        return write_private(target, data)
+        return write_private_json(path, self.to_chrome_trace())
 
     def __repr__(self) -> str:
         return f"Timeline({self.name!r}, {len(self.spans)} spans, trace_id={self.trace_id!r})"

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from asyncgraph._files import write_private_json
+
 __all__ = [
     "Metrics",
     "format_value",
@@ -207,12 +209,10 @@ class Metrics:
     ) -> None:
         """Write this process's metrics (and health) for a supervisor, atomically."""
         path = Path(directory) / f"{os.getpid()}.json"
-        tmp = path.with_suffix(".tmp")
         data: dict[str, Any] = {"metrics": self.snapshot(), "time": time.time()}
         if health is not None:
             data["health"] = {"ok": health[0], **health[1]}
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        write_private_json(path, data)
 
     def render(self) -> str:
         return render({**self.values, **process_metrics()})
