@@ -411,24 +411,27 @@ def _is_in(var: Any, group: tuple[Any, ...]) -> bool:
 def _output(node: Node, i: int, returned: Any, inputs: tuple[Any, ...]) -> Variable:
     """Output ``i`` of a recorded node, as the caller receives it (PyTorch's set_history)."""
     ctx = node.ctx
+    non_diff = ctx._non_differentiable
     if not isinstance(returned, Variable):
         out = Variable(returned)
     else:
         out = returned
-        differentiable = not _is_in(out, ctx._non_differentiable)
-        if _is_in(out, ctx._dirty) and _is_in(out, inputs):
-            if differentiable:
-                _rebase(out, node, i)  # changed in place: the same object, a new history
-                return out
-            if out.grad_fn is None and not out._requires_grad:
-                return out  # changed in place and needs no gradient: as it is
-        if out.grad_fn is not None or out._requires_grad or _is_in(out, inputs):
+        # A fresh Variable (the usual case) takes the node as it is; an input, or one
+        # with a history of its own, needs a look (an input changed in place included).
+        if out._grad_fn is not None or out._requires_grad or _is_in(out, inputs):
+            differentiable = not (non_diff and _is_in(out, non_diff))
+            if ctx._dirty and _is_in(out, ctx._dirty) and _is_in(out, inputs):
+                if differentiable:
+                    _rebase(out, node, i)  # changed in place: the same object, a new history
+                    return out
+                if out._grad_fn is None and not out._requires_grad:
+                    return out  # changed in place and needs no gradient: as it is
             # Returning an input (or a variable with its own history) as an output:
             # give the output its own identity so the input keeps its history.
             out = Variable(out.data, role=out.role)
             if not differentiable:
                 return out
-    if _is_in(out, ctx._non_differentiable):
+    if non_diff and _is_in(out, non_diff):
         return out
     out._grad_fn = node
     out._output_nr = i
