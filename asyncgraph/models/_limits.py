@@ -117,7 +117,7 @@ class TokenEstimator:
         estimator = TokenEstimator()
         estimator.count([{"role": "user", "content": "x" * 300}])    # 100 + 24
         estimator.observe(chars=4000, messages=2, prompt_tokens=1000)
-        estimator.chars_per_token                                      # about 4.1
+        estimator.chars_per_token                                      # 4.0
     """
 
     def __init__(self, chars_per_token: float = _START_CHARS_PER_TOKEN) -> None:
@@ -142,17 +142,17 @@ class TokenEstimator:
     def observe(self, *, chars: int, messages: int, prompt_tokens: int) -> None:
         """Learn from a server's count: ``prompt_tokens`` for ``chars`` characters in
         ``messages`` messages (too small a request to say anything is ignored)."""
-        text_tokens = prompt_tokens - _PER_MESSAGE * messages - _PER_REQUEST
-        if chars < 400 or text_tokens < 64:
+        # The template's tokens are counted as text here (the server's overhead is not
+        # known): a lower ratio, so counts err high.
+        if chars < 400 or prompt_tokens < 64:
             return
-        ratio = max(_LOWEST_CHARS_PER_TOKEN, chars / text_tokens)
+        ratio = max(_LOWEST_CHARS_PER_TOKEN, chars / prompt_tokens)
         with self._lock:
             self._ratios.append(ratio)
 
     def exact(self, *, chars: int, messages: int, prompt_tokens: int) -> None:
         """A server's exact count of a request it refused: the ratio is at most this one."""
-        text_tokens = max(1, prompt_tokens - _PER_MESSAGE * messages - _PER_REQUEST)
-        ratio = max(_LOWEST_CHARS_PER_TOKEN, chars / text_tokens)
+        ratio = max(_LOWEST_CHARS_PER_TOKEN, chars / max(1, prompt_tokens))
         with self._lock:
             self._ratios.append(ratio * 0.95)
 
@@ -178,6 +178,12 @@ class ModelLimits:
     def tokens(self, text: str) -> int:
         """``text``'s size in this model's tokens (erring high)."""
         return math.ceil(len(text) / self.chars_per_token)
+
+    def count(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """A request's size in this model's tokens, template overhead included (as
+        ``TokenEstimator.count``)."""
+        chars = request_chars(messages)
+        return math.ceil(chars / self.chars_per_token) + _PER_MESSAGE * len(messages) + _PER_REQUEST
 
 
 # vLLM: "This model's maximum context length is 2048 tokens. However, you requested 2100

@@ -23,6 +23,7 @@ from asyncgraph.text import (
     describe,
     feedback_defaults,
     feedback_entries,
+    fit_for,
     parse_structured,
     render_feedback,
     resolve_model,
@@ -38,6 +39,7 @@ DEFAULT_TAGS = ("<IMPROVED_VARIABLE>", "</IMPROVED_VARIABLE>")
 UPDATE_FIELD = "improved_variable"
 """The JSON field an update comes back in when it is asked for with ``response_format``."""
 _TRUNCATED = "\n[... feedback truncated to max_feedback_tokens]"
+_MIN_FEEDBACK_TOKENS = 32  # approx tokens of feedback an update request must have room for
 _PAST_TRUNCATED = "\n[... truncated to max_feedback_tokens]"
 
 
@@ -406,13 +408,13 @@ class TGD(Optimizer):
         """The new value of ``p`` and the feedback it was computed from (after the guard),
         or the skipped update (``strict=False``)."""
         role = describe(p.role, "variable")
-        budget: int | None = group["max_feedback_tokens"]
-        feedback = render_feedback(entries)
-        if budget is not None and approx_tokens(feedback) > budget:
-            feedback = await self._condense(model, role, entries, budget)
         momentum = group["momentum"]
         history: list[dict[str, Any]] = list(self.state.get(p, {}).get("history", []))
         history = history[-momentum:] if momentum > 0 else []
+        budget, chunk = await self._fitted_budget(model, p, group, role, len(history))
+        feedback = render_feedback(entries)
+        if budget is not None and approx_tokens(feedback) > budget:
+            feedback = await self._condense(model, role, entries, budget, chunk)
         if budget is not None:
             history = [
                 {
@@ -513,7 +515,54 @@ class TGD(Optimizer):
             return dict(self.model_params)
         return current_models().for_feedback()[2]  # the default feedback params
 
-    async def _condense(self, model: ChatModel, role: str, entries: list[str], budget: int) -> str:
+    async def _fitted_budget(
+        self, model: ChatModel, p: Variable, group: ParamGroup, role: str, history: int
+    ) -> tuple[int | None, int | None]:
+        """``max_feedback_tokens``, lowered so that the update request fits ``model``'s
+        context window with its reply (each of the feedback and the ``history`` past
+        values and feedbacks getting an equal share of the room), and the summary chunk
+        size; ``ModelContextError`` naming the parts when even an update request without
+        feedback would not fit (see ``asyncgraph.text._fit``)."""
+        budget: int | None = group["max_feedback_tokens"]
+        fit = await fit_for(model)
+        if fit is None:
+            return budget, None
+        reply = fit.limits.max_tokens or update_tokens(p.data)
+        examples = group.get("in_context_examples", self.in_context_examples)
+        probe = update_messages(
+            role=role,
+            value=p.data,
+            feedback="",
+            history=[],
+            constraints=group["constraints"],
+            open_tag=self.tags[0],
+            close_tag=self.tags[1],
+            system_prompt=self.system_prompt,
+            examples=examples,
+        )
+        room = fit.room(probe, reply) // (1 + 2 * history)
+        if room < _MIN_FEEDBACK_TOKENS:
+            parts = {
+                "the value": p.data,
+                "the constraints": "\n".join(group["constraints"]),
+                "the examples": "\n".join(examples),
+                "the system prompt": str(probe[0]["content"]),
+            }
+            raise fit.too_long(
+                f"the update request of the parameter with role {p.role!r}",
+                {k: v for k, v in parts.items() if v},
+                reply,
+            )
+        return (room if budget is None else min(budget, room)), fit.condense_tokens()
+
+    async def _condense(
+        self,
+        model: ChatModel,
+        role: str,
+        entries: list[str],
+        budget: int,
+        chunk: int | None = None,
+    ) -> str:
         """The feedback ``entries`` condensed into at most ``budget`` tokens (map-reduce:
         ``asyncgraph.text.condense_feedback``, the one every text node's budget uses)."""
 
@@ -521,5 +570,5 @@ class TGD(Optimizer):
             return await self._ask(model, messages, lambda reply: bool(reply.strip()))
 
         return await condense_feedback(
-            entries, budget=budget, role=role, ask=ask, marker=_TRUNCATED
+            entries, budget=budget, role=role, ask=ask, marker=_TRUNCATED, chunk_tokens=chunk
         )

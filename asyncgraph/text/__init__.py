@@ -85,6 +85,7 @@ from asyncgraph.text._registry import (
 from asyncgraph.text._structured import StructuredOutputError, json_schema_of
 
 # Not public names: how asyncgraph.optim asks for structured replies and sizes its own.
+from asyncgraph.text._fit import fit_for as fit_for  # isort: skip
 from asyncgraph.text._reply import update_tokens as update_tokens  # isort: skip
 from asyncgraph.text._structured import ask_json as ask_json  # isort: skip
 from asyncgraph.text._structured import check_structured as check_structured  # isort: skip

@@ -20,6 +20,11 @@ an entry longer than the budget is split at whitespace, so nothing is dropped un
 all chunks at once; later rounds summarise chunks of the previous round's summaries,
 until one request holds everything. Chunks follow graph order, so the same feedback
 gives the same requests in the same order on every run.
+
+A model whose context window is known (``asyncgraph.text._fit``) lowers the budget to
+what its window leaves for the feedback in each request (the other parts of the request
+and room for the reply counted), and each summary request carries no more than the
+window takes with its instruction and its reply: no request is refused for its size.
 """
 
 from __future__ import annotations
@@ -173,9 +178,18 @@ def _pack(pieces: list[str], tokens: int) -> list[list[str]]:
 
 
 async def condense_feedback(
-    entries: list[str], *, budget: int, role: str, ask: Ask, marker: str = TRUNCATED
+    entries: list[str],
+    *,
+    budget: int,
+    role: str,
+    ask: Ask,
+    marker: str = TRUNCATED,
+    chunk_tokens: int | None = None,
 ) -> str:
     """The feedback ``entries`` condensed into at most ``budget`` tokens by map-reduce.
+
+    ``chunk_tokens``: the most feedback one summary request carries (default ``budget``),
+    for a model whose context window takes less (see ``asyncgraph.text._fit``).
 
     Intermediate summaries are asked for (and cut to) a fraction of the budget small
     enough that every round shrinks the feedback several times over; the final one is
@@ -193,11 +207,12 @@ async def condense_feedback(
     """
     if not entries:
         return ""  # no feedback: nothing to condense, and no model call
-    pieces = [part for entry in entries for part in _split(entry, budget)]
+    pack = budget if chunk_tokens is None else max(1, min(budget, chunk_tokens))
+    pieces = [part for entry in entries for part in _split(entry, pack)]
     summaries = False
     previous_chunks: int | None = None
     for _ in range(_MAX_ROUNDS):
-        chunks = _pack(pieces, budget)
+        chunks = _pack(pieces, pack)
         if len(chunks) == 1:
             return await _summarise(ask, role, chunks[0], budget, summaries, marker)
         if previous_chunks is not None and len(chunks) >= previous_chunks:
@@ -236,7 +251,7 @@ async def _summarise(
 
 
 async def feedback_within_budget(
-    grad: Any, *, budget: int | None, role: str, ask: Ask
+    grad: Any, *, budget: int | None, role: str, ask: Ask, chunk_tokens: int | None = None
 ) -> tuple[str, str | None]:
     """The feedback ``grad`` rendered for a backward request, and a note when condensed.
 
@@ -248,7 +263,9 @@ async def feedback_within_budget(
     if budget is None or approx_tokens(feedback) <= budget:
         return feedback, None
     entries = feedback_entries(grad)
-    condensed = await condense_feedback(entries, budget=budget, role=role, ask=ask)
+    condensed = await condense_feedback(
+        entries, budget=budget, role=role, ask=ask, chunk_tokens=chunk_tokens
+    )
     note = (
         f"[built from condensed feedback: {len(entries)} feedback entries "
         f"(about {approx_tokens(feedback)} tokens) were summarised to fit the feedback "

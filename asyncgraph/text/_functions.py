@@ -32,6 +32,7 @@ from asyncgraph.models import reply_tokens
 from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
+from asyncgraph.text._fit import fit_for
 from asyncgraph.text._options import OUTPUT_ROLE, LLMOptions
 from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
 from asyncgraph.text._registry import ModelLike, ModelRef
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 _LLM_CTX_TYPES: Mapping[str, type[Any]] = MappingProxyType({"options": LLMOptions})
+_MIN_FEEDBACK_TOKENS = 32  # approx tokens of feedback a request must have room for
 
 
 class _TextFunction(Function):
@@ -191,18 +193,12 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
     ref = options.feedback_model or options.model
     params = options.request_params
     output_role = describe(options.role, OUTPUT_ROLE)
-    feedback, note = await feedback_within_budget(
-        grad_output,
-        budget=options.feedback_budget,
-        role=output_role,
-        ask=functools.partial(_complete, ref, params=params),
-    )
     images: list[dict[str, Any]] = ctx.images
     asked = [slot for slot in ctx.slots if needs[slot["index"]]]
     mark = bool(asked) and not images and marks_shared_prefix(ref.resolve())
 
-    async def ask(slot: dict[str, Any]) -> None:
-        messages = llm_feedback_messages(
+    def request(slot: dict[str, Any], feedback: str) -> list[dict[str, Any]]:
+        return llm_feedback_messages(
             system_prompt=ctx.system_prompt,
             user_prompt=ctx.user_prompt,
             output=ctx.output,
@@ -212,6 +208,18 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
             feedback=feedback,
             mark_shared=mark,
         )
+
+    budget, chunk = await _fitted_budget(ctx, ref, options, asked, request)
+    feedback, note = await feedback_within_budget(
+        grad_output,
+        budget=budget,
+        role=output_role,
+        ask=functools.partial(_complete, ref, params=params),
+        chunk_tokens=chunk,
+    )
+
+    async def ask(slot: dict[str, Any]) -> None:
+        messages = request(slot, feedback)
         if images:  # the feedback model sees what the forward saw
             messages[-1] = {**messages[-1], "content": with_images(messages[-1]["content"], images)}
         text = await _feedback(ref, messages, params)
@@ -221,6 +229,39 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
 
     await run_all([functools.partial(ask, slot) for slot in asked])
     return tuple(grads)
+
+
+async def _fitted_budget(
+    ctx: Any,
+    ref: ModelRef,
+    options: LLMOptions,
+    asked: list[dict[str, Any]],
+    request: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+) -> tuple[int | None, int | None]:
+    """The feedback budget and summary chunk size for this node's feedback model: the
+    options' budget, lowered to what its context window leaves in the largest feedback
+    request (see ``asyncgraph.text._fit``); ``ModelContextError`` naming the parts when
+    the request would not fit even without feedback."""
+    fit = await fit_for(ref.resolve())
+    if fit is None or not asked:
+        return options.feedback_budget, None
+    reply = fit.limits.max_tokens or FEEDBACK_TOKENS
+    probe = max((request(slot, "") for slot in asked), key=fit.limits.count)
+    room = fit.room(probe, reply)
+    if room < _MIN_FEEDBACK_TOKENS:
+        parts = {
+            "the system prompt": ctx.system_prompt or "",
+            "the prompt (inputs)": ctx.user_prompt,
+            "the output": ctx.output,
+            "the variable": max((str(slot["value"]) for slot in asked), key=len),
+        }
+        raise fit.too_long(
+            f"the feedback request of {ctx._function_name}",
+            {k: v for k, v in parts.items() if v},
+            reply,
+        )
+    budget = room if options.feedback_budget is None else min(options.feedback_budget, room)
+    return budget, fit.condense_tokens()
 
 
 class LLMCall(_TextFunction):
