@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import anyio
 import anyio.lowlevel
@@ -35,6 +35,7 @@ from asyncgraph.models._limits import (
     current_reply_tokens,
     request_chars,
 )
+from asyncgraph.models._outbound import CHAT_PARAMS, check_call_params
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
@@ -129,6 +130,13 @@ class BaseChatModel(ABC):
     logged (logger ``asyncgraph.models``) and treated as a miss: the cache never costs you
     an answer. ``aclose()`` (or ``async with``) releases the HTTP and Redis connections.
 
+    In a process where a worker serves, a call's params first pass the one outbound
+    policy (see NOTE [Outbound policy] in ``asyncgraph.models._outbound``): an
+    ``api_base`` / ``base_url`` param must be a base URL the operator allows, a
+    credential or header param (``api_key``, ``headers``, ``extra_headers``, ...) is
+    refused, and any other name must be one the client declares in ``request_params``;
+    a refused param raises ``ModelConfigError`` naming it, and nothing is sent.
+
     Limits (see NOTE [Requests a server can serve]): ``context_tokens`` (the window a
     request must fit), ``max_concurrency`` (requests at the server at once; the rest wait
     in this client's queue) and ``max_tokens`` (the size of every reply that asks for
@@ -142,7 +150,9 @@ class BaseChatModel(ABC):
     ``ModelError`` subclass on failure, and may override ``cache_request`` (whatever they
     add to the request must be in it), ``cache_endpoint``, ``estimate_tokens`` and
     ``_discover``; ``reply_tokens_param`` names the parameter a reply's size is sent as
-    (None: the model is not sized).
+    (None: the model is not sized). A client that only puts params in the body of a
+    request to its own URL declares ``request_params = None``; the default (the chat
+    completion params) is the strict rule for a client that hands params to a library.
     Example::
 
         class Echo(BaseChatModel):
@@ -152,6 +162,10 @@ class BaseChatModel(ABC):
             async def _complete_once(self, messages, params):
                 return Completion(messages[-1]["content"], model="echo")
     """
+
+    # The call params a task may give this client, besides the destinations the operator
+    # allows (None: any; see NOTE [Outbound policy]).
+    request_params: ClassVar[frozenset[str] | None] = CHAT_PARAMS
 
     max_answer_tokens: int = DEFAULT_MAX_ANSWER_TOKENS
     """The longest answer this model gives when a request sets no ``max_tokens``: the
@@ -471,8 +485,9 @@ class BaseChatModel(ABC):
         call (no read, no write), ``True`` requires one. ``cache_if(completion) -> bool``
         (must not raise): only answers it accepts are served from or stored in the cache.
         Other keyword arguments are sent to the model (``temperature=0``,
-        ``max_tokens=200``, ...). Raises ``ModelError`` subclasses, ``TypeError`` /
-        ``ValueError`` for malformed messages or params.
+        ``max_tokens=200``, ...). Raises ``ModelError`` subclasses (``ModelConfigError``
+        for a param the outbound policy refuses), ``TypeError`` / ``ValueError`` for
+        malformed messages or params.
         """
         msgs = normalize_messages(messages)
         reserved = _RESERVED_PARAMS.intersection(params)
@@ -481,6 +496,8 @@ class BaseChatModel(ABC):
                 f"{self.name!r}: params {sorted(reserved)} are set by the client and cannot be "
                 "passed to complete() (streaming is not supported)"
             )
+        # Before the cache, the journal and any send: see NOTE [Outbound policy].
+        check_call_params(self.name, type(self).__name__, type(self).request_params, params)
         if cache and self.cache is None:
             raise ValueError(
                 f"complete(cache=True) on {self.name!r}, which has no cache: construct it with "

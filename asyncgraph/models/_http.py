@@ -103,6 +103,9 @@ class HttpChatModel(BaseChatModel):
     structured_outputs = True
     reply_tokens_param: str | None = "max_tokens"
 
+    # A call's params only become fields of the JSON body posted to ``url`` with this
+    # client's headers: none changes where it goes (see NOTE [Outbound policy]).
+    request_params = None
     def __init__(
         self,
         name: str,

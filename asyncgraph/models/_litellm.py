@@ -30,6 +30,7 @@ from asyncgraph._install import install_hint
 from asyncgraph._redact import redact, redact_url, secret_values
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
+from asyncgraph.models._outbound import CHAT_PARAMS
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
@@ -133,12 +134,23 @@ class LiteLLMChat(BaseChatModel):
     none is given, the model's rates in LiteLLM's cost map (``litellm_pricing``),
     the rates LiteLLM's own ``completion_cost`` applies. LiteLLM's exceptions become
     ``ModelError`` subclasses by their HTTP status (429 rate limited and 5xx retried,
-    other 4xx not). Raises ``ModelConfigError`` when litellm is not installed. Example::
+    other 4xx not). Raises ``ModelConfigError`` when litellm is not installed.
+
+    On a worker, a call's params pass the outbound policy (NOTE [Outbound policy]):
+    LiteLLM reads any keyword as it likes (``api_base``, ``api_key``, ``aws_*``,
+    ``vertex_*``, ``custom_llm_provider``, logging callbacks...), so a task may give only
+    the chat completion params (``request_params``) and an ``api_base`` / ``base_url``
+    the operator allows. Example::
 
         model = LiteLLMChat("gpt-4o-mini", default_params={"mock_response": "Paris"})
         answer = await model.complete([{"role": "user", "content": "Capital of France?"}])
         print(answer.text, model.usage.snapshot().cost_usd)
     """
+
+    # LiteLLM reads every keyword of completion(): only the request's own params, plus
+    # top_k (Anthropic's, Gemini's), an offline mock_response and extra_body (JSON body
+    # fields), pass in a task.
+    request_params = CHAT_PARAMS | {"top_k", "mock_response", "extra_body"}
 
     def __init__(
         self,

@@ -137,6 +137,8 @@ class SimulatedModel(BaseChatModel):
         # '[simulated] 42'
     """
 
+    request_params = None  # it sends nothing anywhere (see NOTE [Outbound policy])
+
     def __init__(
         self,
         *,

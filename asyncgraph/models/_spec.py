@@ -35,8 +35,10 @@ provider's default (``https://api.openai.com/v1``, ``https://api.anthropic.com``
 this process's environment names (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL``,
 ``AZURE_OPENAI_ENDPOINT``), or one of ``urls`` (``asyncgraph worker --allow-base-url URL``, or
 ``ASYNCGRAPH_ALLOWED_BASE_URLS``), and raise ``ModelConfigError`` naming the URL and
-how to allow it otherwise. A process that never calls it (an application) is not
-restricted.
+how to allow it otherwise. The same allow-list decides every call's ``api_base`` /
+``base_url`` param and refuses its credential params, for every provider (NOTE
+[Outbound policy] in ``asyncgraph.models._outbound``, the one home of that policy). A
+process that never calls it (an application) is not restricted.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from asyncgraph._exceptions import ModelConfigError
 from asyncgraph._redact import redact_url
@@ -56,6 +57,12 @@ from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
 from asyncgraph.models._litellm import LiteLLMChat
 from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
+from asyncgraph.models._outbound import (
+    ENV_ALLOWED_BASE_URLS,
+    BaseUrlRestriction,
+    check_base_url,
+    normalize_base_url,
+)
 from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
@@ -94,7 +101,6 @@ ENV_RPM = "ASYNCGRAPH_MODEL_RPM"
 ENV_TPM = "ASYNCGRAPH_MODEL_TPM"
 ENV_RATE_REDIS = "ASYNCGRAPH_MODEL_RATE_REDIS"
 ENV_CACHE = "ASYNCGRAPH_MODEL_CACHE"
-ENV_ALLOWED_BASE_URLS = "ASYNCGRAPH_ALLOWED_BASE_URLS"
 ENV_MAX_ATTEMPTS = "ASYNCGRAPH_MODEL_MAX_ATTEMPTS"
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -229,42 +235,7 @@ def model_options_from_env(name: str, environ: Mapping[str, str] | None = None) 
     return options
 
 
-# -- allowed base URLs (a worker's guard for its API key) ---------------------------------
-# Process-wide on purpose: the API key it protects is the process's. Each active
-# restriction (one per worker serving in this process) adds its URLs.
-_restrictions: dict[int, frozenset[str]] = {}
-
-
-def normalize_base_url(url: str) -> str:
-    """``url`` as compared with the allowed ones: scheme and host lower-cased, no trailing /.
-
-    Raises ``ValueError`` unless it is an absolute ``http://`` or ``https://`` URL.
-    """
-    parts = urlsplit(url.strip())
-    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"base URL {redact_url(url)!r} is not an http:// or https:// URL")
-    return urlunsplit(
-        (
-            parts.scheme.lower(),
-            parts.netloc.lower(),
-            parts.path.rstrip("/"),
-            parts.query,
-            parts.fragment,
-        )
-    )
-
-
-class BaseUrlRestriction:
-    """Handle of ``restrict_base_urls``; ``remove()`` lifts this restriction."""
-
-    def __init__(self, allowed: frozenset[str]) -> None:
-        self.allowed = allowed
-        with _lock:
-            _restrictions[id(self)] = allowed
-
-    def remove(self) -> None:
-        with _lock:
-            _restrictions.pop(id(self), None)
+# -- allowed base URLs (a worker's guard for its API key; see NOTE [Outbound policy]) ----
 
 
 def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
@@ -283,40 +254,6 @@ def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
             allowed.add(normalize_base_url(own))
     allowed.update(normalize_base_url(url) for url in urls)
     return BaseUrlRestriction(frozenset(allowed))
-
-
-def check_base_url(base_url: str | None) -> None:
-    """Raise ``ModelConfigError`` if this process is restricted and ``base_url`` is not allowed.
-
-    Example::
-
-        # On a worker started with --allow-base-url http://vllm:8000/v1:
-        check_base_url("http://vllm:8000/v1")           # allowed: returns None
-        check_base_url("http://elsewhere:8000/v1")      # ModelConfigError naming the URL
-    """
-    if base_url is None:
-        return
-    with _lock:
-        if not _restrictions:
-            return
-        allowed = frozenset().union(*_restrictions.values())
-    try:
-        normalized = normalize_base_url(base_url)
-    except ValueError:
-        normalized = None
-    if normalized in allowed:
-        return
-    shown = redact_url(base_url)
-    raise ModelConfigError(
-        f"base_url {shown!r} is not allowed in this process: a worker sends its own API "
-        f"key to a model's base URL, so it only uses the URLs its operator allows "
-        f"(allowed: {', '.join(sorted(redact_url(url) for url in allowed))}). To allow this "
-        f"one, start the workers with --allow-base-url {shown} (or add it to "
-        f"{ENV_ALLOWED_BASE_URLS}, comma-separated); or register a model under a name in a "
-        f"module the workers import and pass that name",
-        variable=ENV_ALLOWED_BASE_URLS,
-        value=shown,
-    )
 
 
 def split_model_spec(spec: str) -> tuple[str, str]:
