@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from typing import Any
@@ -201,6 +202,65 @@ async def test_a_worker_sends_its_api_key_only_to_base_urls_it_allows(
         async with open_redis_executor(redis_url, queue="keys-allowed", timeout_s=20) as ex:
             await answer.backward(Variable("too long"), executor=ex)
         assert [auth for _, auth in server.requests[1:]] == [f"Bearer {key}"]
+    assert prompt.grad is not None
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("litellm") is None, reason="the litellm extra is not installed"
+)
+@pytest.mark.timeout(240)  # each worker imports LiteLLM (seconds) for its first task
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # worker-side behaviour only
+async def test_a_worker_sends_its_key_only_where_its_operator_allows_for_a_litellm_call_param(
+    redis_url: str, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue #33: a client with no key gave a litellm: model params={"api_base": URL} (or
+    # base_url), and the worker passed them to litellm.completion(), which sent
+    # "Authorization: Bearer <the worker's OPENAI_API_KEY>" to URL.
+    from asyncgraph.models._testing import OpenAITestServer
+    from asyncgraph.text import llm_call
+
+    key = "sk-worker-key-that-must-not-leak"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the client has no key
+    worker_env = {"OPENAI_API_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with OpenAITestServer() as server:
+        prompt = Parameter("Answer.", role="system prompt")
+        answers = [
+            await llm_call(
+                prompt,
+                "1 + 1?",
+                model="simulated",  # the forward runs here; the backward on a worker
+                feedback_model="litellm:openai/gpt-test",
+                feedback_params={param: server.url},
+            )
+            for param in ("api_base", "base_url")
+        ]
+
+        start_worker(redis_url, "litellm-keys", "--import", "asyncgraph.text", env=worker_env)
+        async with open_redis_executor(redis_url, queue="litellm-keys", timeout_s=120) as ex:
+            for answer, param in zip(answers, ("api_base", "base_url"), strict=True):
+                with pytest.raises(RemoteError) as info:
+                    await answer.backward(Variable("too long"), executor=ex)
+                message = str(info.value)
+                assert f"param {param}={server.url!r} is not allowed in this process" in message
+                assert f"--allow-base-url {server.url}" in message
+        assert server.requests == []  # the worker never called it
+
+        start_worker(
+            redis_url,
+            "litellm-keys-allowed",
+            "--import",
+            "asyncgraph.text",
+            "--allow-base-url",
+            server.url,
+            env=worker_env,
+        )
+        async with open_redis_executor(
+            redis_url, queue="litellm-keys-allowed", timeout_s=120
+        ) as ex:
+            for answer in answers:
+                await answer.backward(Variable("too long"), executor=ex)
+        # Allowed by its operator: now the worker's key goes there, and only there.
+        assert [r.headers["authorization"] for r in server.requests] == [f"Bearer {key}"] * 2
     assert prompt.grad is not None
 
 
