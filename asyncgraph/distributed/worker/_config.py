@@ -143,9 +143,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "allowed_base_urls",
         "--allow-base-url",
-        "a model base URL tasks may name (repeatable; comma-separated in the variable): the "
-        "worker sends its own API key there. The default OpenAI URL (and $OPENAI_BASE_URL) is "
-        "always allowed; any other base URL in a task fails that task",
+        "a model base URL tasks may name, as a spec's base_url or a call's api_base / "
+        "base_url param (repeatable; comma-separated in the variable): the worker sends its "
+        "own API key there. The providers' default URLs (and $OPENAI_BASE_URL, "
+        "$ANTHROPIC_BASE_URL, $AZURE_OPENAI_ENDPOINT) are always allowed; any other URL in a "
+        "task, or a credential or header in its params, fails that task",
         secret=True,
         many=True,
     ),
