@@ -1,4 +1,7 @@
-"""``asyncgraph status --redis URL [--queue Q] [--watch] [--json]``: the fleet at a glance.
+"""``asyncgraph status [--redis URL] [--queue Q] [--watch] [--json]``: the fleet at a glance.
+
+The fleet's Redis comes from ``--redis`` or ``$ASYNCGRAPH_REDIS_URL``; without either the
+command says so in one line and exits 2.
 
 Reads only what the protocol already keeps in Redis (no worker is asked anything):
 the heartbeat and info hashes (workers: host, pid, concurrency, in flight, last
@@ -332,10 +335,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redis",
         metavar="URL",
+        # Not required=: $ASYNCGRAPH_REDIS_URL may give it (run() says when neither does),
+        # and the usage line must not depend on the environment it is printed in.
         default=os.environ.get(REDIS_URL_ENV),
-        required=REDIS_URL_ENV not in os.environ,
-        help=f"the fleet's Redis (${REDIS_URL_ENV}; prefer the variable when the URL holds a "
-        f"password: argv is visible to other users)",
+        help=f"the fleet's Redis (default ${REDIS_URL_ENV}; one of them is needed; prefer "
+        f"the variable when the URL holds a password: argv is visible to other users)",
     )
     parser.add_argument("--queue", default="grads", help="the workers' queue (default: grads)")
     parser.add_argument(
@@ -348,6 +352,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.redis:
+        print(
+            f"error: no Redis to read: pass --redis URL or set ${REDIS_URL_ENV} "
+            f"(e.g. redis://127.0.0.1:6379/0)",
+            file=sys.stderr,
+        )
+        return 2
+
     async def main() -> int:
         while True:
             status = await fleet_status(args.redis, args.queue)

@@ -310,3 +310,35 @@ def test_a_command_the_user_may_not_run_is_one_clear_line(redis_url: str) -> Non
     finally:
         client.acl_deluser("nohgetall")
         client.close()
+
+
+def test_redis_comes_from_the_flag_or_the_variable_and_without_both_is_one_line(
+    redis_url: str,
+) -> None:
+    # The issue: the usage marked --redis required although $ASYNCGRAPH_REDIS_URL gives it.
+    bare = {k: v for k, v in os.environ.items() if k != "ASYNCGRAPH_REDIS_URL"}
+
+    def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "asyncgraph", "status", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "COLUMNS": "200"},
+        )
+
+    for env in (bare, {**bare, "ASYNCGRAPH_REDIS_URL": redis_url}):
+        usage = cli("-h", env=env)
+        assert usage.returncode == 0 and "[--redis URL]" in usage.stdout, usage.stdout
+        assert "$ASYNCGRAPH_REDIS_URL" in usage.stdout
+    neither = cli("--queue", QUEUE, env=bare)
+    assert neither.returncode == 2 and neither.stdout == ""
+    assert neither.stderr.count("\n") == 1 and "Traceback" not in neither.stderr
+    assert neither.stderr.startswith("error: no Redis to read: pass --redis URL or set ")
+    assert "$ASYNCGRAPH_REDIS_URL" in neither.stderr
+    # The variable alone reads the fleet (an unknown queue: exit 1, said on stdout).
+    from_env = cli("--queue", "nope", env={**bare, "ASYNCGRAPH_REDIS_URL": redis_url})
+    assert from_env.returncode == 1 and "queue 'nope'" in from_env.stdout, from_env.stderr
+    # The flag wins over the variable.
+    both = cli("--redis", redis_url, "--queue", "nope", env={**bare, "ASYNCGRAPH_REDIS_URL": "x"})
+    assert both.returncode == 1 and "queue 'nope'" in both.stdout, both.stderr
