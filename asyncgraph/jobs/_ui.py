@@ -16,6 +16,10 @@ CDN) and a small JSON API the page polls:
 ``GET /api/run/<i>/calls/<step>``       the model calls of a step (from the call log)
 ``GET /api/run/<i>/trace/<step>``       a step's Chrome / Perfetto trace
 
+A ``RUN_DIR`` that holds no run files stands for the run folders one or two levels below
+it (``find_runs``): ``asyncgraph ui runs`` shows ``runs/a``, ``runs/b``, ``runs/x/seed1``
+... by name, numbers in names compared as numbers (``r2`` before ``r10``).
+
 Each run is labelled by its directory (``run_labels``: the last path component, or as
 many trailing ones as tell it from the other runs given), the job's name shown beside it:
 runs of the same job differ by their directories, not by their names.
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import hmac
 import json
 import os
@@ -63,11 +68,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from asyncgraph._files import json_text, write_credentials
 
-from ._checkpoint import is_number
+from ._checkpoint import CHECKPOINT_FILE, is_number
 from ._record import STEPS_FILE, STOP_REASONS, TRACES_DIR, trace_name
 
 __all__ = [
+    "RUN_FILES",
     "add_arguments",
+    "find_runs",
+    "is_run_dir",
     "load_run",
     "open_ui_server",
     "run",
@@ -91,12 +99,27 @@ _MAX_DIFF_CHARS = 200_000
 TOKEN_ENV = "ASYNCGRAPH_UI_TOKEN"
 _MIN_TOKEN_CHARS = 16
 _TOKEN = re.compile(rf"[A-Za-z0-9._~-]{{{_MIN_TOKEN_CHARS},}}")
+# What makes a folder a run folder: a job writes steps.jsonl as it starts, the checkpoint
+# after each step; history.json alone is a run of an older version.
+RUN_FILES = (STEPS_FILE, CHECKPOINT_FILE, "history.json")
+_DIGITS = re.compile(r"(\d+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="job output directories")
+    def port(text: str) -> int:  # a usage error, not bind()'s OverflowError
+        number = int(text) if text.isascii() and text.isdigit() else -1
+        if not 0 <= number <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 to 65535")
+        return number
+
     parser.add_argument(
-        "--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free)"
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="job output directories (--out), or folders holding them one or two levels down",
+    )
+    parser.add_argument(
+        "--port", type=port, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free)"
     )
     parser.add_argument(
         "--no-browser", action="store_true", help="do not open a browser, just print the URL"
@@ -110,6 +133,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- reading a run ------------------------------------------------------------------
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run folder: it holds one of ``RUN_FILES``."""
+    return any(os.path.lexists(path / name) for name in RUN_FILES)
+
+
+def _name_order(path: Path) -> tuple[list[Any], str]:
+    """Sorts names as people do: numbers in them as numbers (``r2`` before ``r10``)."""
+    parts = _DIGITS.split(path.name.lower())  # text, digits, text, ...: always aligned
+    return [int(p) if k % 2 else p for k, p in enumerate(parts)], path.name
+
+
+def _folders(path: Path) -> list[Path]:
+    """``path``'s subfolders in name order; hidden ones (``.git``) and unreadable ones
+    left out."""
+    try:
+        found = [p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir()]
+    except OSError:
+        return []
+    return sorted(found, key=_name_order)
+
+
+def find_runs(path: str | Path) -> list[Path]:
+    """The run folders that ``path`` stands for: ``[path]`` when it is one (``is_run_dir``),
+    else the run folders one level below it, and two levels below it under a subfolder
+    that is not a run, in name order, numbers compared as numbers (``runs/r2`` before
+    ``runs/r10``, ``runs/a/seed1`` before ``runs/b``); ``[]`` when there are none.
+
+    Example::
+
+        find_runs("runs")   # [Path("runs/r1"), Path("runs/r2"), ..., Path("runs/r11")]
+    """
+    path = Path(path)
+    if is_run_dir(path):
+        return [path]
+    found = []
+    for child in _folders(path):
+        if is_run_dir(child):
+            found.append(child)
+        else:
+            found.extend(grandchild for grandchild in _folders(child) if is_run_dir(grandchild))
+    return found
 
 
 def _read_inside(path: Path, roots: Sequence[Path]) -> bytes:
@@ -306,6 +372,10 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
 
     The ``run_summary`` fields (``label`` as given, by default the directory's name), then:
 
+    ``recorded_steps``: the steps the run recorded (in ``steps.jsonl`` or its history),
+    ascending: 0 (the start) to its latest; runs of different lengths shown together
+    each show their own.
+
     ``parameters``: one entry per parameter (name in the job's Module, if any, and role;
     in order) with ``steps``: per
     step that recorded it, the value, the ``diff`` against the previous step
@@ -351,6 +421,9 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
         "job": ckpt.get("job") if isinstance(ckpt, dict) else None,
         "initial_val_score": ckpt.get("initial_val_score") if isinstance(ckpt, dict) else None,
         "history": history,
+        "recorded_steps": sorted(
+            {r["step"] for r in steps} | {h["step"] for h in history if _is_step(h.get("step"))}
+        ),
         "steps": [
             {
                 "step": r["step"],
@@ -367,6 +440,10 @@ def load_run(run_dir: str | Path, *, label: str | None = None) -> dict[str, Any]
         "call_log": sorted(call_logs)[-1] if call_logs else None,
         "traces": sorted(p.name for p in (path / TRACES_DIR).glob("step-*.json")),
     }
+
+
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _step_calls(run_dir: Path, step: int, roots: Sequence[Path]) -> list[dict[str, Any]]:
@@ -557,14 +634,33 @@ def _redirect_file(url: str) -> Iterator[Path]:
         )
 
 
-def run(args: argparse.Namespace) -> int:
-    missing = [d for d in args.run_dirs if not Path(d).is_dir()]
+def _runs_given(run_dirs: Sequence[str]) -> list[Path]:
+    """The run folders the ``RUN_DIR`` arguments stand for (``find_runs``), in their order;
+    ``ValueError`` with the one line to print for one that is not a folder, or is neither
+    a run folder nor holds any."""
+    missing = [d for d in run_dirs if not Path(d).is_dir()]
     if missing:
-        print(
-            f"error: not a directory: {', '.join(missing)}; give the --out directories of "
-            f"`asyncgraph run` / `asyncgraph demo` (a run still starting may not have one yet)",
-            file=sys.stderr,
+        raise ValueError(
+            f"not a directory: {', '.join(missing)}; give the --out directories of "
+            f"`asyncgraph run` / `asyncgraph demo` (a run still starting may not have one yet)"
         )
+    found = {d: find_runs(d) for d in run_dirs}
+    empty = [d for d, runs in found.items() if not runs]
+    if empty:
+        raise ValueError(
+            f"no run in {', '.join(empty)}: a run folder is the --out directory of "
+            f"`asyncgraph run` / `asyncgraph demo` and holds {', '.join(RUN_FILES[:-1])} or "
+            f"{RUN_FILES[-1]}; give run folders or folders holding them one or two levels "
+            f"down (a run writes {STEPS_FILE} as it starts)"
+        )
+    return [run for d in run_dirs for run in found[d]]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        run_dirs = _runs_given(args.run_dirs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.token is not None:
         try:
@@ -573,17 +669,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: --token / ${TOKEN_ENV}: {exc}", file=sys.stderr)
             return 2
     try:
-        server = open_ui_server(args.run_dirs, port=args.port, token=args.token)
+        server = open_ui_server(run_dirs, port=args.port, token=args.token)
         url = server.__enter__()
     except OSError as exc:
+        why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be opened ({exc})"
         print(
-            f"error: cannot listen on {HOST}:{args.port} ({exc}); pick another --port "
-            f"(0 for any free one)",
+            f"error: port {args.port} on {HOST} {why}; pick another --port (0: any free one)",
             file=sys.stderr,
         )
         return 1
     try:
-        print(f"asyncgraph ui: {url}  ({len(args.run_dirs)} run(s); Ctrl-C stops)", flush=True)
+        print(f"asyncgraph ui: {url}  ({len(run_dirs)} run(s); Ctrl-C stops)", flush=True)
         with nullcontext() if args.no_browser else _redirect_file(url) as page:
             if page is not None:
                 webbrowser.open(page.as_uri())

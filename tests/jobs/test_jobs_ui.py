@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,13 +24,21 @@ from typing import Any
 import anyio
 import pytest
 
+from asyncgraph.cli import main
 from asyncgraph.jobs import JobResult, run_job
-from asyncgraph.jobs._ui import load_run, open_ui_server, run_labels, run_summary, word_diff
+from asyncgraph.jobs._ui import (
+    find_runs,
+    load_run,
+    open_ui_server,
+    run_labels,
+    run_summary,
+    word_diff,
+)
 from asyncgraph.jobs.demo import build_demo_job, demo_responder
 from asyncgraph.models import Pricing, SimulatedModel
 from asyncgraph.text import register_model, unregister_model
 
-from .jobs_helpers import PNG_MAGIC, cli_env, describe, run_cli
+from .jobs_helpers import PNG_MAGIC, REPO, cli_env, describe, run_cli
 
 CHROMIUM_FLAGS = (
     "--headless",
@@ -336,6 +345,128 @@ def test_ui_of_a_missing_directory_is_a_usage_error(tmp_path: Path) -> None:
     assert "error: not a directory" in proc.stderr and "--out directories" in proc.stderr
 
 
+# -- which folders are runs (a folder of runs), and the port --------------------------------
+
+
+def step_lines(run: Path, steps: int) -> Path:
+    """A run folder whose steps.jsonl recorded steps 0 to ``steps`` (a prompt per step)."""
+    run.mkdir(parents=True)
+    lines = [
+        {"step": s, "parameters": [{"role": "prompt", "value": f"prompt {s}"}]}
+        for s in range(steps + 1)
+    ]
+    (run / "steps.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
+
+
+def test_a_folder_of_runs_stands_for_the_runs_one_or_two_levels_below_it(tmp_path: Path) -> None:
+    # The issue: `asyncgraph ui runs` (11 run folders) showed one empty run named "runs".
+    root = tmp_path / "runs"
+    for n in range(1, 12):
+        step_lines(root / f"r{n}", 2)
+    step_lines(root / "sweep" / "seed10", 1)  # two levels down, under a folder of runs
+    step_lines(root / "sweep" / "seed9", 1)
+    (root / "old").mkdir()
+    (root / "old" / "history.json").write_text(json.dumps({"history": []}))  # older runs
+    (root / "ckpt").mkdir()
+    (root / "ckpt" / "checkpoint.json").write_text("{}")
+    step_lines(root / ".hidden", 1)  # hidden folders are not looked in
+    step_lines(root / "deep" / "a" / "b", 1)  # three levels down: not a run of root's
+    (root / "notes").mkdir()
+    (root / "README.txt").write_text("not a folder")
+    names = [str(p.relative_to(root)) for p in find_runs(root)]
+    assert names == [
+        "ckpt", "old", *(f"r{n}" for n in range(1, 12)), "sweep/seed9", "sweep/seed10"
+    ]  # fmt: skip
+    # A run folder stands for itself (its traces/ and other folders are not runs).
+    (root / "r3" / "traces").mkdir()
+    assert find_runs(root / "r3") == [root / "r3"]
+    assert find_runs(root / "sweep") == [root / "sweep" / "seed9", root / "sweep" / "seed10"]
+    assert find_runs(root / "deep") == [root / "deep" / "a" / "b"]
+    assert find_runs(root / "notes") == []
+    with open_ui_server(find_runs(root)) as url:
+        runs = json.loads(get(at(url, "api/runs"))[1])["runs"]
+    assert [r["label"] for r in runs] == [Path(n).name for n in names]
+    assert [r["steps_done"] for r in runs][:2] == [0, 0]
+
+
+def test_a_folder_with_no_run_is_one_line_saying_what_a_run_folder_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes" / "drafts").mkdir(parents=True)
+    (tmp_path / "notes" / "todo.txt").write_text("runs go elsewhere")
+    step_lines(tmp_path / "good", 1)
+    monkeypatch.chdir(tmp_path)
+    assert main(["ui", "good", "notes", "--no-browser", "--port", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("error: no run in notes: a run folder is the --out directory of ")
+    assert "holds steps.jsonl, checkpoint.json or history.json" in err
+    # The page of the command quotes it as it is.
+    assert err.strip() in (REPO / "docs" / "cli" / "ui.md").read_text()
+
+
+def test_a_port_out_of_range_or_in_use_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The issue: `asyncgraph ui --port 99999` printed bind()'s OverflowError traceback.
+    run = step_lines(tmp_path / "run", 1)
+    for port in ("99999", "-1", "http"):
+        with pytest.raises(SystemExit) as exited:
+            main(["ui", str(run), "--no-browser", "--port", port])
+        assert exited.value.code == 2
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"argument --port: {port!r} is not a port: give 0 to 65535" in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["ui", str(run), "--no-browser", "--port", str(port)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"error: port {port} on 127.0.0.1 is in use; pick another --port (0: any free one)\n"
+    )
+
+
+@pytest.mark.slow
+def test_the_ui_command_serves_the_runs_of_a_folder_of_runs(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for n in (1, 2, 10, 11):
+        step_lines(root / f"r{n}", n)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncgraph", "ui", str(root), "--no-browser", "--port", "0"],
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", line)
+        assert url and "(4 run(s); Ctrl-C stops)" in line, line
+        runs = json.loads(get(at(url[0], "api/runs"))[1])["runs"]
+        assert [r["label"] for r in runs] == ["r1", "r2", "r10", "r11"]
+        steps = [json.loads(get(at(url[0], f"api/run/{i}"))[1])["recorded_steps"] for i in range(4)]
+        assert steps == [list(range(n + 1)) for n in (1, 2, 10, 11)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
+# -- runs of different lengths ----------------------------------------------------------
+
+
+def test_each_run_says_which_steps_it_recorded(tmp_path: Path) -> None:
+    # The issue: runs of 4, 4, 4 and 6 steps all opened at step 6.
+    short, long = step_lines(tmp_path / "r1", 4), step_lines(tmp_path / "demo", 6)
+    history = [{"step": s, "train_loss": 1.0} for s in range(1, 8)]  # a step 7 ending
+    (long / "checkpoint.json").write_text(json.dumps({"history": history}))
+    with open_ui_server([short, long]) as url:
+        runs = [json.loads(get(at(url, f"api/run/{i}"))[1]) for i in range(2)]
+    assert runs[0]["recorded_steps"] == [0, 1, 2, 3, 4]
+    assert runs[1]["recorded_steps"] == [0, 1, 2, 3, 4, 5, 6, 7]  # steps.jsonl's and history's
+
+
 # -- who may read the runs, and which files -----------------------------------------------
 
 
@@ -558,6 +689,14 @@ def count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text))
 
 
+def columns(dom: str) -> list[tuple[int, str]]:
+    """Each run's column in the page: the step it shows and its HTML."""
+    parts = re.split(r'(?=<div class="column" data-run="\d+")', dom)[1:]
+    shown = [re.match(r'<div class="column" data-run="\d+" data-step="(\d+)"', p) for p in parts]
+    assert all(shown), [p[:200] for p in parts]
+    return [(int(m[1]), p) for m, p in zip(shown, parts, strict=True) if m]
+
+
 @pytest.mark.slow
 def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chromium(
     runs: list[Path], chromium: list[str], tmp_path: Path
@@ -576,7 +715,7 @@ def test_the_dashboard_renders_charts_diffs_feedback_timeline_and_calls_in_chrom
         loss_of_run_1 = lines[1][1]
         assert loss_of_run_1.count("L") == 5  # 6 steps
         # Three runs side by side, each with the prompt's word diff at step 2 and its feedback.
-        assert count(r'<div class="column" data-run="\d">', dom) == 3
+        assert count(r'<div class="column" data-run="\d" data-step="2">', dom) == 3
         assert count(r"<ins>[^<]+</ins>", dom) >= 3
         assert "<ins> Multiply digit by digit and double-check the product.</ins>" in dom
         assert count(r"feedback received in step 2: 8 entries", dom) == 3
@@ -724,3 +863,61 @@ def money(value: float) -> str:
     if value == 0:
         return "$0"
     return f"${value:.2f}" if value >= 1 else f"${float(f'{value:.3g}')}"
+
+
+@pytest.mark.slow
+def test_runs_of_different_lengths_each_show_their_own_latest_step(
+    runs: list[Path], chromium: list[str]
+) -> None:
+    # The issue: runs of 4 and 6 steps opened at step 6, the 4-step runs showing "no trace
+    # for step 6" and "no model calls logged in step 6" beside their prompt at step 4.
+    with open_ui_server(runs) as url:
+        latest = browse(chromium, "--window-size=1400,2000", "--dump-dom", url)
+        chosen = browse(chromium, "--window-size=1400,2000", "--dump-dom", f"{url}&step=5")
+    for done in (latest, chosen):
+        assert done.returncode == 0, done.stderr[-2000:]
+        body = re.search(r"<body([^>]*)>", done.stdout)
+        assert body and 'data-ready="1"' in body[1] and 'data-overflow=""' in body[1], body
+    # Following the latest step (the default): each run its own, 3, 6 and 9.
+    shown = columns(latest.stdout)
+    assert [step for step, _ in shown] == [3, 6, 9]
+    for (step, html), ends in zip(shown, (3, 6, 9), strict=True):
+        assert f"value after step {step}" in html and "latest recorded" not in html
+        assert f"timeline of step {step}" in html and f"model calls of step {step}" in html
+        assert "no trace for step" not in html and "no model calls logged" not in html
+        assert count(r'<tr class="call">', html) >= 60  # the step's calls, loaded
+        note = f"no step 9 in this run (steps 0 to {ends}): showing step {ends}, its latest"
+        assert (note in html) == (ends < 9), html[:2000]
+    # The picker says which steps each run has, and which steps only some runs have.
+    assert (
+        '<span id="step-runs" class="step-runs" aria-label="steps of each run">one/demo: '
+        "steps 0 to 3 · two/demo: steps 0 to 6 · three-epochs: steps 0 to 9</span>"
+    ) in latest.stdout
+    options = re.findall(r"<option[^>]*>([^<]*)</option>", latest.stdout)
+    assert options[:5] == ["0 (start)", "1", "2", "3", "4 (2 of 3 runs)"]
+    assert options[-1] == "9 (1 of 3 runs)"
+    # Step 5 chosen: the runs that have it show it, the 3-step run its last step, in every
+    # card of its column.
+    shown = columns(chosen.stdout)
+    assert [step for step, _ in shown] == [3, 5, 5]
+    assert "no step 5 in this run (steps 0 to 3): showing step 3, its latest" in shown[0][1]
+    assert "timeline of step 3" in shown[0][1] and "model calls of step 3" in shown[0][1]
+    assert "step-note" not in shown[1][1] + shown[2][1]
+
+
+@pytest.mark.slow
+def test_a_run_that_has_not_ended_a_step_shows_no_chart_axes_it_cannot_know(
+    tmp_path: Path, chromium: list[str]
+) -> None:
+    # The issue: an empty run's token chart had an axis labelled 1, 1, 0.
+    run = step_lines(tmp_path / "starting", 0)
+    with open_ui_server([run]) as url:
+        done = browse(chromium, "--window-size=1000,1200", "--dump-dom", url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert 'data-ready="1"' in dom and 'data-overflow=""' in dom, dom[-3000:]
+    assert '<svg class="chart"' not in dom
+    assert re.findall(r'<p class="empty no-data" data-metric="(\w+)">nothing recorded yet</p>', dom) == [
+        "train_loss", "train_score", "val_score", "tokens", "cost_usd"
+    ]  # fmt: skip
+    assert "value after step 0" in dom

@@ -8,6 +8,11 @@
 // After each render the page checks its own layout: <body data-overflow="..."> lists the
 // elements wider than their box or than the window, and data-small-text the chart texts
 // drawn under MIN_TEXT_PX (both empty when the page is right; the tests read them).
+//
+// Runs of different lengths: the step chosen (by default the latest of any run) is shown
+// by each run that has it; a run that ends before it shows its own latest step instead,
+// and every card of its column (parameters, timeline, calls) shows that same step
+// (runStep). The step picker says which steps each run has.
 "use strict";
 
 const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d"];
@@ -99,13 +104,37 @@ async function refresh() {
   await render();
 }
 
+// The steps one run recorded, ascending (the API's recorded_steps).
+function stepsOf(run) {
+  return run.recorded_steps || [];
+}
+
 function allSteps() {
   const steps = new Set();
-  for (const run of state.data) {
-    for (const row of run.history) steps.add(row.step);
-    for (const s of run.steps) steps.add(s.step);
-  }
+  for (const run of state.data) for (const s of stepsOf(run)) steps.add(s);
   return [...steps].sort((a, b) => a - b);
+}
+
+// The step a run's column shows: the step chosen when the run has it, else the run's
+// latest step before it (a run that ended earlier shows its last step).
+function runStep(run) {
+  const steps = stepsOf(run);
+  let shown = null;
+  for (const s of steps) if (s <= state.step) shown = s;
+  return shown === null ? (steps.length ? steps[0] : state.step) : shown;
+}
+
+// "steps 0 to 4", "steps 0 to 2, 5", "step 0", "no step yet".
+function stepRanges(steps) {
+  if (!steps.length) return "no step yet";
+  const parts = [];
+  for (let k = 0; k < steps.length; ) {
+    let j = k;
+    while (j + 1 < steps.length && steps[j + 1] === steps[j] + 1) j++;
+    parts.push(j === k ? `${steps[k]}` : `${steps[k]} to ${steps[j]}`);
+    k = j + 1;
+  }
+  return (steps.length === 1 ? "step " : "steps ") + parts.join(", ");
 }
 
 async function cached(key, load) {
@@ -222,10 +251,11 @@ function chartParts(metric, W) {
     return { i, points, unknown, run, name: runText(run) };
   });
   const all = series.flatMap((s) => s.points);
+  // Nothing to draw (no step ended yet): said, not an empty chart with made-up ticks.
+  if (!all.length) return [el("p", { class: "empty no-data", "data-metric": metric.key }, "nothing recorded yet")];
   const xMax = Math.max(1, ...all.map((p) => p[0]));
   let yMin = Math.min(...all.map((p) => p[1]));
   let yMax = Math.max(...all.map((p) => p[1]));
-  if (!all.length) { yMin = 0; yMax = 1; }
   if (yMin === yMax) { yMin -= 0.5; yMax += 0.5; }
   if (metric.key === "train_loss" && yMin >= 0) yMin = 0;
   if (metric.key === "train_score" || metric.key === "val_score") { yMin = Math.min(0, yMin); yMax = Math.max(1, yMax); }
@@ -233,6 +263,8 @@ function chartParts(metric, W) {
     yMin = 0;
     if (yMax <= 0) yMax = 1;
   }
+  // Whole ticks for a count: its middle one too (not 0, 1, 1 for a top of 1).
+  if (metric.key === "tokens") yMax = Math.max(2, 2 * Math.ceil(yMax / 2));
   const yTicks = [yMin, (yMin + yMax) / 2, yMax];
   const L = 10 + Math.max(...yTicks.map((v) => textWidth(fmt(v, metric.key), TEXT_PX)));
   const x = (s) => L + (s / xMax) * (W - L - R);
@@ -273,11 +305,27 @@ function chartParts(metric, W) {
   return [chart, legend, ...notes.map((n) => el("div", { class: "note" }, n))];
 }
 
+// The steps to choose from (those of every run; one that only some runs have says how
+// many), and beside them which steps each run has, runs with the same ones together.
 function renderStepPicker() {
   const select = document.getElementById("step");
   const steps = allSteps();
-  select.replaceChildren(...steps.map((s) => el("option", { value: s, selected: s === state.step }, s === 0 ? "0 (start)" : s)));
+  const runs = state.data.length;
+  select.replaceChildren(...steps.map((s) => {
+    const having = state.data.filter((run) => stepsOf(run).includes(s)).length;
+    const text = (s === 0 ? "0 (start)" : String(s)) + (having < runs ? ` (${having} of ${runs} runs)` : "");
+    return el("option", { value: s, selected: s === state.step }, text);
+  }));
   document.getElementById("follow").checked = state.follow;
+  const groups = new Map();
+  for (const run of state.data) {
+    const text = stepRanges(stepsOf(run));
+    groups.set(text, [...(groups.get(text) || []), run.label]);
+  }
+  const summary = groups.size === 1
+    ? (runs > 1 ? `every run: ${[...groups.keys()][0]}` : [...groups.keys()][0] || "")
+    : [...groups].map(([text, labels]) => `${labels.join(", ")}: ${text}`).join(" · ");
+  document.getElementById("step-runs").textContent = summary;
 }
 
 async function renderColumns() {
@@ -288,21 +336,46 @@ async function renderColumns() {
 }
 
 function column(run, i) {
-  const step = state.step;
+  const step = runStep(run);
+  const steps = stepsOf(run);
+  const latest = steps.length && step === steps[steps.length - 1] ? ", its latest" : "";
   const loaded = [];
   const node = el(
     "div",
-    { class: "column", "data-run": i },
+    { class: "column", "data-run": i, "data-step": step },
     el("h2", { title: run.dir }, runName(run, i)),
+    step !== state.step
+      ? el("p", { class: "step-note" }, `no step ${state.step} in this run (${stepRanges(steps)}): showing step ${step}${latest}`)
+      : null,
     run.parameters.length
       ? run.parameters.map((p) => parameterCard(p, step))
       : el("p", { class: "empty" }, "no parameter values recorded yet (steps.jsonl)")
   );
+  const skipped = skippedCard(run, step);
+  if (skipped) node.append(skipped);
   const timeline = el("div", { class: "card timeline-card" }, el("h3", {}, `timeline of step ${step}`));
   const calls = el("div", { class: "card calls-card" }, el("h3", {}, `model calls of step ${step}`));
   node.append(timeline, calls);
   loaded.push(fillTimeline(timeline, run, i, step), fillCalls(calls, run, i, step));
   return { node, loaded: Promise.all(loaded) };
+}
+
+// What a step skipped because a model's reply could not be parsed: updates the optimizer
+// could not read (the parameter kept its value) and examples whose verdict never fit its
+// response_format (scored 0). From the step's history row; none: no card.
+function skippedCard(run, step) {
+  const row = run.history.find((h) => h.step === step);
+  const updates = (row && row.skipped_updates) || [];
+  const examples = (row && row.skipped_examples) || [];
+  if (!updates.length && !examples.length) return null;
+  const card = el("div", { class: "card skipped" }, el("h3", {}, `skipped in step ${step}`));
+  for (const u of updates) {
+    card.append(el("p", {}, `update of ${u.role || "a parameter"} skipped: no readable value in ${u.attempts} repl${u.attempts === 1 ? "y" : "ies"}${u.structured ? " (structured outputs)" : ""}; it kept its value. Last reply: ${u.reply}`));
+  }
+  for (const e of examples) {
+    card.append(el("p", {}, `${e.phase || "training"} example ${e.example} scored 0: its reply never fit its response_format after ${e.attempts} attempt(s). Last reply: ${e.reply}`));
+  }
+  return card;
 }
 
 function recordAt(param, step) {
