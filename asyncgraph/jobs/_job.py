@@ -103,6 +103,17 @@ class Job:
     seen so (built or named while the job runs) is caught at its first call: that call
     stops the job with the same error.
 
+    Replies that cannot be parsed do not end the job: an example whose forward raises
+    ``StructuredOutputError`` (a judge's verdict, or any reply, that never fit its
+    ``response_format`` after its attempts) counts as not passed (score 0, no loss, so
+    no feedback), in training and in validation, and each step's history row lists it
+    under ``skipped_examples``; an update the optimizer could not read (``TGD``'s
+    skipped updates) leaves its parameter as it was and is listed under
+    ``skipped_updates``. The progress line and the dashboard show both, and
+    ``JobResult.skipped_updates`` / ``skipped_examples`` count them. ``strict=True``
+    ends the job at the first such reply instead (and makes a ``TGD`` optimizer strict).
+    Not part of the job's identity.
+
     Raises ``ValueError`` for an empty ``train_set``, a size or ``patience`` that is not
     a positive int (a bool is not one), a ``config`` that is not JSON, a
     ``forward_on_workers`` that is not a bool, or ``keep_best`` / ``patience`` without a
@@ -138,6 +149,7 @@ class Job:
     patience: int | None = None
     max_cost_usd: float | None = None
     forward_on_workers: bool = False
+    strict: bool = False
     module: Module | None = field(init=False, default=None, repr=False)
     """The Module given as ``parameters``, else None."""
     params: list[Parameter] = field(init=False, default_factory=list, repr=False)
@@ -177,6 +189,10 @@ class Job:
             raise ValueError(
                 f"job {self.name!r}: max_cost_usd must be a positive number of US dollars or "
                 f"None, got {cap!r}"
+            )
+        if not isinstance(self.strict, bool):
+            raise ValueError(
+                f"job {self.name!r}: strict must be True or False, got {self.strict!r}"
             )
         if not isinstance(self.forward_on_workers, bool):
             raise ValueError(
@@ -296,6 +312,12 @@ class JobResult:
     """The cap this run had."""
     stopped_early: bool = False
     """True when ``patience`` ended the job before its last step."""
+    skipped_updates: int = 0
+    """Updates the optimizer skipped because it could not read the model's reply (all
+    steps of this run; each step's are in its history row)."""
+    skipped_examples: int = 0
+    """Examples scored 0 because a reply never fit its ``response_format`` (training and
+    validation, this run)."""
     forward_on: str = "in-process"
     """Where the forwards of remote Functions ran: ``"workers"`` (``Job.forward_on_workers``
     with an executor that runs them) or ``"in-process"``."""

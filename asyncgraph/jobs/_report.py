@@ -31,6 +31,20 @@ def _cost(row: dict[str, Any]) -> str:
     )
 
 
+def _skipped(row: dict[str, Any]) -> str:
+    """What a step skipped, for its progress line ("" when nothing)."""
+    parts = []
+    updates = len(row.get("skipped_updates") or ())
+    examples = len(row.get("skipped_examples") or ())
+    if updates:
+        parts.append(f"{updates} update{'s' if updates > 1 else ''} skipped (unreadable reply)")
+    if examples:
+        parts.append(
+            f"{examples} example{'s' if examples > 1 else ''} skipped (unreadable verdict)"
+        )
+    return "  " + ", ".join(parts) if parts else ""
+
+
 def _tokens(count: int) -> str:
     if count < 10_000:
         return f"{count:,}"
@@ -130,7 +144,7 @@ class Reporter:
         h = rows[-1]
         return (
             f"loss {h['train_loss']:.2f}  acc {h['train_score']:.2f}  val {_fmt(cls._val(rows))}  "
-            f"tokens {h['tokens']:,}  {_cost(h)}"
+            f"tokens {h['tokens']:,}  {_cost(h)}{_skipped(h)}"
         )
 
     @classmethod
@@ -141,7 +155,7 @@ class Reporter:
         h = rows[-1]
         return (
             f"loss {h['train_loss']:.2f} acc {h['train_score']:.2f} val {_fmt(cls._val(rows))} "
-            f"{_tokens(int(h['tokens']))} tok {_cost(h)}"
+            f"{_tokens(int(h['tokens']))} tok {_cost(h)}{_skipped(h)}"
         )
 
     def update(self, step: int, row: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ import anyio
 from asyncgraph import Executor, backward, graph_order, no_grad, remote_forwards
 from asyncgraph.models import track_usage
 from asyncgraph.optim import NoFeedbackWarning
+from asyncgraph.text import StructuredOutputError
 
 from ._checkpoint import (
     CHECKPOINT_FILE,
@@ -55,7 +56,12 @@ async def _map_bounded(
     fn: Callable[[Mapping[str, Any]], Awaitable[Evaluation]],
     items: Sequence[Mapping[str, Any]],
     limit: int,
-) -> list[Evaluation]:
+    *,
+    strict: bool = True,
+    skipped: list[dict[str, Any]] | None = None,
+) -> list[Evaluation | None]:
+    """Every item's Evaluation, in order; with ``strict=False`` an item whose forward raised
+    ``StructuredOutputError`` is None, and noted in ``skipped``."""
     results: list[Evaluation | None] = [None] * len(items)
     limiter = anyio.CapacityLimiter(limit)
 
@@ -64,7 +70,16 @@ async def _map_bounded(
         # graph_order(i) makes gradients meeting in a parameter sum in batch order.
         async with limiter:
             with graph_order(i):
-                result = await fn(items[i])
+                try:
+                    result = await fn(items[i])
+                except StructuredOutputError as exc:
+                    if strict:
+                        raise
+                    if skipped is not None:
+                        skipped.append(
+                            {"example": i, "attempts": exc.attempts, "reply": exc.reply[:300]}
+                        )
+                    return
         if not isinstance(result, Evaluation):
             raise TypeError(
                 f"a job's forward must return asyncgraph.jobs.Evaluation, got {result!r:.80}"
@@ -74,21 +89,34 @@ async def _map_bounded(
     async with anyio.create_task_group() as tg:
         for i in range(len(items)):
             tg.start_soon(one, i)
-    return [r for r in results if r is not None]
+    if skipped is not None:
+        skipped.sort(key=lambda s: int(s["example"]))
+    return results
 
 
 async def evaluate(job: Job, examples: Sequence[Mapping[str, Any]]) -> float:
-    """Mean score of ``examples`` under no_grad (no graph is recorded).
+    """Mean score of ``examples`` under no_grad (no graph is recorded). An example whose
+    reply never fit its ``response_format`` scores 0 (unless ``job.strict``).
 
     Example::
 
         score = await evaluate(job, job.val_set)      # the mean of the examples' scores
     """
+    return (await _evaluate(job, examples))[0]
+
+
+async def _evaluate(
+    job: Job, examples: Sequence[Mapping[str, Any]]
+) -> tuple[float, list[dict[str, Any]]]:
+    """``evaluate``'s score and the examples it skipped."""
     if not examples:
-        return float("nan")
+        return float("nan"), []
+    skipped: list[dict[str, Any]] = []
     with no_grad():
-        evals = await _map_bounded(job.forward, examples, job.max_concurrency)
-    return sum(e.score for e in evals) / len(evals)
+        evals = await _map_bounded(
+            job.forward, examples, job.max_concurrency, strict=job.strict, skipped=skipped
+        )
+    return sum(e.score for e in evals if e is not None) / len(evals), skipped
 
 
 def train_loss(evals: Sequence[Evaluation], train_score: float) -> float:
@@ -215,16 +243,24 @@ def _resumed(
 
 
 @contextlib.contextmanager
-def _quiet_about_feedback(optimizer: Any) -> Iterator[None]:
-    """Silence the optimizer's per-step ``NoFeedbackWarning`` (``warn_unfed`` replaces it)."""
-    if not hasattr(optimizer, "warn_no_feedback"):
-        yield
-        return
-    before, optimizer.warn_no_feedback = optimizer.warn_no_feedback, False
+def _quiet_about_feedback(optimizer: Any, strict: bool = False) -> Iterator[None]:
+    """Silence the optimizer's per-step ``NoFeedbackWarning`` (``warn_unfed`` replaces it)
+    and ``ReplySkippedWarning`` (the history records skipped updates); a strict job makes
+    an optimizer with a ``strict`` switch strict."""
+    saved = {
+        name: getattr(optimizer, name)
+        for name in ("warn_no_feedback", "warn_skipped", "strict")
+        if hasattr(optimizer, name)
+    }
+    for name in saved:
+        setattr(optimizer, name, strict if name == "strict" else False)
+    if not strict and "strict" in saved:
+        optimizer.strict = saved["strict"]
     try:
         yield
     finally:
-        optimizer.warn_no_feedback = before
+        for name, value in saved.items():
+            setattr(optimizer, name, value)
 
 
 class _JobRun:
@@ -261,6 +297,7 @@ class _JobRun:
         self.initial_val: float | None = None
         self.initial_usage: dict[str, Any] | None = None
         self.spent_before: dict[str, Any] | None = None  # the checkpoint's ``spent``
+        self.skipped_examples = 0  # in the initial validation (the steps' are in history)
         self.fed: set[int] = set()  # ids of the parameters that got feedback in a step
         self.resumed_at: int | None = None
         self.spending: Spending | None = None
@@ -319,7 +356,8 @@ class _JobRun:
         if job.val_set and self.initial_val is None and self.step == 0:
             self.recorder.phase("validation")
             with self.recorder.recording(), remote_forwards(self.forwards):
-                self.initial_val = await evaluate(job, job.val_set)
+                self.initial_val, skipped = await _evaluate(job, job.val_set)
+            self.skipped_examples += len(skipped)
             self.initial_usage = spending.totals()
             self.best.observe(0, self.initial_val)
             self.save()
@@ -338,22 +376,30 @@ class _JobRun:
             recorder.start_step(self.step + 1)
             job.optimizer.zero_grad()
             batch = job.batch(self.step)
+            unread: list[dict[str, Any]] = []  # examples whose reply never parsed
             recorder.phase("forward")
             with remote_forwards(self.forwards):
-                evals = await _map_bounded(job.forward, batch, job.max_concurrency)
+                results = await _map_bounded(
+                    job.forward, batch, job.max_concurrency, strict=job.strict, skipped=unread
+                )
+            evals = [e for e in results if e is not None]
+            unread = [{**u, "phase": "training"} for u in unread]
             recorder.phase("backward")
-            await backward([e.loss for e in evals], executor=self.executor)
+            if evals:  # every example's verdict unreadable: nothing to learn from
+                await backward([e.loss for e in evals], executor=self.executor)
             self.fed.update(id(p) for p in job.params if p.grad is not None)
             recorder.feedback()
             recorder.phase("optimizer step")
             await job.optimizer.step()
             job.optimizer.zero_grad()
-            train_score = sum(e.score for e in evals) / len(evals)
+            skipped_updates = [s.to_data() for s in getattr(job.optimizer, "skipped", ())]
+            train_score = sum(e.score for e in evals) / len(results)  # a skipped one: 0
             val_score = None
             if validating:
                 recorder.phase("validation")
                 with remote_forwards(self.forwards):
-                    val_score = await evaluate(job, job.val_set)
+                    val_score, unread_val = await _evaluate(job, job.val_set)
+                unread += [{**u, "phase": "validation"} for u in unread_val]
             self.step += 1
             reverted = self.best.observe(self.step, val_score)
             history.append(
@@ -361,11 +407,13 @@ class _JobRun:
                     "step": self.step,
                     "epoch": (self.step - 1) // job.steps_per_epoch,
                     "train_score": train_score,
-                    "train_loss": train_loss(evals, train_score),
+                    "train_loss": train_loss(evals, train_score) if evals else 1.0,
                     "val_score": val_score,
                     **spending.totals(),
                     "step_s": time.perf_counter() - t0,
                     **({"reverted": reverted} if job.keep_best else {}),
+                    **({"skipped_updates": skipped_updates} if skipped_updates else {}),
+                    **({"skipped_examples": unread} if unread else {}),
                 }
             )
             # No await between the history row and the checkpoint: an interrupt cannot
@@ -436,7 +484,7 @@ class _JobRun:
                 try:
                     with (
                         self.stop,
-                        _quiet_about_feedback(self.job.optimizer),
+                        _quiet_about_feedback(self.job.optimizer, self.job.strict),
                         track_usage(self.spending.meter),
                     ):
                         await self.run()
@@ -510,6 +558,7 @@ class _JobRun:
 
     def result(self, plot_path: Path | None, *, already_finished: bool = False) -> JobResult:
         history, best, spent = self.history, self.best, self.spent() or {}
+        ran = history[self.resumed_at or 0 :]
         final_val = next(
             (h["val_score"] for h in reversed(history) if h["val_score"] is not None), None
         )
@@ -532,6 +581,9 @@ class _JobRun:
             stopped_at_cost_cap=self.capped,
             cost_usd=float(spent.get("cost_usd", 0.0)),
             replayed_calls=int(spent.get("replayed_calls", 0)),
+            skipped_updates=sum(len(h.get("skipped_updates", ())) for h in ran),
+            skipped_examples=self.skipped_examples
+            + sum(len(h.get("skipped_examples", ())) for h in ran),
             cut_calls=int(spent.get("cut_calls", 0)),
             max_cost_usd=self.job.max_cost_usd,
             forward_on=self.forward_on,

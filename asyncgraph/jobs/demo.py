@@ -112,6 +112,8 @@ def _improve(everything: str) -> str:
         # Most frequent suggestion; ties go to the first mentioned (Counter keeps order).
         best = max(counts.items(), key=lambda item: item[1])[0]
         current = f"{current} {best}"
+    if '"improved_variable"' in everything:  # asked for with structured outputs
+        return json.dumps({"improved_variable": current})
     return f"<IMPROVED_VARIABLE>{current}</IMPROVED_VARIABLE>"
 
 
@@ -123,7 +125,7 @@ def demo_responder(messages: Sequence[Mapping[str, Any]]) -> str:
         if messages and messages[0].get("role") == "system"
         else ""
     )
-    if "IMPROVED_VARIABLE" in everything:
+    if "IMPROVED_VARIABLE" in everything.upper():  # tags, or the JSON field
         return _improve(everything)
     if "You condense feedback" in system:
         suggestions = dict.fromkeys(_SUGGESTION.findall(everything))
