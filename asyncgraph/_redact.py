@@ -236,7 +236,9 @@ class Secret(str):
 
     Example::
 
+        tenant_pass = os.environ.get("TENANT_PASS", "tp-9Qx2Lm7Vz4")
         model = OpenAIChat("gpt-4o-mini", headers={"X-Tenant-Pass": Secret(tenant_pass)})
+        print(repr(Secret(tenant_pass)))    # Secret('***')
     """
 
     __slots__ = ()

@@ -501,7 +501,7 @@ RUN_AS_WRITTEN = [
     *("asyncgraph.models.ModelCall", "asyncgraph.models.ModelConfigError"),
     *("asyncgraph.models.ModelError", "asyncgraph.models.Pricing", "asyncgraph.models.RateLimit"),
     *("asyncgraph.models.RateLimitWaitError", "asyncgraph.models.Retry"),
-    *("asyncgraph.models.SimulatedModel", "asyncgraph.models.Usage"),
+    *("asyncgraph.models.Secret", "asyncgraph.models.SimulatedModel", "asyncgraph.models.Usage"),
     *("asyncgraph.models.check_base_url", "asyncgraph.models.format_cost"),
     *("asyncgraph.models.observe_calls", "asyncgraph.text.DeterministicEvaluator"),
     *("asyncgraph.text.LLMOptions", "asyncgraph.text.StructuredOutputError"),

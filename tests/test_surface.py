@@ -30,7 +30,8 @@ INNER = [
     "asyncgraph.distributed.worker",
     "asyncgraph.jobs.demo",
 ]
-BUDGET = 150  # names a user can import, in all: each list readable in one screen
+BUDGET = 151  # names a user can import, in all: each list readable in one screen
+# (151: asyncgraph.models.Secret, the one way to mark a header or config value a secret)
 
 
 def names(package: str) -> list[str]:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncgraph._exceptions import CheckpointError
 from asyncgraph._files import write_private_json
+from asyncgraph._redact import redact_data
 from asyncgraph._values import from_json, to_json
 
 if TYPE_CHECKING:  # the job spec builds its identity with fingerprint_data from here
@@ -318,8 +319,17 @@ def load_checkpoint(path: Path, expected: Mapping[str, Any]) -> dict[str, Any]:
     found = state.get("job")
     if not isinstance(found, dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: field 'job' is not a map")
+    _check_identity(path, found, expected)
+    return state
+
+
+def _check_identity(path: Path, found: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Raise CheckpointError naming what differs when the checkpoint's ``job`` (``found``)
+    is not the job of ``expected`` (its ``Job.identity()``)."""
     for key, want in expected.items():
         have = found.get(key)
+        if key == "config":  # as Job.identity() shows it: a checkpoint written before
+            have = redact_data(have, by_name=True)  # configs were redacted resumes too
         if have != want:
             what = f"{key} is {have!r} there but {want!r} now"
             if isinstance(have, dict) and isinstance(want, dict):
@@ -334,7 +344,6 @@ def load_checkpoint(path: Path, expected: Mapping[str, Any]) -> dict[str, Any]:
                 f"the same job settings, or use another output directory (or delete the "
                 f"checkpoint) to start fresh"
             )
-    return state
 
 
 # Every field of a metrics history row and the check its value must pass.

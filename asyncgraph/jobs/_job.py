@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from asyncgraph import Module, Parameter, Variable
+from asyncgraph._redact import redact_data
 
 from ._checkpoint import fingerprint_data
 
@@ -69,7 +70,12 @@ class Job:
     the backward runs on a fleet. ``config`` holds the settings that
     change the job's results and are not visible to the runner (model, endpoint,
     optimizer options, ...): a JSON-able map, part of the job's identity, so a
-    checkpoint is only resumed by a job configured the same way.
+    checkpoint is only resumed by a job configured the same way. It is redacted wherever
+    it goes (the checkpoint, MLflow's params, the dashboard): a URL's password and
+    credential query values, the value of a key that names a credential (``api_key``,
+    ``token``, ``headers: {Authorization: ...}``), and the secrets asyncgraph knows, so
+    it may hold a ``base_url`` with credentials; two configs that differ only there are
+    the same job.
 
     Keeping the best: with a ``val_set``, the parameters with the best validation score
     so far (the initial ones included) are written to ``best.json`` in the run
@@ -237,7 +243,9 @@ class Job:
             "epochs": self.epochs,
             "seed": self.seed,
             "optimizer": type(self.optimizer).__name__,
-            "config": self._config_json(),
+            # Redacted (a base URL's password, an api_key...): the identity is written to
+            # the checkpoint, and a resume with a rotated key is the same job.
+            "config": redact_data(self._config_json(), by_name=True),
         }
         if self.module is not None:
             identity["module"] = list(self.param_names)

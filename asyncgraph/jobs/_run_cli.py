@@ -23,6 +23,7 @@ from typing import Any
 
 from asyncgraph import AsyncGraphError
 from asyncgraph._exceptions import JobFileError
+from asyncgraph._redact import redact
 
 from ._checkpoint import CHECKPOINT_FILE, CheckpointError, holds_no_step
 from ._cli_common import (
@@ -461,7 +462,7 @@ def print_parameters(job: Job, *, width: int = 400) -> None:
     names = job.param_names or [p.role or f"parameter {i}" for i, p in enumerate(job.params)]
     print("final parameters:")
     for name, param in zip(names, job.params, strict=True):
-        text = str(param.data)
+        text = redact(str(param.data))
         if len(text) > width:
             text = text[: width - 3] + "..."
         print(f"  {name}: {text}")
@@ -484,7 +485,7 @@ def print_best(job: Job, result: JobResult, *, width: int = 400) -> None:
     names = job.param_names or [p.role or f"parameter {i}" for i, p in enumerate(job.params)]
     print("best parameters:")
     for name, value in zip(names, result.best_parameters, strict=True):
-        text = str(value)
+        text = redact(str(value))
         if len(text) > width:
             text = text[: width - 3] + "..."
         print(f"  {name}: {text}")

@@ -35,6 +35,12 @@ environment (``ASYNCGRAPH_MODEL_RPM``, ``ASYNCGRAPH_MODEL_TPM``,
 ``model_options_from_env``), which is how a worker fleet shares one rate limit. Errors are
 ``ModelError`` subclasses: a branch of asyncgraph's one exception tree
 (``AsyncGraphError``; drawn in ``asyncgraph._exceptions``).
+
+Secrets: a client's API key, the password and credential query values of its base URL,
+and the values of its credential headers (``Authorization``, ``api-key``, ``X-Api-Key``,
+any ``*-Token``, cookies) are masked in every output of the process from the moment it
+is made, in the forms servers echo them; ``Secret(value)`` marks any other header value
+(or a job's config value) as one.
 """
 
 from asyncgraph._exceptions import (
@@ -53,6 +59,7 @@ from asyncgraph._exceptions import (
     ModelTimeoutError,
     RateLimitWaitError,
 )
+from asyncgraph._redact import Secret
 from asyncgraph.models._anthropic import AnthropicChat
 from asyncgraph.models._azure import AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
@@ -122,6 +129,7 @@ __all__ = [
     "RedisCache",
     "RedisRateLimiter",
     "Retry",
+    "Secret",
     "SimulatedModel",
     "Usage",
     "UsageMeter",

@@ -40,8 +40,10 @@ from asyncgraph._exceptions import (
 )
 from asyncgraph._redact import (
     RedactingFilter,
+    header_secrets,
     redact,
     redact_url,
+    register_secret,
     secret_values,
     url_secrets,
 )
@@ -92,8 +94,9 @@ class HttpChatModel(BaseChatModel):
     """A model answered by ``POST``-ing JSON to an HTTP endpoint (see the module docstring).
 
     Subclasses pass the ``url`` they post to, their ``headers`` and the ``secrets`` they
-    hold (API keys; what ``url`` carries is added), give the JSON body they send
-    (``_body``) and read the answer from the JSON reply (``_completion``), and may
+    hold (API keys; what ``url`` carries and the credential headers' values are added,
+    and all are registered: masked in every output of the process), give the JSON body
+    they send (``_body``) and read the answer from the JSON reply (``_completion``), and may
     override ``_server_message`` (how their error bodies read) and ``_status_hints``. Everything shown (messages, the server's words, the
     answer's text through ``_redact``) has those secrets and the environment's masked.
     """
@@ -131,7 +134,9 @@ class HttpChatModel(BaseChatModel):
             name, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
         )
         self.url = url
-        own = {*secrets, *url_secrets(url)} - {""}
+        own = {*secrets, *url_secrets(url), *header_secrets(headers)} - {""}
+        for secret in own:  # masked in every output of the process from now on
+            register_secret(secret)
         self._secrets = sorted({*own, *secret_values()}, key=len, reverse=True)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s

@@ -27,7 +27,7 @@ from asyncgraph._exceptions import (
     ModelTimeoutError,
 )
 from asyncgraph._install import install_hint
-from asyncgraph._redact import redact, redact_url, secret_values
+from asyncgraph._redact import redact, redact_url, register_secret, secret_values
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._outbound import CHAT_PARAMS
@@ -181,6 +181,8 @@ class LiteLLMChat(BaseChatModel):
         self.model = model
         self.base_url = base_url
         self._api_key = api_key
+        if api_key:
+            register_secret(api_key)  # masked in every output of the process from now on
         self.timeout_s = timeout_s
         self.default_params = dict(default_params or {})
 
