@@ -135,10 +135,13 @@ def _url_parts(url: str) -> dict[str, Any]:
     to import. The query's other options are ``url_options``'."""
     parts = urlsplit(url)
     kw: dict[str, Any] = {}
-    db = parse_qs(parts.query).get("db")
-    if db:
+    query = parse_qs(parts.query)
+    for name in ("username", "password"):  # the userinfo's, when given, win
+        if query.get(name):
+            kw[name] = query[name][0]
+    if query.get("db"):
         try:
-            kw["db"] = int(db[0])
+            kw["db"] = int(query["db"][0])
         except ValueError:
             raise ValueError("Invalid value for 'db' in connection URL.") from None
     if parts.username:

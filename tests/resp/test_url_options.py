@@ -201,3 +201,34 @@ async def test_the_executor_refuses_a_url_whose_tls_options_it_cannot_honour(
         async with open_redis_executor(url, queue="q", timeout_s=5, redis_timeout_s=2):
             pass
     assert listener.connections == 0 and listener.received == b""
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6380/2",
+        "redis://:p%40ss@h/0",
+        "redis://user:pw@host:6379?db=3",
+        "rediss://h",
+        "unix:///tmp/r.sock?db=2",
+        "redis://h/abc",
+        "redis://u@h",
+        "redis://h:6379/",
+        "unix://:pw@/tmp/x.sock",
+        "redis://[::1]:6379/1",
+        "redis://h/%31",
+        "redis://u@h/3?password=pq",
+        "redis://u:x@h/3?password=pq",
+        "redis://h?username=a&password=b",
+        "unix:///s?password=p&db=4",
+    ],
+)
+def test_a_url_reads_as_redis_pys_parse_url_reads_it(url: str) -> None:
+    """Our parse (no redis-py import on a command's start) agrees with redis-py's."""
+    from redis.connection import parse_url
+
+    from asyncgraph.resp._client import _url_parts
+
+    fields = ("host", "port", "path", "db", "username", "password")
+    theirs = {k: v for k, v in parse_url(url).items() if k in fields}  # type: ignore[no-untyped-call]
+    assert _url_parts(url) == theirs
