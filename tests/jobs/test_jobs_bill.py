@@ -21,6 +21,7 @@ import pytest
 
 from asyncgraph import Parameter
 from asyncgraph.jobs import Evaluation, Job, JobResult, run_job
+from asyncgraph.jobs import _spending as spending
 from asyncgraph.jobs._cli_common import cost_line, spending_line
 from asyncgraph.jobs._ui import run_summary
 from asyncgraph.models import ModelRequestError, OpenAIChat, observe_calls
@@ -156,6 +157,37 @@ async def test_a_cap_passed_mid_wave_lets_the_calls_in_flight_finish_and_counts_
         assert server.wait_for_bill(len(server.requests))
         assert_one_bill(resumed.cost_usd, resumed.cut_calls, server.billed_usd(PRICE))
         assert resumed.cost_usd == pytest.approx(server.billed_usd(PRICE), rel=0.01)
+
+
+async def test_a_call_still_out_when_the_cap_stops_waiting_is_cut_and_counted_at_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, but the three calls in flight are held past the cap's wait (DRAIN_S, made
+    # short): the job stops without them, counts them at their upper bound, and says so.
+    monkeypatch.setattr(spending, "DRAIN_S", 0.3)
+    first = QUESTIONS[0]
+
+    def hold(body: Any) -> bool:
+        if first in asked(body):
+            server.wait_held(3)
+            return False
+        return True
+
+    server = HoldingServer(hold=hold)
+    with server:
+        try:
+            result = await run_job(
+                asking_job(server.url, cap=1e-7), tmp_path / "out", progress=False
+            )
+        finally:
+            server.release()
+        assert server.wait_for_bill(4)
+        billed = server.billed_usd(PRICE)
+    assert result.stopped_at_cost_cap and result.steps_done == 0
+    assert result.cut_calls == 3 and result.cost_is_upper_bound
+    assert_one_bill(result.cost_usd, result.cut_calls, billed)
+    line = spending_line(result)
+    assert line is not None and line.startswith("spent at most $")
 
 
 def failing(body: Any) -> Reply | None:

@@ -13,6 +13,7 @@ import pytest
 from asyncgraph.models import (
     MemoryCache,
     ModelConnectionError,
+    ModelError,
     ModelRequestError,
     ModelServerError,
     ModelTimeoutError,
@@ -24,6 +25,7 @@ from asyncgraph.models import (
     UsageMeter,
     track_usage,
 )
+from asyncgraph.models import _base as base
 from asyncgraph.models._testing import OpenAITestServer, Reply
 
 pytestmark = pytest.mark.anyio
@@ -233,3 +235,16 @@ async def test_stop_sending_holds_new_calls_and_lets_the_calls_in_flight_finish(
     usage = meter.snapshot()
     assert usage.requests == 1 and usage.cut == 0 and not usage.upper_bound
     assert usage.cost_usd == pytest.approx(server.billed_usd(pricing), rel=1e-12)
+
+
+async def test_a_call_held_by_stop_sending_is_not_sent_and_raises_after_the_hold(
+    server: OpenAITestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(base, "SEND_HOLD_S", 0.05)  # nothing cancels it here
+    model = OpenAIChat("m", base_url=server.url, api_key="k")
+    with track_usage() as meter:
+        meter.stop_sending("the budget is spent")
+        async with model:
+            with pytest.raises(ModelError, match="not sent: the budget is spent"):
+                await model.complete([{"role": "user", "content": "x"}])
+    assert server.requests == [] and meter.snapshot() == Usage(errors=1)
