@@ -37,6 +37,7 @@ from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
+from asyncgraph.models._warming import marked_prefix_key
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -276,7 +277,10 @@ class AnthropicChat(HttpChatModel):
     from Anthropic's prompt cache (content parts may carry their own ``cache_control``
     too). The usage counts cache writes and cache reads apart (``cache_write_tokens`` /
     ``cache_read_tokens``, inside ``prompt_tokens``), priced at the ``Pricing``'s
-    cache-write and cached-input rates.
+    cache-write and cached-input rates. The requests of a step that share a marked prefix
+    of 1,024 tokens or more wait for the first of them to be answered, then read the
+    prefix from the cache (NOTE [Cache warming]; ``warm_cache=False`` on the instance
+    turns it off).
 
     Errors: Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``)
     is the ``server_message`` (``"overloaded_error: Overloaded"``); 400 / 401 / 403 / 404
@@ -372,6 +376,16 @@ class AnthropicChat(HttpChatModel):
 
     def _table_context_tokens(self) -> int | None:
         return context_window(self.model)
+
+    def _cache_prefix(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> str | None:
+        """Up to the request's last ``cache_control`` mark (NOTE [Cache warming])."""
+        try:
+            body = self._body(messages, params)
+        except (TypeError, ValueError):  # complete() raises the same, with its message
+            return None
+        return marked_prefix_key(body, self.estimator.chars_per_token)
 
     def estimate_tokens(self, messages: Any, params: Mapping[str, Any]) -> int:
         """As ``BaseChatModel``'s, with the client's ``max_tokens`` as the answer's share

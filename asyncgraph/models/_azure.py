@@ -23,6 +23,7 @@ from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
+from asyncgraph.models._warming import leading_prefix_key
 
 __all__ = [
     "DEFAULT_AZURE_API_VERSION",
@@ -168,6 +169,13 @@ class AzureOpenAIChat(HttpChatModel):
 
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         return chat_completion(data, self.deployment)
+
+    def _cache_prefix(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> str | None:
+        """The first 1,024 tokens: Azure OpenAI caches them as OpenAI does (NOTE [Cache
+        warming])."""
+        return leading_prefix_key(self.deployment, messages, self.estimator.chars_per_token)
 
     def __repr__(self) -> str:
         return (

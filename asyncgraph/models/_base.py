@@ -40,6 +40,7 @@ from asyncgraph.models._ratelimit import RateLimit, RateLimiter, make_rate_limit
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion, Message, normalize_messages
 from asyncgraph.models._usage import Pricing, UsageMeter, meters_for
+from asyncgraph.models._warming import Warming
 
 __all__ = ["BaseChatModel"]
 
@@ -206,6 +207,25 @@ class BaseChatModel(ABC):
 
     reply_tokens_param: str | None = None
     """The request parameter a reply's size is sent as (None: this model is not sized)."""
+
+    warm_cache: bool | None = None
+    """Whether a step's requests that share a cacheable prefix wait for the first of them
+    (NOTE [Cache warming] in ``asyncgraph.models._warming``): None, the default, where the
+    provider caches prefixes (Anthropic, OpenAI's own API, Azure); False turns it off."""
+
+    def _cache_prefix(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> str | None:
+        """The key of the prefix of a request its provider may cache (None: none; the
+        default). See NOTE [Cache warming]."""
+        return None
+
+    def _warming(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> Any:
+        """Around one call: wait for the first request of its cacheable prefix, if any."""
+        key = self._cache_prefix(messages, params) if self.warm_cache is not False else None
+        state = self._loop_state()
+        wait_s = float(getattr(self, "timeout_s", 60.0))
+        return state.warming.request(key, wait_s)
 
     @property
     def cache_endpoint(self) -> str:
@@ -526,7 +546,10 @@ class BaseChatModel(ABC):
             return replayed
         attempts = [0]
         try:
-            async with call_slot():  # bounded when the caller asked (limit_calls)
+            async with (
+                self._warming(msgs, params),  # see NOTE [Cache warming]
+                call_slot(),  # bounded when the caller asked (limit_calls)
+            ):
                 completion = await self._complete_with_retries(msgs, params, attempts)
         except Exception as exc:
             self._record_usage(UsageMeter.record_error)
@@ -774,6 +797,7 @@ class _LoopState:
 
     def __init__(self) -> None:
         self.discovery = anyio.Lock()
+        self.warming = Warming()
         self.slots: anyio.Semaphore | None = None
         self.slots_limit: int | None = None
 

@@ -17,6 +17,7 @@ from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
+from asyncgraph.models._warming import leading_prefix_key
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIChat", "chat_completion"]
 
@@ -52,6 +53,10 @@ class OpenAIChat(HttpChatModel):
     slot, and ``total_slots``; vLLM's ``GET {base_url}/models``: ``max_model_len``), else
     the context window from the dated table. A reply's size is sent as ``max_tokens``
     (``max_completion_tokens`` to api.openai.com, which wants it for its newer models).
+    To api.openai.com, the requests of a step that share their first 1,024 tokens wait
+    for the first of them to be answered, then read that prefix from OpenAI's cache (NOTE
+    [Cache warming]; ``warm_cache=True`` on the instance does the same for another server,
+    ``False`` turns it off).
 
     One model may serve several event loops, one after another (consecutive
     ``anyio.run`` calls, asyncio then trio) or at once (threads): it keeps one HTTP
@@ -143,6 +148,15 @@ class OpenAIChat(HttpChatModel):
 
     def _table_context_tokens(self) -> int | None:
         return context_window(self.model)
+
+    def _cache_prefix(
+        self, messages: list[dict[str, Any]], params: Mapping[str, Any]
+    ) -> str | None:
+        """The first 1,024 tokens, to OpenAI's own API (it caches them; other servers have
+        caches of their own) or when ``warm_cache`` is True (NOTE [Cache warming])."""
+        if self.warm_cache is None and self.base_url != DEFAULT_BASE_URL:
+            return None
+        return leading_prefix_key(self.model, messages, self.estimator.chars_per_token)
 
     async def _discover(self) -> tuple[int | None, int | None]:
         """llama.cpp's ``/props`` (beside the ``/v1`` base URL), else vLLM's ``/models``;

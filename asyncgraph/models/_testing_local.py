@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -39,9 +40,29 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asyncgraph.models._testing import CHAT_PATH, OpenAITestServer, RecordedRequest, _Handler
+from asyncgraph.models._testing import (
+    CACHE_MIN_TOKENS,
+    CACHE_STEP_TOKENS,
+    CHAT_PATH,
+    OpenAITestServer,
+    RecordedRequest,
+    Reply,
+    _Handler,
+    _prefix_keys,
+)
+from asyncgraph.models._testing_providers import (
+    AnthropicTestServer,
+    _block_words,
+    _prompt_blocks,
+)
 
-__all__ = ["LocalModelTestServer", "local_tokens", "schema_value"]
+__all__ = [
+    "LocalModelTestServer",
+    "TimedAnthropicTestServer",
+    "TimedOpenAITestServer",
+    "local_tokens",
+    "schema_value",
+]
 
 _CHARS_PER_TOKEN = 3.5
 _PER_MESSAGE = 5
@@ -313,3 +334,94 @@ class LocalModelTestServer(OpenAITestServer):
         )
         text += _PROSE * (1 + budget * 4 // len(_PROSE))
         return text[: max(1, int(budget * _CHARS_PER_TOKEN))]
+
+
+# -- prompt caches that become readable only once a first request was worked on ---------
+
+
+class _Readable:
+    """When each cached prefix becomes readable: ``ready_s`` after the request that wrote
+    it arrived (the moment its answer begins, or returns). A request reads only what was
+    readable when it arrived; the arrival is kept per handler thread."""
+
+    def __init__(self, ready_s: float) -> None:
+        self.ready_s = ready_s
+        self._at: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def arrived(self, when: float) -> None:
+        self._local.arrived = when
+
+    def hits(self, keys: list[str]) -> list[int]:
+        """Indexes of the ``keys`` readable for this request; those not known yet are
+        written (readable ``ready_s`` from now)."""
+        arrived = getattr(self._local, "arrived", time.monotonic())
+        with self._lock:
+            hits = [i for i, key in enumerate(keys) if self._at.get(key, math.inf) <= arrived]
+            for key in keys:
+                self._at.setdefault(key, arrived + self.ready_s)
+        return hits
+
+
+class TimedOpenAITestServer(OpenAITestServer):
+    """OpenAI's prompt caching (``prompt_cache=True``'s rule: 1,024 tokens or more, in
+    128-token steps; a word is a token) where a prefix is readable only ``ready_s`` after
+    the request that wrote it arrived (set it to the answer's latency: OpenAI's cache is
+    there once the first answer is). Every answer takes ``latency_s``."""
+
+    def __init__(self, *, latency_s: float = 0.2, ready_s: float | None = None) -> None:
+        super().__init__(prompt_cache=True, handler=lambda body: Reply(delay_s=latency_s))
+        self.readable = _Readable(latency_s if ready_s is None else ready_s)
+
+    def _decide(self, path: str, body: Any, headers: Mapping[str, str]) -> tuple[Reply, float]:
+        reply, arrived = super()._decide(path, body, headers)
+        self.readable.arrived(arrived)
+        return reply, arrived
+
+    def _cached_tokens(self, body: Any) -> int:
+        hits = self.readable.hits(_prefix_keys(body))
+        return CACHE_MIN_TOKENS + CACHE_STEP_TOKENS * max(hits) if hits else 0
+
+
+class TimedAnthropicTestServer(AnthropicTestServer):
+    """Anthropic's prompt caching (``AnthropicTestServer``'s rule, with its
+    ``min_cache_tokens``) where a marked prefix is readable only ``ready_s`` after the
+    request that wrote it arrived (the moment its answer begins, as Anthropic documents).
+    Every answer takes ``latency_s``."""
+
+    def __init__(
+        self, *, latency_s: float = 0.2, ready_s: float = 0.05, min_cache_tokens: int = 1024
+    ) -> None:
+        super().__init__(
+            min_cache_tokens=min_cache_tokens, handler=lambda body: Reply(delay_s=latency_s)
+        )
+        self.readable = _Readable(ready_s)
+
+    def _decide(self, path: str, body: Any, headers: Mapping[str, str]) -> tuple[Reply, float]:
+        reply, arrived = super()._decide(path, body, headers)
+        self.readable.arrived(arrived)
+        return reply, arrived
+
+    def _prompt_cache(self, body: Mapping[str, Any]) -> tuple[int, int, int]:
+        blocks = _prompt_blocks(body)
+        words = [_block_words(b) for b in blocks]
+        ends = [
+            i + 1
+            for i, b in enumerate(blocks)
+            if isinstance(b, dict)
+            and "cache_control" in b
+            and sum(words[: i + 1]) >= self.min_cache_tokens
+        ]
+        if not ends:
+            return sum(words), 0, 0
+        keys = [
+            hashlib.sha256(
+                json.dumps([body["model"], blocks[:end]], sort_keys=True).encode()
+            ).hexdigest()
+            for end in ends
+        ]
+        hits = [ends[i] for i in self.readable.hits(keys)]
+        read = sum(words[: max(hits)]) if hits else 0
+        written = sum(words[: ends[-1]]) - read
+        return sum(words[ends[-1] :]), written, read

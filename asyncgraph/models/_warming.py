@@ -1,0 +1,128 @@
+"""A prompt cache warmed before a step fans out.
+
+NOTE [Cache warming]: providers cache a prompt's prefix, but a prefix becomes readable
+only once a first request with it has been worked on (Anthropic: when its answer begins;
+OpenAI: when its answer is done, in practice). A step sends its requests at the same
+moment, so without care every one of them misses the cache (and, on Anthropic, every one
+pays to write it). So a model whose provider caches (``warm_cache``) sends the first
+request of a cacheable prefix alone and holds the others that share it until that first
+answer is back; then they read the prefix from the cache. A prefix stays warm for
+``WARM_FOR_S`` after its last use (the providers keep it about five minutes), and a first
+request that fails releases the others at once (they go, uncached, rather than wait). The
+others wait at most the model's ``timeout_s``: one request's latency is what warming adds
+to a step.
+
+What is cacheable (``prefix_key``): Anthropic caches up to a ``cache_control`` mark whose
+prefix is at least 1,024 tokens (2,048 for Haiku models); OpenAI caches any prompt's
+prefix of 1,024 tokens or more. The key is a hash of that prefix (the model's name in it),
+so requests that share it wait for one another and no others do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+__all__ = ["WARM_FOR_S", "Warming", "leading_prefix_key", "marked_prefix_key"]
+
+WARM_FOR_S = 300.0
+OPENAI_MIN_TOKENS = 1024
+
+
+@dataclass
+class _Entry:
+    first: anyio.Event | None  # set when the first request's answer is back; None: warm
+    warm_until: float = 0.0
+
+
+class Warming:
+    """One model's prefixes being warmed or warm, in one event loop."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    @asynccontextmanager
+    async def request(self, key: str | None, wait_s: float) -> AsyncIterator[None]:
+        """Around one request whose cacheable prefix is ``key`` (None: nothing to warm):
+        the first of a prefix goes at once, the others wait for its answer (at most
+        ``wait_s``), a warm one goes at once."""
+        if key is None:
+            yield
+            return
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        if entry is not None and entry.first is None and entry.warm_until > now:
+            entry.warm_until = now + WARM_FOR_S
+            yield
+            return
+        if entry is not None and entry.first is not None:
+            with anyio.move_on_after(wait_s):
+                await entry.first.wait()
+            yield
+            return
+        first = anyio.Event()
+        self._entries[key] = _Entry(first)
+        answered = False
+        try:
+            yield
+            answered = True
+        finally:
+            if answered:
+                self._entries[key] = _Entry(None, time.monotonic() + WARM_FOR_S)
+            else:
+                self._entries.pop(key, None)
+            first.set()
+
+
+def _digest(model: str, prefix: Any) -> str:
+    text = json.dumps([model, prefix], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def marked_prefix_key(body: Mapping[str, Any], chars_per_token: float) -> str | None:
+    """The key of an Anthropic Messages body's cacheable prefix: everything up to its last
+    ``cache_control`` mark, if that is at least the model's minimum (1,024 tokens; 2,048
+    for Haiku models); else None."""
+    blocks: list[Any] = []
+    system = body.get("system")
+    if isinstance(system, list):
+        blocks += [("system", b) for b in system]
+    for message in body.get("messages", ()):
+        content = message.get("content")
+        if isinstance(content, list):
+            blocks += [(message.get("role"), b) for b in content]
+        else:
+            blocks.append((message.get("role"), {"type": "text", "text": content}))
+    marks = [
+        i for i, (_, b) in enumerate(blocks) if isinstance(b, Mapping) and "cache_control" in b
+    ]
+    if not marks:
+        return None
+    prefix = blocks[: marks[-1] + 1]
+    chars = sum(len(str(b.get("text", ""))) for _, b in prefix if isinstance(b, Mapping))
+    model = str(body.get("model", ""))
+    minimum = 2048 if "haiku" in model else 1024
+    # Counted erring low here: a prefix too short to cache only costs a wait for nothing.
+    if chars / max(chars_per_token, 4.0) < minimum:
+        return None
+    return _digest(model, prefix)
+
+
+def leading_prefix_key(
+    model: str, messages: Sequence[Mapping[str, Any]], chars_per_token: float
+) -> str | None:
+    """The key of the first 1,024 tokens of a prompt OpenAI may cache, or None when the
+    prompt is shorter."""
+    text = "".join(f"\0{m.get('role')}\0{m.get('content')}" for m in messages)
+    need = math.ceil(OPENAI_MIN_TOKENS * max(chars_per_token, 4.0))
+    if len(text) < need:
+        return None
+    return _digest(model, text[:need])

@@ -1,0 +1,98 @@
+"""A step's cache warmed before it fans out (#34, NOTE [Cache warming]), on local fakes
+whose cached prefix becomes readable only once the request that wrote it was worked on
+(Anthropic: its answer begins; OpenAI: its answer returns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncgraph.models import AnthropicChat, OpenAIChat, track_usage
+from asyncgraph.models._testing import Reply
+from asyncgraph.models._testing_local import TimedAnthropicTestServer, TimedOpenAITestServer
+
+pytestmark = pytest.mark.anyio
+
+PREFIX = " ".join(f"Rule {i}: answer with care." for i in range(400))  # 2,000 words
+
+
+async def _fan_out(model: Any, n: int = 16, prefix: str = PREFIX) -> list[Any]:
+    results: list[Any] = [None] * n
+
+    async def one(i: int) -> None:
+        messages = [
+            {"role": "system", "content": prefix},
+            {"role": "user", "content": f"Question {i}: what is {i} * 7?"},
+        ]
+        try:
+            results[i] = await model.complete(messages)
+        except Exception as exc:  # noted, the others go on
+            results[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return results
+
+
+async def test_anthropic_requests_wait_for_the_first_answer_then_read_the_cache() -> None:
+    latency = 0.2
+    with TimedAnthropicTestServer(latency_s=latency, ready_s=0.05) as server:
+        async with AnthropicChat(
+            "claude-sonnet-4-20250514",
+            base_url=server.url,
+            api_key="anthropic-test-key",
+            cache_prompt=True,
+        ) as model:
+            with track_usage() as usage:
+                await _fan_out(model)
+        arrivals = sorted(r.arrived_s for r in server.requests)
+    # The others were sent once the first one's answer was back (it took `latency`).
+    assert all(t >= arrivals[0] + latency for t in arrivals[1:])
+    total = usage.snapshot()
+    assert total.cache_read_tokens / total.prompt_tokens >= 0.85
+    assert total.cache_write_tokens == 2000  # written once, not by every request
+
+
+async def test_openai_requests_wait_for_the_first_answer_then_read_the_cache() -> None:
+    latency = 0.2
+    with TimedOpenAITestServer(latency_s=latency) as server:
+        async with OpenAIChat("gpt-4o-mini", base_url=server.url, api_key="test") as model:
+            model.warm_cache = True  # a local server is not warmed unless asked
+            with track_usage() as usage:
+                await _fan_out(model)
+        arrivals = sorted(r.arrived_s for r in server.requests)
+    assert all(t >= arrivals[0] + latency for t in arrivals[1:])
+    total = usage.snapshot()
+    assert total.cache_read_tokens / total.prompt_tokens >= 0.85
+
+
+async def test_a_failed_first_request_releases_the_others() -> None:
+    with TimedAnthropicTestServer(latency_s=0.05) as server:
+        server.script(Reply(status=400, error="bad request"))
+        async with AnthropicChat(
+            "claude-sonnet-4-20250514",
+            base_url=server.url,
+            api_key="anthropic-test-key",
+            cache_prompt=True,
+        ) as model:
+            results = await _fan_out(model, n=6)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert len(failed) == 1 and server.statuses().count(200) == 5
+
+
+def test_only_a_cacheable_prefix_is_warmed() -> None:
+    claude = AnthropicChat("claude-sonnet-4-20250514", api_key="k", cache_prompt=True)
+    long = [{"role": "system", "content": PREFIX}, {"role": "user", "content": "Hi"}]
+    short = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert claude._cache_prefix(long, {}) is not None
+    assert claude._cache_prefix(short, {}) is None  # under Anthropic's 1,024 tokens
+    unmarked = AnthropicChat("claude-sonnet-4-20250514", api_key="k")
+    assert unmarked._cache_prefix(long, {}) is None  # nothing marked: nothing cached
+    hosted = OpenAIChat("gpt-4o-mini", api_key="sk-test")
+    assert hosted._cache_prefix(long, {}) is not None  # OpenAI's own API caches by itself
+    assert hosted._cache_prefix(short, {}) is None
+    local = OpenAIChat("m", base_url="http://127.0.0.1:1/v1")
+    assert local._cache_prefix(long, {}) is None  # another server: only when asked
