@@ -625,3 +625,111 @@ async def test_an_example_of_a_public_docstring_runs_as_written(
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(names["example"])  # type: ignore[arg-type]
+
+
+# -- names written in the docs and docstrings exist (#36.8) ------------------------------
+
+_FULL_NAME = re.compile(r"(?<![\w.`])`{1,2}(asyncgraph(?:\.[A-Za-z_]\w*)+)(?:\(\))?`{1,2}")
+_REPO_PATH = re.compile(
+    r"`{1,2}((?:asyncgraph|tests|benchmarks|docs|deploy|workers|examples)/[\w./-]+"
+    r"\.(?:py|md|yaml|yml|toml|json|js|css|html))`{1,2}"
+)
+_ROLE = re.compile(r":(?:class|func):`~?([A-Za-z_]\w*)`")
+_CLASS_ATTR = re.compile(r"``([A-Z]\w+)\.([a-z_]\w*)(?:\(\))?``")
+# Strings that look like names and are not: a tag, a span attribute, a placeholder.
+_NOT_NAMES = frozenset({"asyncgraph.job", "asyncgraph.cancelled", "asyncgraph.text.X"})
+
+
+def _written_files() -> list[Path]:
+    return sorted([*ROOT.glob("asyncgraph/**/*.py"), *DOCS.glob("**/*.md"), ROOT / "README.md"])
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+def _classes_and_their_names() -> dict[str, set[str]]:
+    """Each asyncgraph class's name -> the names it or a base of it defines or sets on
+    self (what ``Class.attr`` in a docstring may name)."""
+    own: dict[str, set[str]] = {}
+    bases: dict[str, list[str]] = {}
+    for path in ROOT.glob("asyncgraph/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            names = own.setdefault(node.name, set())
+            bases.setdefault(node.name, []).extend(
+                b.id for b in node.bases if isinstance(b, ast.Name)
+            )
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(inner.name)
+                elif isinstance(inner, ast.Name):
+                    names.add(inner.id)
+                elif isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name):
+                    names.add(inner.attr)
+
+    def closure(name: str, seen: set[str]) -> set[str]:
+        found = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            if base not in seen:
+                found |= closure(base, seen | {base})
+        return found
+
+    return {name: closure(name, {name}) for name in own}
+
+
+def test_every_asyncgraph_name_and_path_written_in_docs_and_docstrings_exists() -> None:
+    """``asyncgraph.x.y`` and ``asyncgraph/x.py`` in a page or a docstring name something
+    that exists (names that no longer did were left behind by moves and renames)."""
+    missing = []
+    for path in _written_files():
+        text = path.read_text()
+        where = str(path.relative_to(ROOT))
+        for name in sorted(set(_FULL_NAME.findall(text)) - _NOT_NAMES):
+            if not _resolves(name):
+                missing.append(f"{where}: {name}")
+        for written in sorted(set(_REPO_PATH.findall(text))):
+            if not (ROOT / written).exists():
+                missing.append(f"{where}: {written}")
+    assert missing == []
+
+
+def test_a_packages_docstring_lists_only_names_the_package_exports() -> None:
+    """A package's ``__init__`` is its interface: a :class: or :func: its docstring
+    lists is one of its names (``PythonCallOptions`` was listed, never exported)."""
+    import importlib
+
+    missing = []
+    for init in ROOT.glob("asyncgraph/**/__init__.py"):
+        package = ".".join(init.parent.relative_to(ROOT).parts)
+        module = importlib.import_module(package)
+        for name in sorted(set(_ROLE.findall(module.__doc__ or ""))):
+            if not hasattr(module, name):
+                missing.append(f"{package}: {name}")
+    assert missing == []
+
+
+def test_a_class_attribute_named_in_a_docstring_exists() -> None:
+    """``Tasks._run`` in a docstring names a method of an asyncgraph class or of a base
+    of it (``Worker._run`` outlived its move to ``Tasks``)."""
+    known = _classes_and_their_names()
+    missing = []
+    for path in ROOT.glob("asyncgraph/**/*.py"):
+        for cls, attribute in sorted(set(_CLASS_ATTR.findall(path.read_text()))):
+            if cls in known and attribute not in known[cls]:
+                missing.append(f"{path.relative_to(ROOT)}: {cls}.{attribute}")
+    assert missing == []

@@ -248,7 +248,7 @@ class ModuleHooks:
         )
 
     async def _call_with_hooks(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``await module(...)`` with hooks: PyTorch's ``Module._call_impl``, awaited."""
+        """``await module(...)`` with hooks: PyTorch's ``nn.Module._call_impl``, awaited."""
         d = self.__dict__
         args, kwargs = await self._run_pre_hooks(args, kwargs)
         backward_hooks = list((d.get("_backward_hooks") or {}).values())

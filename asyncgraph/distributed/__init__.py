@@ -4,8 +4,9 @@
   sends remote nodes' backwards to workers through Redis streams;
 - the wire protocol (``asyncgraph.distributed.wire``: key names, message schema,
   msgpack codec with limits, signing, how a Function's ctx travels);
-- the worker (``Worker``, ``WorkerConfig``, ``build_registry``) and its ``Supervisor``,
-  health and metrics;
+- the worker (``Worker``, ``WorkerConfig``, ``build_registry``), and what the
+  ``asyncgraph worker`` command runs beside it: a supervisor of its processes, health
+  and metrics;
 - fleet helpers: ``RedisServer`` (a throwaway redis-server), ``local_fleet``,
   ``live_workers``.
 

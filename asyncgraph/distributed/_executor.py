@@ -140,7 +140,7 @@ class RedisExecutor:
         more_coming: Callable[[], bool],
     ) -> Any:
         """``run_backward``, told by the engine whether more ready nodes are on their way
-        (``asyncgraph.BatchingExecutor``): the last one sends the batch.
+        (the core's ``BatchingExecutor`` protocol): the last one sends the batch.
 
         One coroutine from here to the reply (a wide pass holds one per node in flight:
         every frame less is less for the garbage collector to walk).

@@ -313,7 +313,7 @@ def parse_model_spec(
     a ``retry`` from ``ASYNCGRAPH_MODEL_MAX_ATTEMPTS``:
     see ``model_options_from_env``); pass ``rate_limit=None`` / ``cache=None`` to opt out.
     A ``pricing`` not given comes from ``ASYNCGRAPH_MODEL_PRICES`` or the dated price
-    table (``asyncgraph.models.PRICES``; see ``default_pricing``; never for an Azure
+    table (``PRICES`` in ``asyncgraph/models/_prices.py``; see ``default_pricing``; never for an Azure
     deployment, whose name is its owner's); a model named in neither has none, and its
     cost is reported as unknown. Raises ``ValueError`` for any other spec (a bare
     ``gpt-4o-mini`` or ``claude-...`` names the spec to write) and ``ModelConfigError``

@@ -8,8 +8,8 @@ backward asks it for feedback.
   model call. ``dispatch = "local"``.
 - :class:`TextLoss`: an LLM judge whose evaluation is the loss.
 - :func:`exact_match`, :class:`Metric`: non-differentiable metrics.
-- :class:`LLMOptions`, :class:`PythonCallOptions`: the options of one call,
-  resolved, as a frozen record; a node keeps it as ``ctx.options``.
+- :class:`LLMOptions`: the options of one model call, resolved, as a frozen record; a
+  node keeps it as ``ctx.options`` (a ``PythonCall`` node keeps its own kind).
 - :class:`PythonCall`: a Python function on text (TextGrad's
   StringBasedFunction); backward asks the feedback model about each input.
   ``dispatch = "remote"``.
@@ -21,8 +21,8 @@ backward asks it for feedback.
   process): default models and params, so calls need no ``model=``.
 - :func:`register_model`, :func:`resolve_model`: how a model spec stored in a
   ctx (``"simulated"``, ``"openai:gpt-4o-mini"``, a registered name) becomes a
-  model in this process, on a worker too. :class:`ModelRef` is such a reference;
-  ``portable`` is False for a model *object* passed to a text function.
+  model in this process, on a worker too. A node keeps such a reference (its
+  ``portable`` is False for a model *object* passed to a text function).
 
 **For a distributed backward, pass models as spec strings** (or names that the
 app and every worker register): a model object is known to this process only,

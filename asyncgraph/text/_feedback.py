@@ -2,7 +2,7 @@
 
 The gradient of a text variable is a string (one piece of feedback) or a list
 of strings (feedback from several paths, summed in graph order by
-``asyncgraph.accumulate``). ``""`` means "no specific feedback" (the implicit
+the core's ``accumulate``, ``asyncgraph/_core/_accumulate.py``). ``""`` means "no specific feedback" (the implicit
 gradient of a text loss).
 """
 

@@ -1,8 +1,8 @@
 """The worker that serves remote backwards from a Redis queue (``asyncgraph worker``).
 
-Private: its public names (``Worker``, ``WorkerConfig``, ``Supervisor``, ``Registry``,
-``build_registry``, ``ConfigError``) are exported by ``asyncgraph.distributed``, their one
-home. Use the command (``asyncgraph worker --redis URL --queue grads --import
+Private: its public names (``Worker``, ``WorkerConfig``, ``build_registry``,
+``ConfigError``) are exported by ``asyncgraph.distributed``, their one home; the process
+supervisor and the registry type are internal. Use the command (``asyncgraph worker --redis URL --queue grads --import
 myapp.functions``), or embed a worker in a program::
 
     registry = build_registry(["myapp.functions"])

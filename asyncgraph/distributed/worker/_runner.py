@@ -13,7 +13,7 @@ One implementation on anyio's public API, for every event loop: an anyio task gr
 each task in a cancel scope with its deadline. A Function that swallows one
 cancellation is cancelled again at its next checkpoint, as a cancel scope does.
 
-A task that raises (a bug of the worker: ``Worker._run`` catches what a Function
+A task that raises (a bug of the worker: ``Tasks._run`` catches what a Function
 raises) stops the runner's block, and the error is raised from it, as a task group
 would.
 """
