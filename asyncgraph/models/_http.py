@@ -109,6 +109,7 @@ class HttpChatModel(BaseChatModel):
     # A call's params only become fields of the JSON body posted to ``url`` with this
     # client's headers: none changes where it goes (see NOTE [Outbound policy]).
     request_params = None
+
     def __init__(
         self,
         name: str,
