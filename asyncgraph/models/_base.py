@@ -64,7 +64,8 @@ _DISCOVERY_TRIES = 3
 # out may still be running on the server: its retry waits out its backoff *holding its
 # slot*, so a server never gets more than ``max_concurrency`` requests from this model
 # because of timeouts, and the timeout says how long the request waited in the queue and
-# how long at the server.
+# how long at the server. A server's refusal teaches the model the server's count and
+# window; one that refused only the reply's size (vLLM) is asked once more for less.
 
 SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long
 # The answer's share of a cut call's upper bound when the request sets no max_tokens (and
@@ -353,6 +354,32 @@ class BaseChatModel(ABC):
             context_tokens=limits.context_tokens,
             reply_tokens=MIN_REPLY_TOKENS,
         )
+
+    def _learn_refusal(self, messages: list[dict[str, Any]], exc: ModelContextError) -> None:
+        """What a server's context refusal says: its exact count of the request (for the
+        estimator), and its window, when this model has not been given one."""
+        if exc.prompt_tokens is not None:
+            self.estimator.exact(
+                chars=request_chars(messages),
+                messages=len(messages),
+                prompt_tokens=exc.prompt_tokens,
+            )
+        known, slots = self._server_limits
+        if exc.context_tokens is not None and (known is None or exc.context_tokens < known):
+            self._server_limits = (exc.context_tokens, slots)
+
+    def _reply_that_fits(
+        self, params: dict[str, Any], exc: ModelContextError
+    ) -> dict[str, Any] | None:
+        """``params`` asking for the reply the server says is left, when the prompt fits
+        and only its reply did not (vLLM's refusal); else None."""
+        key = _reply_param(params)
+        if key is None or exc.prompt_tokens is None or exc.context_tokens is None:
+            return None
+        room = exc.context_tokens - exc.prompt_tokens - 8
+        if room < MIN_REPLY_TOKENS or room >= params[key]:
+            return None
+        return {**params, key: room}
 
     @asynccontextmanager
     async def _server_slot(self, limit: int | None) -> AsyncIterator[float]:
@@ -734,13 +761,12 @@ class BaseChatModel(ABC):
                     error.backoff_done = True
                 raise error from exc
             except ModelContextError as exc:
-                if exc.prompt_tokens is not None:  # the server's exact count
-                    self.estimator.exact(
-                        chars=request_chars(messages),
-                        messages=len(messages),
-                        prompt_tokens=exc.prompt_tokens,
-                    )
-                raise
+                self._learn_refusal(messages, exc)
+                smaller = self._reply_that_fits(params, exc)
+                if smaller is None:
+                    raise
+                # The prompt fits, its reply did not: sent again, once, asking for less.
+                completion = await self._attempt(messages, smaller)
         if completion.prompt_tokens > 0:  # the server's count teaches the estimator
             self.estimator.observe(
                 chars=request_chars(messages),
@@ -789,6 +815,10 @@ class BaseChatModel(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def _reply_param(params: Mapping[str, Any]) -> str | None:
+    return next((k for k in _REPLY_PARAMS if isinstance(params.get(k), int)), None)
 
 
 class _LoopState:

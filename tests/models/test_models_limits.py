@@ -20,7 +20,7 @@ from asyncgraph.models import (
     reply_tokens,
 )
 from asyncgraph.models._limits import TokenEstimator, context_refusal
-from asyncgraph.models._testing_local import LocalModelTestServer
+from asyncgraph.models._testing_local import LocalModelTestServer, local_tokens
 
 pytestmark = pytest.mark.anyio
 
@@ -130,6 +130,18 @@ async def test_a_server_context_refusal_is_a_model_context_error_not_retried(fla
     assert error.prompt_tokens is not None and error.prompt_tokens > 512
     assert "context" in str(error) and "context_tokens=" in str(error)
     assert before <= 2500 / error.prompt_tokens  # the server's count taught the estimator
+
+
+async def test_a_reply_the_server_says_does_not_fit_is_asked_again_smaller() -> None:
+    with LocalModelTestServer(flavor="vllm", n_ctx=1024) as server:
+        # A window given too large: vLLM refuses the prompt plus the reply it asks for.
+        async with _local(server, context_tokens=100_000, max_tokens=1000) as model:
+            answer = await model.complete([{"role": "user", "content": "word " * 200}])
+        first, second = server.requests
+    assert server.statuses() == [400, 200] and answer.text
+    prompt = local_tokens(first.body)
+    assert first.body["max_tokens"] == 1000
+    assert second.body["max_tokens"] == 1024 - prompt - 8  # what the server said was left
 
 
 def test_context_refusal_reads_both_servers_bodies() -> None:
