@@ -35,7 +35,7 @@ from asyncgraph.models._outbound import (
     param_refusal,
 )
 from asyncgraph.models._spec import restrict_base_urls
-from asyncgraph.models._testing import OpenAITestServer
+from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.models._testing_providers import AnthropicTestServer, AzureOpenAITestServer
 
 # LiteLLM fetches its price map from the network when imported, unless told not to.
@@ -92,6 +92,13 @@ def _litellm_client(url: str) -> BaseChatModel:
     return parse_model_spec("litellm:openai/gpt-test", cache=None, rate_limit=None)
 
 
+def _closing_server() -> OpenAITestServer:
+    """A server whose every answer closes its connection: LiteLLM keeps its HTTP clients
+    for the whole process, and a connection it kept to a stopped server would be an
+    unclosed socket when the test run ends."""
+    return OpenAITestServer(handler=lambda body: Reply(headers={"Connection": "close"}))
+
+
 CLIENTS: dict[str, Client] = {
     "OpenAIChat": Client(OpenAITestServer, lambda url: OpenAIChat("gpt-test", base_url=url)),
     "AzureOpenAIChat": Client(
@@ -103,7 +110,7 @@ CLIENTS: dict[str, Client] = {
         lambda url: AnthropicChat("claude-test", base_url=url),
     ),
     "LiteLLMChat": Client(
-        OpenAITestServer, _litellm_client, routes=frozenset({"api_base", "base_url"})
+        _closing_server, _litellm_client, routes=frozenset({"api_base", "base_url"})
     ),
     "SimulatedModel": Client(OpenAITestServer, lambda url: SimulatedModel(latency_s=0)),
 }
@@ -167,7 +174,7 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def elsewhere() -> Iterator[OpenAITestServer]:
     """A server the operator did not allow: it records any request that reaches it."""
-    with OpenAITestServer() as server:
+    with _closing_server() as server:
         yield server
 
 
