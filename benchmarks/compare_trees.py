@@ -1,14 +1,18 @@
-"""Two source trees of asyncgraph side by side: a remote no-op node's round trip, or the
-throughput and CPU of 5,000, paired block by block.
+"""Two source trees of asyncgraph side by side: a remote no-op node's round trip, the
+throughput and CPU of 5,000, or a wide pass of 256 remote 200 ms nodes, paired block by block.
 
-    python benchmarks/compare_trees.py TREE_A TREE_B [--mode round-trip|throughput] [--blocks 12]
+    python benchmarks/compare_trees.py TREE_A TREE_B [--mode round-trip|throughput|wide] [--blocks 12]
 
 A TREE is a checkout (``git worktree add /tmp/base HEAD~3``). Each tree gets its own
 redis-server, worker process and client process, all started first and kept alive;
 then the client of each is driven in turn, block after block (A B, B A, A B, ...), so
 that both trees meet the same moments of a shared, noisy machine. Prints each block's
 figure and the median for each tree: the round trip's median in microseconds, or
-tasks per second and the CPU per task of worker + redis-server + client.
+tasks per second and the CPU per task of worker + redis-server + client, or (``wide``, on
+2 workers x 128 as ``bench_distributed.py``'s) the wall of 256 remote nodes sleeping
+200 ms over the critical path (the best of ``WIDE_PASSES``) and its CPU per node. Both trees run
+signed (a secret in ``ASYNCGRAPH_SECRET``, as ``bench_distributed.py`` does), unless
+``--unsigned``.
 
 Why: on a small virtual machine one run of ``bench_distributed.py`` against the next
 moves by 20% or more with no change of code, which hides a change of 10%; blocks
@@ -30,13 +34,16 @@ import anyio
 HERE = Path(__file__).resolve().parent
 PASSES = 300  # round trips per block
 TASKS = 5000  # nodes per throughput block
+WIDE_PASSES = 3  # wide passes per block (its figure: the best)
+SECRET = "a benchmark's shared secret, 32+ bytes long"
 
 
-def child(tree: str, mode: str) -> None:
+def child(tree: str, mode: str, unsigned: bool) -> None:
     """Serve blocks of ``mode`` for ``tree``: one line on stdin asks for a block, one
     line on stdout answers it; an empty line ends."""
     sys.path[:0] = [tree, f"{tree}/benchmarks"]
     os.environ["PYTHONPATH"] = tree  # the worker runs this tree's code too
+    os.environ["ASYNCGRAPH_SECRET"] = "" if unsigned else SECRET  # the worker's and the client's
     import bench_distributed as bench
     import dist_functions as F
 
@@ -46,8 +53,10 @@ def child(tree: str, mode: str) -> None:
     with RedisServer() as server:
         assert server._proc is not None
         redis_pid = server._proc.pid
-        workers = bench.asyncgraph_workers(server.url, 1, 256)
-        with bench.processes(workers, bench.workers_alive(server.url, 1)) as (worker,):
+        count, concurrency = (2, 128) if mode == "wide" else (1, 256)
+        workers = bench.asyncgraph_workers(server.url, count, concurrency)
+        with bench.processes(workers, bench.workers_alive(server.url, count)) as procs:
+            pids = [*(w.pid for w in procs), redis_pid]
 
             async def serve() -> None:
                 async with open_redis_executor(server.url, queue=bench.QUEUE, timeout_s=120) as ex:
@@ -58,8 +67,12 @@ def child(tree: str, mode: str) -> None:
                         if mode == "round-trip":
                             times = await bench.graph_latency(ex, PASSES)
                             print(statistics.median(times) * 1e6, flush=True)
+                        elif mode == "wide":
+                            before = bench.cpu_of(pids)
+                            ratios = [await bench.sleepers(ex) for _ in range(WIDE_PASSES)]
+                            cpu = (bench.cpu_of(pids) - before) / (256 * WIDE_PASSES) * 1e6
+                            print(min(ratios) * 1000, cpu, flush=True)
                         else:
-                            pids = [worker.pid, redis_pid]
                             before = bench.cpu_of(pids)
                             rate = await bench.graph_throughput(ex, TASKS, rounds=1)
                             cpu = (bench.cpu_of(pids) - before) / TASKS * 1e6
@@ -71,17 +84,29 @@ def child(tree: str, mode: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trees", nargs=2, metavar="TREE")
-    parser.add_argument("--mode", choices=("round-trip", "throughput"), default="round-trip")
+    parser.add_argument(
+        "--mode", choices=("round-trip", "throughput", "wide"), default="round-trip"
+    )
     parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--unsigned", action="store_true", help="run both trees without a secret")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.mode)
+        child(args.child, args.mode, args.unsigned)
         return
     trees = [str(Path(t).resolve()) for t in args.trees]
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, *trees, "--mode", args.mode, "--child", tree],
+            [
+                sys.executable,
+                __file__,
+                *trees,
+                "--mode",
+                args.mode,
+                *(["--unsigned"] if args.unsigned else []),
+                "--child",
+                tree,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -108,14 +133,14 @@ def main() -> None:
                 proc.stdin.close()
         for proc in procs:
             proc.wait(timeout=60)
-    names = (
-        ("round trip, us (median of each block)",)
-        if args.mode == "round-trip"
-        else (
-            "tasks/s",
-            "CPU per task, us (worker + redis-server + client)",
-        )
-    )
+    names = {
+        "round-trip": ("round trip, us (median of each block)",),
+        "throughput": ("tasks/s", "CPU per task, us (worker + redis-server + client)"),
+        "wide": (
+            "256 x 200 ms, wall / critical path x 1000 (best of each block)",
+            "CPU per node, us (workers + redis-server + client)",
+        ),
+    }[args.mode]
     for k, name in enumerate(names):
         print(name)
         for tree, rows in zip(trees, blocks, strict=True):
