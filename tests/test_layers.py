@@ -157,6 +157,9 @@ def test_import_asyncgraph_text_loads_no_http_or_redis_client() -> None:
     assert heavy == "[]"
     for name in ("distributed", "resp", "jobs"):
         assert f"'asyncgraph.{name}" not in ours, ours
+    # A provider's client (and ssl with it) loads with the first model that names it.
+    for name in ("_http", "_openai", "_anthropic", "_azure", "_litellm"):
+        assert f"'asyncgraph.models.{name}'" not in ours, ours
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ is made, in the forms servers echo them; ``Secret(value)`` marks any other heade
 (or a job's config value) as one.
 """
 
+from typing import TYPE_CHECKING
+
 from asyncgraph._exceptions import (
     ModelBackendError,
     ModelConfigError,
@@ -59,44 +61,63 @@ from asyncgraph._exceptions import (
     ModelTimeoutError,
     RateLimitWaitError,
 )
+from asyncgraph._lazy import lazy_exports
 from asyncgraph._redact import Secret
-from asyncgraph.models._anthropic import AnthropicChat
-from asyncgraph.models._azure import AzureOpenAIChat
-from asyncgraph.models._base import BaseChatModel
-from asyncgraph.models._cache import DiskCache, MemoryCache, RedisCache
-from asyncgraph.models._calls import ModelCall, observe_calls
-
-# Not a public name: how asyncgraph.optim bounds every model call of a search.
-from asyncgraph.models._calls import limit_calls as limit_calls  # isort: skip
-
-# Not public names: how asyncgraph.text suggests a reply's size, and what limits() returns.
-from asyncgraph.models._limits import ModelLimits as ModelLimits  # isort: skip
-from asyncgraph.models._limits import reply_tokens as reply_tokens  # isort: skip
-from asyncgraph.models._openai import OpenAIChat
 
 # Imported for its effect: it installs the task hook that counts a remote task's model
 # calls on the worker and adds them to the caller's usage meters.
 from asyncgraph.models import _policy  # noqa: F401  # isort: skip
-from asyncgraph.models._ratelimit import (
-    LocalRateLimiter,
-    RateLimit,
-    RedisRateLimiter,
-)
-from asyncgraph.models._retry import Retry
-from asyncgraph.models._simulated import (
-    SimulatedModel,
-)
-from asyncgraph.models._spec import (
-    check_base_url,
-    parse_model_spec,
-)
-from asyncgraph.models._types import ChatModel, Completion
-from asyncgraph.models._usage import (
-    Pricing,
-    Usage,
-    UsageMeter,
-    format_cost,
-    track_usage,
+
+if TYPE_CHECKING:  # loaded on first use (``asyncgraph._lazy``): a provider's client, httpx
+    # and ssl load with the first model that needs them, not with asyncgraph.text.
+    from asyncgraph.models._anthropic import AnthropicChat
+    from asyncgraph.models._azure import AzureOpenAIChat
+    from asyncgraph.models._base import BaseChatModel
+    from asyncgraph.models._cache import DiskCache, MemoryCache, RedisCache
+    from asyncgraph.models._calls import ModelCall, observe_calls
+    from asyncgraph.models._calls import limit_calls as limit_calls
+    from asyncgraph.models._limits import ModelLimits as ModelLimits
+    from asyncgraph.models._limits import reply_tokens as reply_tokens
+    from asyncgraph.models._openai import OpenAIChat
+    from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RedisRateLimiter
+    from asyncgraph.models._retry import Retry
+    from asyncgraph.models._simulated import SimulatedModel
+    from asyncgraph.models._spec import check_base_url, parse_model_spec
+    from asyncgraph.models._types import ChatModel, Completion
+    from asyncgraph.models._usage import Pricing, Usage, UsageMeter, format_cost, track_usage
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AnthropicChat": "._anthropic",
+        "AzureOpenAIChat": "._azure",
+        "BaseChatModel": "._base",
+        "DiskCache": "._cache",
+        "MemoryCache": "._cache",
+        "RedisCache": "._cache",
+        "ModelCall": "._calls",
+        "observe_calls": "._calls",
+        # Not public names: how asyncgraph.optim bounds every model call of a search, how
+        # asyncgraph.text suggests a reply's size, and what limits() returns.
+        "limit_calls": "._calls",
+        "ModelLimits": "._limits",
+        "reply_tokens": "._limits",
+        "OpenAIChat": "._openai",
+        "LocalRateLimiter": "._ratelimit",
+        "RateLimit": "._ratelimit",
+        "RedisRateLimiter": "._ratelimit",
+        "Retry": "._retry",
+        "SimulatedModel": "._simulated",
+        "check_base_url": "._spec",
+        "parse_model_spec": "._spec",
+        "ChatModel": "._types",
+        "Completion": "._types",
+        "Pricing": "._usage",
+        "Usage": "._usage",
+        "UsageMeter": "._usage",
+        "format_cost": "._usage",
+        "track_usage": "._usage",
+    },
 )
 
 __all__ = [

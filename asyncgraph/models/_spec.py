@@ -51,12 +51,8 @@ from typing import Any
 
 from asyncgraph._exceptions import ModelConfigError
 from asyncgraph._redact import redact_url
-from asyncgraph.models._anthropic import DEFAULT_ANTHROPIC_URL, AnthropicChat
-from asyncgraph.models._azure import ENV_AZURE_ENDPOINT, AzureOpenAIChat
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache, DiskCache, MemoryCache, RedisCache
-from asyncgraph.models._litellm import LiteLLMChat
-from asyncgraph.models._openai import DEFAULT_BASE_URL, OpenAIChat
 from asyncgraph.models._outbound import (
     ENV_ALLOWED_BASE_URLS,
     BaseUrlRestriction,
@@ -66,7 +62,6 @@ from asyncgraph.models._outbound import (
 from asyncgraph.models._prices import default_pricing
 from asyncgraph.models._ratelimit import LocalRateLimiter, RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
-from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
 
 __all__ = [
     "ENV_ALLOWED_BASE_URLS",
@@ -247,6 +242,10 @@ def restrict_base_urls(urls: Iterable[str]) -> BaseUrlRestriction:
     workers in one process), a URL allowed by any of them is allowed. Raises
     ``ValueError`` for a URL that is not ``http(s)://host...``.
     """
+    from asyncgraph.models._anthropic import DEFAULT_ANTHROPIC_URL
+    from asyncgraph.models._azure import ENV_AZURE_ENDPOINT
+    from asyncgraph.models._openai import DEFAULT_BASE_URL
+
     allowed = {normalize_base_url(DEFAULT_BASE_URL), normalize_base_url(DEFAULT_ANTHROPIC_URL)}
     for variable in ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", ENV_AZURE_ENDPOINT):
         own = os.environ.get(variable, "").strip()
@@ -326,9 +325,12 @@ def parse_model_spec(
         model = parse_model_spec("openai:llama3", base_url="http://127.0.0.1:8000/v1")
         model = parse_model_spec("anthropic/claude-sonnet-4-20250514", rate_limit=RateLimit(50))
     """
+    # A provider's client (httpx, ssl, litellm) loads with the first spec that names it.
     provider, name = split_model_spec(spec)
     has_model = provider != spec.strip().lower() or bool(name)
     if provider == "simulated":
+        from asyncgraph.models._simulated import SIMULATED_MODEL_NAME, SimulatedModel
+
         if base_url is not None or api_key is not None:
             raise ValueError(
                 f"model spec {spec!r} is the offline simulated model: it takes no base_url or "
@@ -361,15 +363,23 @@ def parse_model_spec(
     check_base_url(base_url)
     _env_defaults(options, name)
     if provider == "litellm":  # prices from the environment, else from LiteLLM's own map
+        from asyncgraph.models._litellm import LiteLLMChat
+
         if "pricing" not in options and default_pricing(name, table=False) is not None:
             options["pricing"] = default_pricing(name, table=False)
         return LiteLLMChat(name, base_url=base_url, api_key=api_key, **options)
     if "pricing" not in options:
         options["pricing"] = default_pricing(name, table=provider != "azure")
     if provider == "anthropic":
+        from asyncgraph.models._anthropic import AnthropicChat
+
         return AnthropicChat(name, base_url=base_url, api_key=api_key, **options)
     if provider == "azure":
+        from asyncgraph.models._azure import AzureOpenAIChat
+
         return AzureOpenAIChat(name, endpoint=base_url, api_key=api_key, **options)
+    from asyncgraph.models._openai import OpenAIChat
+
     return OpenAIChat(name, base_url=base_url, api_key=api_key, **options)
 
 
