@@ -26,7 +26,7 @@ from typing import Any
 
 from asyncgraph.models import BaseChatModel, ChatModel, ModelContextError, ModelLimits
 
-__all__ = ["Fit", "fit_for"]
+__all__ = ["Fit", "fit_for", "fitted_budget"]
 
 _MARGIN = 32  # model tokens kept free besides the reply: the estimate errs, servers add
 _SUMMARY_OVERHEAD = 200  # approx tokens of a summary request's instruction and framing
@@ -94,3 +94,25 @@ async def fit_for(model: ChatModel) -> Fit | None:
     if limits.context_tokens is None:
         return None
     return Fit(model.name, limits)
+
+
+async def fitted_budget(
+    model: ChatModel,
+    budget: int | None,
+    probes: Sequence[Sequence[Mapping[str, Any]]],
+    parts: Mapping[str, str],
+    what: str,
+    reply: int,
+) -> tuple[int | None, int | None]:
+    """``budget`` lowered to what ``model``'s window leaves for feedback in the largest of
+    ``probes`` (the requests built without their feedback) with a reply of ``reply``
+    tokens, and the summary chunk size (``(budget, None)`` when the window is unknown);
+    ``ModelContextError`` naming ``parts`` when there is no room for 32 tokens of it."""
+    fit = await fit_for(model)
+    if fit is None or not probes:
+        return budget, None
+    reply = fit.limits.max_tokens or reply
+    room = min(fit.room(probe, reply) for probe in probes)
+    if room < 32:
+        raise fit.too_long(what, {k: v for k, v in parts.items() if v}, reply)
+    return (room if budget is None else min(budget, room)), fit.condense_tokens()

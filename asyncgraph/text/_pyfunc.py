@@ -22,14 +22,17 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal
 
 from asyncgraph import Variable
+from asyncgraph.models import reply_tokens
 from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._feedback import render_feedback
+from asyncgraph.text._fit import fitted_budget
 from asyncgraph.text._functions import REMOTE_FUNCTIONS as _LLM_FUNCTIONS
 from asyncgraph.text._functions import _TextFunction
 from asyncgraph.text._options import PythonCallOptions
 from asyncgraph.text._prompts import describe, function_feedback_messages
 from asyncgraph.text._registry import ModelLike
+from asyncgraph.text._reply import FEEDBACK_TOKENS
 
 __all__ = [
     "REMOTE_FUNCTIONS",
@@ -168,15 +171,8 @@ class PythonCall(_TextFunction):
             completion = await ref.resolve().complete(messages, **params)
             return completion.text
 
-        feedback, note = await feedback_within_budget(
-            grad_output,
-            budget=options.feedback_budget,
-            role=output_role,
-            ask=complete,
-        )
-
-        async def ask(slot: dict[str, Any]) -> None:
-            messages = function_feedback_messages(
+        def request(slot: dict[str, Any], feedback: str) -> list[dict[str, Any]]:
+            return function_feedback_messages(
                 purpose=options.purpose,
                 inputs=list(ctx.inputs),
                 output=ctx.output,
@@ -185,12 +181,33 @@ class PythonCall(_TextFunction):
                 variable_role=slot["role"],
                 feedback=feedback,
             )
-            text = await complete(messages)
+
+        asked = [slot for slot in ctx.slots if needs[slot["index"]]]
+        budget, chunk = await fitted_budget(  # see asyncgraph.text._fit
+            ref.resolve(),
+            options.feedback_budget,
+            [request(slot, "") for slot in asked],
+            {
+                "the function's purpose": options.purpose,
+                "its output": ctx.output,
+                "its inputs": "\n".join(str(i) for i in ctx.inputs),
+            },
+            f"the feedback request of {ctx._function_name}",
+            FEEDBACK_TOKENS,
+        )
+        feedback, note = await feedback_within_budget(
+            grad_output, budget=budget, role=output_role, ask=complete, chunk_tokens=chunk
+        )
+
+        async def ask(slot: dict[str, Any]) -> None:
+            messages = request(slot, feedback)
+            with reply_tokens(FEEDBACK_TOKENS):
+                text = await complete(messages)
             if note is not None:  # the gradient says what it was built from
                 text = f"{note}\n{text}"
             grads[slot["index"]] = Variable(text, role=f"feedback on {slot['role']}")
 
-        await run_all([functools.partial(ask, slot) for slot in ctx.slots if needs[slot["index"]]])
+        await run_all([functools.partial(ask, slot) for slot in asked])
         return tuple(grads)
 
 

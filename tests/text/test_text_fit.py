@@ -13,7 +13,7 @@ from asyncgraph import Parameter, Variable, backward
 from asyncgraph.models import ModelContextError, OpenAIChat
 from asyncgraph.models._testing_local import LocalModelTestServer, local_tokens
 from asyncgraph.optim import TGD
-from asyncgraph.text import TextLoss, llm_call
+from asyncgraph.text import TextLoss, llm_call, python_call
 
 pytestmark = pytest.mark.anyio
 
@@ -90,3 +90,20 @@ async def test_a_feedback_request_that_cannot_fit_names_its_parts() -> None:
     error = info.value.__cause__ or info.value
     assert isinstance(error, ModelContextError)
     assert "feedback request of LLMCall" in str(error) and "the system prompt" in str(error)
+
+
+async def test_a_python_calls_feedback_is_sized_to_the_window_too() -> None:
+    with LocalModelTestServer(flavor="vllm", n_ctx=1200) as server:
+        async with _local(server) as model:
+            text = Parameter("one two three", role="draft")
+            count = await python_call(
+                lambda t: str(len(t.split())),
+                text,
+                purpose="Counts the words.",
+                role="word count",
+                feedback_model=model,
+            )
+            await count.backward(Variable("The count should be higher. " * 300))  # ~2,400
+        _fits(server)
+        assert any("condense" in r.body["messages"][0]["content"] for r in server.requests)
+        assert text.grad is not None
