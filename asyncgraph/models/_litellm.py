@@ -151,6 +151,11 @@ class LiteLLMChat(BaseChatModel):
     # top_k (Anthropic's, Gemini's), an offline mock_response and extra_body (JSON body
     # fields), pass in a task.
     request_params = CHAT_PARAMS | {"top_k", "mock_response", "extra_body"}
+    # LiteLLM maps both across its providers (response_format as each one takes it; a
+    # provider without it refuses, and asyncgraph then asks in the prompt: see
+    # asyncgraph.text._structured.ask_json).
+    reply_tokens_param: str | None = "max_tokens"
+    structured_outputs = True
 
     def __init__(
         self,
