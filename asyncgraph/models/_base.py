@@ -322,7 +322,7 @@ class BaseChatModel(ABC):
         key: str = given or default or name
         value: Any = params[given] if given else defaults[default] if default else None
         if value is None:
-            key, value = name, limits.max_tokens or current_reply_tokens()
+            key, value = name, limits.max_tokens or self._suggested_reply_tokens(params)
         context = limits.context_tokens
         if context is not None:
             prompt = self.estimator.count(messages)
@@ -335,6 +335,15 @@ class BaseChatModel(ABC):
             return params
         rest = {k: v for k, v in params.items() if k not in _REPLY_PARAMS}
         return {**rest, key: value}
+
+    def _suggested_reply_tokens(self, params: Mapping[str, Any]) -> int | None:
+        """The reply size suggested for this request (``reply_tokens``), or None where a
+        suggestion would cut a model's thinking short (a ``thinking`` param: its budget
+        must fit inside ``max_tokens``)."""
+        defaults: Mapping[str, Any] = getattr(self, "default_params", None) or {}
+        if "thinking" in params or "thinking" in defaults:
+            return None
+        return current_reply_tokens()
 
     def _no_room(
         self, messages: list[dict[str, Any]], prompt: int, limits: ModelLimits

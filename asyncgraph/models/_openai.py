@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,6 +150,14 @@ class OpenAIChat(HttpChatModel):
     def _table_context_tokens(self) -> int | None:
         return context_window(self.model)
 
+    def _suggested_reply_tokens(self, params: Mapping[str, Any]) -> int | None:
+        """None for OpenAI's reasoning models (o1, o3, o4-mini, gpt-5...): their
+        ``max_completion_tokens`` counts the reasoning too, which a reply's size would cut
+        short (give the model ``max_tokens=`` to bound them)."""
+        if _REASONING.match(self.model):
+            return None
+        return super()._suggested_reply_tokens(params)
+
     def _cache_prefix(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]
     ) -> str | None:
@@ -204,6 +213,9 @@ class OpenAIChat(HttpChatModel):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r}, base_url={redact_url(self.base_url)!r})"
+
+
+_REASONING = re.compile(r"^(o\d|gpt-5)")
 
 
 def _positive(value: Any) -> int | None:

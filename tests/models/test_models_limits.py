@@ -87,6 +87,21 @@ async def test_a_suggested_reply_size_is_sent_and_the_model_or_the_call_wins() -
     assert server.completion_tokens[0] <= 100  # the small model stopped where it was told
 
 
+async def test_no_size_is_suggested_where_it_would_cut_thinking_short() -> None:
+    with LocalModelTestServer() as server:
+        async with OpenAIChat("o4-mini", base_url=server.url, api_key="") as reasoning:
+            with reply_tokens(100):
+                await reasoning.complete(HELLO)  # its reasoning counts in the reply
+        async with _local(server) as model:
+            with reply_tokens(100):
+                await model.complete(HELLO, thinking={"type": "enabled", "budget_tokens": 900})
+        async with OpenAIChat("o4-mini", base_url=server.url, api_key="", max_tokens=4000) as m:
+            with reply_tokens(100):
+                await m.complete(HELLO)  # the model's own size goes (cut to the window)
+    sizes = [r.body.get("max_tokens") for r in server.requests]
+    assert sizes[:2] == [None, None] and 1900 < sizes[2] < 2048
+
+
 async def test_the_reply_is_cut_to_the_room_the_window_leaves() -> None:
     with LocalModelTestServer(n_ctx=400) as server:
         async with _local(server) as model:
