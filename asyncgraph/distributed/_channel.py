@@ -275,10 +275,15 @@ class TaskChannel:
         ``_LAPSE_RECHECKS`` beats look again.
         """
         rechecks = 0
+        failed = False  # a beat since the last good one failed: the key may have lapsed
         while True:
             await anyio.sleep(keys.CLIENT_BEAT_MS / 1000)
             try:
-                if not await self.beat():
+                # After a failed beat, a good one is a lapse even when it finds the key:
+                # the failed beat's bytes may reach Redis when the network comes back and
+                # renew the key, hiding that workers skipped tasks meanwhile.
+                if not await self.beat() or failed:
+                    failed = False
                     rechecks = _LAPSE_RECHECKS
                     await self._send_lost_again(lapsed=True)
                 elif rechecks:
@@ -287,6 +292,7 @@ class TaskChannel:
                     rechecks -= 1
                     await self._send_lost_again(lapsed=False)
             except (RedisConnectionLost, ReplyError, TimeoutError) as exc:
+                failed = True
                 log.debug("queue %r: client heartbeat: %s", self.queue, exc)
 
     async def _send_lost_again(self, *, lapsed: bool) -> None:

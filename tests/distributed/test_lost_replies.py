@@ -108,6 +108,39 @@ async def test_a_client_whose_connection_stalls_while_its_tasks_finish_gets_thei
     client.close()
 
 
+@pytest.mark.parametrize("stall_s", [3.0, 6.0])
+async def test_tasks_queued_behind_busy_slots_while_the_client_stalls_are_sent_again(
+    redis_url: str, proxy: Any, start_worker: StartWorker, stall_s: float
+) -> None:
+    """A worker of one slot skips this client's queued tasks while its key lapses. The
+    heartbeats sent during the stall fail on the client, but their bytes reach Redis when
+    the connection moves again and renew the key: the next good beat must still count as
+    a lapse and send the skipped tasks again (it found the key, and the client waited its
+    whole timeout, in 5 of 8 runs of a reviewer's probe)."""
+    queue = f"queued{int(stall_s)}"
+    tag = f"queued-{stall_s:g}"
+    start_worker(redis_url, queue, "--concurrency", "1")
+    client = redis.Redis.from_url(redis_url)
+    leaves = [Parameter(float(i), role=f"x{i}") for i in range(4)]
+    outs = [F.Sleep.apply(p, 2.5, tag) for p in leaves]
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    async with open_redis_executor(url, queue=queue, timeout_s=120) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: backward(outs, executor=ex))
+            await wait_until(lambda: client.llen(f"agdist:started:{tag}") == 1, timeout_s=30)
+            proxy.pause()
+            stalled_at = time.monotonic()
+            await wait_until(lambda: time.monotonic() - stalled_at >= stall_s)
+            proxy.resume()
+            resumed_at = time.monotonic()
+        took_s = time.monotonic() - resumed_at
+        print(f"stall {stall_s:g} s: completed {took_s:.2f} s after it, resent {ex.stats.resent}")
+        # Well within the 120 s timeout: the skipped tasks went again and ran (2.5 s each).
+        assert took_s < 60, took_s
+    assert [p.grad.data for p in leaves] == [1.0] * 4  # type: ignore[union-attr]
+    client.close()
+
+
 async def test_a_replay_of_a_task_whose_reply_its_stalled_client_has_not_read_is_not_run(
     redis_url: str, proxy: Any, start_worker: StartWorker
 ) -> None:
