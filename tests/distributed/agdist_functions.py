@@ -326,6 +326,33 @@ class Nap(Function):
         return grad.data, None
 
 
+class Held(Function):
+    """Async backward that holds while Redis key ``agdist:hold:<tag>`` exists, recording
+    start and finish as ``Sleep`` does: a test sets the key, sees the tasks start, does
+    what it must while they run (however slowly it polls), then deletes the key."""
+
+    dispatch = "remote"
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, tag: str) -> Variable:
+        ctx.tag = tag
+        return Variable(x.data)
+
+    @staticmethod
+    async def backward(ctx: Any, grad: Variable) -> Any:
+        client = _redis()
+        try:
+            await anyio.to_thread.run_sync(client.rpush, f"agdist:started:{ctx.tag}", os.getpid())
+            with anyio.fail_after(120):
+                # Polled: the flag is set and cleared by the test, in another process.
+                while await anyio.to_thread.run_sync(client.exists, f"agdist:hold:{ctx.tag}"):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            await anyio.to_thread.run_sync(client.rpush, f"agdist:finished:{ctx.tag}", os.getpid())
+        finally:
+            client.close()
+        return grad.data, None
+
+
 class AskThenHold(Function):
     """Remote backward that asks an OpenAI-compatible server (``ctx.base_url``) and then
     holds while Redis key ``agdist:hold:<tag>`` exists: a test can kill the worker after

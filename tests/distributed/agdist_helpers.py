@@ -84,8 +84,9 @@ class WorkerProcess:
                 self.proc.wait(10)
 
 
-def wait_for_workers(url: str, queue: str, count: int, timeout_s: float = 15.0) -> None:
-    """Block until ``count`` workers of ``queue`` sent a heartbeat."""
+def wait_for_workers(url: str, queue: str, count: int, timeout_s: float = 120.0) -> None:
+    """Block until ``count`` workers of ``queue`` sent a heartbeat (a deadline that holds
+    while a worker's interpreter starts on a loaded machine)."""
     from asyncgraph.distributed.wire._keys import workers_hash
 
     client = redis.Redis.from_url(url)
