@@ -210,6 +210,19 @@ class _GradSum(Function):
         return tuple(grad if needs else None for needs in ctx.needs_input_grad)
 
 
+class _GradCopy(Function):
+    """A ``.grad``'s own copy of a gradient with history, under create_graph (PyTorch's
+    AccumulateGrad clones it: ``CopyBackwards`` / ``CloneBackward`` in its graph)."""
+
+    @staticmethod
+    def forward(ctx: Any, grad: Variable) -> Variable:
+        return Variable(_own_data(grad.data))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Variable | None) -> Variable | None:
+        return grad
+
+
 def sum_grads(grads: Sequence[Variable | None], create_graph: bool) -> Variable | None:
     """Sum gradients left to right, skipping None; differentiable under create_graph."""
     present = [g for g in grads if g is not None]
@@ -225,19 +238,26 @@ def sum_grads(grads: Sequence[Variable | None], create_graph: bool) -> Variable 
     return Variable(data)
 
 
+def _own_data(data: Any) -> Any:
+    """``data``, with its own copy of a list or numpy array (a str or number is immutable)."""
+    if isinstance(data, list):
+        return list(data)
+    if type(data).__module__ == "numpy" and hasattr(data, "copy"):
+        return data.copy()
+    return data
+
+
 def own_grad(grad: Variable, create_graph: bool) -> Variable:
     """The gradient a ``.grad`` keeps: a Variable of its own, never the caller's or another
     leaf's (as PyTorch clones it), with its own copy of a list or numpy array, so that
-    changing one ``.grad`` in place changes no other. Under create_graph, ``grad`` itself
-    (its history is the point)."""
-    if create_graph:
-        return grad
-    data = grad.data
-    if isinstance(data, list):
-        data = list(data)
-    elif type(data).__module__ == "numpy" and hasattr(data, "copy"):
-        data = data.copy()
-    return Variable(data, role=grad.role)
+    changing one ``.grad`` in place changes no other. Under create_graph, a gradient with
+    history gets a differentiable copy (PyTorch's ``clone()``: its history is the point,
+    kept through the copy's node); one without history is copied as any other."""
+    if create_graph and (grad.grad_fn is not None or grad.requires_grad):
+        copy: Variable = _GradCopy.apply(grad)
+        copy.role = grad.role
+        return copy
+    return Variable(_own_data(grad.data), role=grad.role)
 
 
 def normalize_grads(node: Node, result: Any) -> tuple[Variable | None, ...]:

@@ -690,9 +690,11 @@ async def test_once_differentiable_gives_first_gradients_and_refuses_a_second() 
     assert x.grad is not None and x.grad.data == y.data + 1
     assert y.grad is not None and y.grad.data == x.data + 2
     assert x.grad.grad_fn is not None and y.grad.grad_fn is not None
-    # PyTorch: 'CopyBackwards(None, Error(AccumulateGrad(), None, AccumulateGrad()))';
-    # asyncgraph's .grad is the node's output itself (no copy node).
-    assert graph_desc(x.grad.grad_fn) == "DelayedError(AccumulateGrad(), None, AccumulateGrad())"
+    # PyTorch: 'CopyBackwards(None, Error(AccumulateGrad(), None, AccumulateGrad()))': a
+    # .grad is a copy of its own, whose node leads to the error node.
+    assert graph_desc(x.grad.grad_fn) == (
+        "_GradCopy(DelayedError(AccumulateGrad(), None, AccumulateGrad()))"
+    )
     assert graph_desc(y.grad.grad_fn) == graph_desc(x.grad.grad_fn)
     with pytest.raises(
         BackwardError,

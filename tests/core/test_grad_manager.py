@@ -381,6 +381,20 @@ async def test_gm_backward_gives_each_leaf_its_own_grad_and_never_writes_dy() ->
 
 
 @pytest.mark.anyio
+async def test_backward_with_create_graph_gives_each_leaf_its_own_grad() -> None:
+    """Under create_graph .grad kept the caller's gradient itself: a later in-place
+    accumulation changed the caller's dy and every leaf sharing it (a reviewer's repro)."""
+    from asyncgraph import backward
+
+    a, b = Parameter(1.0), Parameter(2.0)
+    dy = Variable(1.0)
+    await backward(_Fan.apply(a, b), dy, create_graph=True)
+    assert a.grad is not b.grad and dy not in (a.grad, b.grad)
+    await backward(_Double.apply(a))
+    assert (a.grad.data, b.grad.data, dy.data) == (3.0, 1.0, 1.0)
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("seed", range(12))
 async def test_random_mixes_of_backward_grad_and_gm_commit_through_one_path(seed: int) -> None:
     """Random mixes of backward, grad and GradManager.backward (with and without an output
@@ -409,7 +423,8 @@ async def test_random_mixes_of_backward_grad_and_gm_commit_through_one_path(seed
             for i, gi in zip(chosen, got, strict=True):
                 assert gi is not None and gi.data == g * (2 if i in doubled else 1)
         elif kind == "backward":
-            await backward(_Fan.apply(*terms), dy)
+            # create_graph keeps history; a .grad is still its own object (PyTorch clones)
+            await backward(_Fan.apply(*terms), dy, create_graph=rng.random() < 0.3)
             for i in chosen:
                 expected[i] = expected.get(i, 0.0) + g * (2 if i in doubled else 1)
         else:
@@ -428,3 +443,31 @@ async def test_random_mixes_of_backward_grad_and_gm_commit_through_one_path(seed
         assert len({id(gr) for gr in grads}) == len(grads), f"leaves share a .grad after {kind}"
         got_values = {i: x.grad.data for i, x in enumerate(leaves) if x.grad is not None}
         assert got_values == pytest.approx(expected), kind
+
+
+def test_only_the_engines_commit_writes_a_gradient_into_grad() -> None:
+    """One commit path (#33): outside ``Engine.commit`` the library only clears ``.grad``
+    (``zero_grad``); a feature that wrote it itself would bypass ``own_grad``."""
+    import ast
+    from pathlib import Path
+
+    import asyncgraph
+
+    root = Path(asyncgraph.__file__).parent
+    writers = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                for target in targets:
+                    if not (isinstance(target, ast.Attribute) and target.attr == "grad"):
+                        continue
+                    value = node.value  # type: ignore[attr-defined]
+                    if isinstance(value, ast.Constant) and value.value is None:
+                        continue  # clearing
+                    writers.append(f"{path.relative_to(root)}:{node.lineno} in {func.name}")
+    assert [w for w in writers if not w.startswith("_core/_engine.py")] == []
+    assert all(w.endswith(" in commit") for w in writers), writers
