@@ -74,7 +74,7 @@ class ModelPolicy:
     def on_reply(self, metadata: Any) -> None:
         if not isinstance(metadata, dict):
             raise TypeError("model usage must be a map of counters")
-        spent = Usage.from_dict(metadata)  # ValueError on an unknown or negative counter
+        spent = Usage.from_dict(metadata)  # ValueError on a counter out of range, a NaN cost
         for meter in meters_for():
             meter.add(spent)
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 
-from asyncgraph.models._types import Completion
+from asyncgraph.models._types import MAX_TOKENS, Completion
 
 __all__ = ["Pricing", "Usage", "UsageMeter", "format_cost", "meters_for", "track_usage"]
 
@@ -160,13 +161,32 @@ class Usage:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Usage:
-        """Inverse of ``to_dict``; ``ValueError`` names a field that is not a number >= 0."""
+        """Inverse of ``to_dict``; ``ValueError`` names a field out of range: ``cost_usd``
+        must be a finite number >= 0, every count an int from 0 to ``MAX_TOKENS`` (a
+        worker's report reaches the bill and the cost cap: a NaN cost would pass every
+        ``> cap`` test, as the journal's ``Completion.from_dict`` refuses too)."""
         values: dict[str, int | float] = {}
         for f in fields(cls):
             value = data.get(f.name, 0)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"usage field {f.name!r} must be a number >= 0, got {value!r:.40}")
-            values[f.name] = float(value) if f.name == "cost_usd" else int(value)
+            if f.name == "cost_usd":
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not math.isfinite(value)
+                    or value < 0
+                ):
+                    raise ValueError(
+                        f"usage field 'cost_usd' must be a finite number >= 0, got {value!r:.40}"
+                    )
+                values[f.name] = float(value)
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"usage field {f.name!r} must be an int, got {value!r:.40}")
+            elif not 0 <= value <= MAX_TOKENS:
+                raise ValueError(
+                    f"usage field {f.name!r} must be from 0 to {MAX_TOKENS:,}, got {value!r:.40}"
+                )
+            else:
+                values[f.name] = value
         return cls(**values)  # type: ignore[arg-type]
 
 

@@ -117,3 +117,38 @@ def test_usage_on_the_wire_keeps_the_fields_the_schema_knows() -> None:
     assert "unpriced_requests" not in data
     assert Usage.from_dict(data) == Usage(requests=2, cost_usd=0.5)
     assert Usage.from_dict({**data, "unpriced_requests": 1}) == usage
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("cost_usd", float("nan"), "'cost_usd' must be a finite number >= 0"),
+        ("cost_usd", float("inf"), "'cost_usd' must be a finite number >= 0"),
+        ("cost_usd", -0.5, "'cost_usd' must be a finite number >= 0"),
+        ("prompt_tokens", 10**15, "'prompt_tokens' must be from 0 to 100,000,000"),
+        ("requests", -1, "'requests' must be from 0 to 100,000,000"),
+        ("completion_tokens", 1.5, "'completion_tokens' must be an int"),
+        ("completion_tokens", float("nan"), "'completion_tokens' must be an int"),
+    ],
+)
+def test_a_usage_report_out_of_range_is_refused(field: str, value: object, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Usage.from_dict({"requests": 1, field: value})
+
+
+def test_a_workers_usage_report_with_a_nan_cost_is_ignored_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What a client does with a reply's usage (the "models" task hook): a NaN cost would
+    # make every `cost_usd > cap` false; the report is refused, the totals stay, a warning.
+    from asyncgraph.distributed._executor import _on_reply_metadata
+    from asyncgraph.models import track_usage
+
+    with track_usage() as meter:
+        _on_reply_metadata({"models": {"requests": 1, "cost_usd": 0.25}})
+        with caplog.at_level("WARNING", logger="asyncgraph"):
+            _on_reply_metadata({"models": {"requests": 1, "cost_usd": float("nan")}})
+            _on_reply_metadata({"models": {"requests": 1, "prompt_tokens": 10**15}})
+    assert meter.snapshot() == Usage(requests=1, cost_usd=0.25)
+    warnings = [r.getMessage() for r in caplog.records if "malformed 'models'" in r.getMessage()]
+    assert len(warnings) == 2 and "finite number" in warnings[0], warnings
