@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncgraph._redact import redact_url
+from asyncgraph._redact import redact, redact_url
 
 from ._checkpoint import CheckpointError
 from ._cli_common import (
@@ -375,7 +375,7 @@ def _summary(args: argparse.Namespace, result: JobResult) -> int:
             f"best validation accuracy: {_pct(result.best_val_score)} ({when})"
             + (f", saved in {result.best_path}" if args.out and result.best_path else "")
         )
-        print(f"best system prompt: {result.best_parameters[0]}")
+        print(f"best system prompt: {redact(str(result.best_parameters[0]))}")
     if args.out:
         print(f"{outputs(result)}: {result.out_dir}")
     else:

@@ -545,3 +545,32 @@ def test_demo_workers_without_a_redis_server_is_one_line_saying_how_to_get_one(
     # From this clone the hint that works: an editable install of its fleet extra.
     for hint in (f"pip install -e '{REPO}[fleet]'", "redis-server on PATH", "--redis URL"):
         assert hint in err, err
+
+
+def test_the_demo_redacts_the_best_system_prompt_it_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A prompt the optimizer wrote with a key in it (echoed from a model's error, say) is
+    # masked like every other printed line (as `asyncgraph run`'s print_best does).
+    import argparse
+
+    from asyncgraph.jobs import JobResult
+    from asyncgraph.jobs._demo_cli import _summary
+
+    key = "sk-proj-4f9Qa8ZkT2mX7cV1bN3dR6hJw0"
+    result = JobResult(
+        history=[],
+        parameters=[f"Answer with {key}"],
+        initial_val_score=0.5,
+        final_val_score=0.75,
+        steps_done=1,
+        interrupted=False,
+        out_dir=tmp_path,
+        best_val_score=0.75,
+        best_step=1,
+        best_parameters=[f"Answer with {key} and at http://u:pw@h/v1"],
+    )
+    _summary(argparse.Namespace(out=None), result)
+    out = capsys.readouterr().out
+    assert "best system prompt: Answer with" in out, out
+    assert key not in out and "4f9Qa8ZkT2mX" not in out and ":pw@" not in out, out
