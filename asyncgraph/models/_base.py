@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -448,10 +449,16 @@ class BaseChatModel(ABC):
     def cut_bound(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]
     ) -> tuple[int, int]:
-        """What a call cut before its answer is counted at (NOTE [One meter]): the prompt's
-        tokens (``estimate_prompt_tokens``) and the longest answer the request allows:
-        the ``max_tokens`` (or ``max_completion_tokens``) it sends, the client's default
-        included (what ``cache_request`` says is sent), else ``max_answer_tokens``."""
+        """What a call cut before its answer is counted at (NOTE [One meter]): at most the
+        prompt's tokens, and the longest answer the request allows: the ``max_tokens`` (or
+        ``max_completion_tokens``) it sends, the client's default included (what
+        ``cache_request`` says is sent), else ``max_answer_tokens``.
+
+        The prompt is bounded by the UTF-8 bytes of the whole request as described (its
+        messages, tools and other params; a byte-level BPE token is at least one byte)
+        plus a chat template's few tokens per message: never below what a server counts,
+        where the 4-characters-a-token estimate undercounts CJK text and leaves out tool
+        schemas."""
         try:
             request = self.cache_request(messages, params)
         except Exception:  # a client whose request cannot be described: the call's params
@@ -462,7 +469,8 @@ class BaseChatModel(ABC):
             (n for n in limits if isinstance(n, int) and not isinstance(n, bool) and n > 0),
             self.max_answer_tokens,
         )
-        return self.estimate_prompt_tokens(messages), answer
+        described = json.dumps(request, default=str, ensure_ascii=False).encode()
+        return len(described) + 8 * len(messages), answer
 
     def _maybe_billed(self, error: ModelError) -> bool:
         """Whether an attempt that raised ``error`` may have been billed: not when the

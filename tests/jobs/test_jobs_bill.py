@@ -326,14 +326,14 @@ async def test_on_a_fleet_calls_cut_by_a_cancel_are_reported_at_an_upper_bound(
     assert result.stopped_at_cost_cap and result.steps_done == 0
     assert result.cut_calls == 3 and result.cost_is_upper_bound
     assert_one_bill(result.cost_usd, result.cut_calls, billed)
-    # Each cut call at its bound: the prompt as the rate limiter counts it, max_tokens out.
-    bounds = [
+    # Each cut call at its bound: at most the request's bytes in, max_tokens out.
+    least = [
         ASK_PRICE.cost_usd(
             counter.estimate_prompt_tokens([{"role": "user", "content": q}]), ASK_MAX_TOKENS
         )
         for q in questions[1:]
     ]
-    assert result.cost_usd == pytest.approx(ONE_CALL + sum(bounds))
+    assert result.cost_usd >= ONE_CALL + sum(least)
     assert run_summary(tmp_path / "cut")["cut_calls"] == 3
 
 

@@ -148,7 +148,8 @@ async def test_a_call_cut_while_the_server_works_is_counted_at_an_upper_bound(
         gate.release()
     assert server.wait_for_bill(1)  # the server finished it, and billed it
     usage = model.usage.snapshot()
-    prompt = model.estimate_prompt_tokens(messages)
+    prompt = model.cut_bound(messages, {"max_tokens": 50})[0]  # the request's bytes
+    assert prompt >= model.estimate_prompt_tokens(messages)
     assert usage == tracked.snapshot()
     assert replace(usage, cost_usd=0.0) == Usage(cut=1, prompt_tokens=prompt, completion_tokens=50)
     assert usage.cost_usd == pytest.approx(pricing.cost_usd(prompt, 50))
@@ -168,10 +169,21 @@ async def test_the_answer_share_of_the_bound_is_what_the_request_allows(
         "gpt-4o-mini", base_url=server.url, api_key="k", default_params={"max_tokens": 99}
     )
     assert capped.cut_bound(messages, {})[1] == 99
-    assert capped.cut_bound(messages, {"max_tokens": 5}) == (
-        plain.estimate_prompt_tokens(messages),
-        5,
-    )
+    assert capped.cut_bound(messages, {"max_tokens": 5})[1] == 5
+
+
+async def test_the_prompt_share_of_the_bound_is_never_below_what_a_server_counts(
+    server: OpenAITestServer,
+) -> None:
+    """CJK text (about a token a character where the estimate says a quarter) and tool
+    schemas (sent in params, not in the messages) are inside the bound: a byte-level BPE
+    token is at least one byte, and the bound counts the request's bytes."""
+    model = OpenAIChat("gpt-4o-mini", base_url=server.url, api_key="k")
+    cjk = [{"role": "user", "content": "漢字" * 200}]
+    assert model.cut_bound(cjk, {})[0] >= 400 > model.estimate_prompt_tokens(cjk)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"x": "y" * 800}}}]
+    short = [{"role": "user", "content": "hi"}]
+    assert model.cut_bound(short, {"tools": tools})[0] >= 800
 
 
 async def test_a_timeout_is_counted_at_an_upper_bound_a_refusal_and_a_closed_port_are_not(
