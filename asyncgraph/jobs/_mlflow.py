@@ -1,10 +1,9 @@
 """``MLflowReporter``: a job's run in MLflow, where many teams already look.
 
-An optional extra (``pip install 'asyncgraph[mlflow]'``: ``mlflow-skinny``, the client
-without the server). ``mlflow`` is imported when a reporter is built, never by
-``import asyncgraph.jobs``. It talks to MLflow through an ``MlflowClient`` and the run's
-id, never through MLflow's process-wide active run, so two jobs in one process report to
-two runs.
+The ``mlflow`` extra (``mlflow-skinny``, the client without the server). ``mlflow`` is
+imported when a reporter is built, never by ``import asyncgraph.jobs``. It talks to MLflow
+through an ``MlflowClient`` and the run's id, never through MLflow's process-wide active
+run, so two jobs in one process report to two runs.
 
 What the project hands to MLflow goes through the one redaction and the one private mode
 (``asyncgraph._redact``, ``asyncgraph._files``): params (the job's ``config`` redacted

@@ -1,9 +1,9 @@
 """``LiteLLMChat``: every provider LiteLLM knows, called in-process through LiteLLM.
 
-An optional extra (``pip install 'asyncgraph[litellm]'``): this module imports
-``litellm`` only when a ``LiteLLMChat`` is built, so ``asyncgraph.models`` imports
-without it. Specs ``litellm:MODEL`` / ``litellm/MODEL`` build one, ``MODEL`` in LiteLLM's
-own form (``bedrock/anthropic.claude-3-haiku...``, ``gemini/gemini-2.0-flash``,
+The ``litellm`` extra: this module imports ``litellm`` only when a ``LiteLLMChat`` is
+built, so ``asyncgraph.models`` imports without it. Specs ``litellm:MODEL`` /
+``litellm/MODEL`` build one, ``MODEL`` in LiteLLM's own form
+(``bedrock/anthropic.claude-3-haiku...``, ``gemini/gemini-2.0-flash``,
 ``groq/llama-3.1-8b-instant``, ``gpt-4o-mini``).
 """
 

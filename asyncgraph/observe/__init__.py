@@ -12,8 +12,8 @@ the models see no observer at all.
 - ``draw_graph(loss)``: the graph as Graphviz DOT / SVG / PNG or Mermaid, grouped so
   it stays readable at hundreds of nodes (``GraphPicture``);
 - ``labels(step=3)``: what the calls and spans of the block belong to;
-- ``asyncgraph.observe.otel.otel_tracing()`` (``pip install asyncgraph[otel]``, imported
-  only when used): OpenTelemetry spans of passes, nodes, model calls and the remote
+- ``asyncgraph.observe.otel.otel_tracing()`` (the ``otel`` extra, imported only when
+  used): OpenTelemetry spans of passes, nodes, model calls and the remote
   tasks of a worker fleet, one trace across machines.
 """
 

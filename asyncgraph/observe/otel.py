@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of backward passes, across the fleet (``pip install asyncgraph[otel]``).
+"""OpenTelemetry traces of backward passes, across the fleet (the ``otel`` extra).
 
 ``with otel_tracing():`` around your code gives, in the tracer provider you configured
 (or the one passed):

@@ -56,7 +56,8 @@ def test_install_hints_say_what_works_from_a_clone_a_repository_and_the_index(
 ) -> None:
     """asyncgraph is not on the package index: `pip install "asyncgraph[fleet]"` there
     finds nothing. A hint names the clone, or the repository pip installed from, and
-    the index's form for once it is published."""
+    the index's form for once it is published (and, from a wheel or sdist, the clone's
+    command until then)."""
     from asyncgraph import _install
 
     root = Path(_install.__file__).resolve().parents[1]
@@ -69,8 +70,11 @@ def test_install_hints_say_what_works_from_a_clone_a_repository_and_the_index(
     assert _install.install_hint("fleet").startswith(
         "pip install 'asyncgraph[fleet] @ git+https://example.org/ag' (from its repository;"
     )
-    monkeypatch.setattr(_install, "_origin", lambda: None)
-    assert _install.install_hint("fleet") == "pip install 'asyncgraph[fleet]'"
+    monkeypatch.setattr(_install, "_origin", lambda: None)  # a wheel or sdist: both forms
+    assert _install.install_hint("fleet") == (
+        "pip install 'asyncgraph[fleet]' once asyncgraph is published on the package index; "
+        "until then, in a clone of its repository: pip install -e '.[fleet]'"
+    )
 
 
 def test_the_named_server_is_the_only_candidate(tmp_path: Path) -> None:
