@@ -143,7 +143,7 @@ async def test_the_rate_counts_settled_tasks_on_every_redis_version(
     leaves = [Parameter(float(i)) for i in range(64)]
     async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=20) as ex:
         await backward([F.Noop.apply(p) for p in leaves], executor=ex)
-    with anyio.fail_after(15):  # workers publish their count with their heartbeat
+    with anyio.fail_after(120):  # workers publish their count with their heartbeat
         while await settled() < before + 64:  # noqa: ASYNC110 (a poll of Redis)
             await anyio.sleep(0.1)
     assert await settled() == before + 64
@@ -165,18 +165,25 @@ async def test_every_reading_while_tasks_flow_shows_their_rate(
     chains = []
     for i in range(8):
         node = Parameter(float(i))
-        for _ in range(170):  # 8 tasks settled every 50 ms, for about 8.5 s
+        # 8 tasks settled every 50 ms for 30 s at best: they still flow when the readings
+        # end, however slowly a loaded machine runs them; the pass is cancelled then.
+        for _ in range(600):
             node = F.Nap.apply(node, 0.05)
         chains.append(node)
     rates: list[float] = []
-    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=60) as ex:
+    async with open_redis_executor(redis_server_url, queue=shared_fleet, timeout_s=120) as ex:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: backward(chains, executor=ex))
-            await anyio.sleep(4.5)  # past every worker's first status of the pass
+            with anyio.fail_after(120):  # a deadline: the first status of the pass shows it
+                while not (await fleet_status(redis_server_url, shared_fleet))["tasks_per_s"]:  # noqa: ASYNC110 (a poll of Redis)
+                    await anyio.sleep(0.1)
             for _ in range(6):
                 rates.append((await fleet_status(redis_server_url, shared_fleet))["tasks_per_s"])
                 await anyio.sleep(0.5)
-    assert all(rate > 20 for rate in rates), rates  # about 160 a second flow
+            tg.cancel_scope.cancel()
+    # Every reading shows the flow (about 160 a second on an idle machine, its speed is the
+    # machine's), none the 0.0 tasks/s of the issue.
+    assert all(rate > 0 for rate in rates), rates
 
 
 def test_malformed_worker_entries_are_marked_and_the_rest_shown(
