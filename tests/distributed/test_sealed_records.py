@@ -144,12 +144,13 @@ async def test_a_replay_claim_that_does_not_verify_is_ignored_and_reported(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # A claim in the replay memory read back (HGET) that does not unseal: the task is not
-    # run on its word, the worker logs it and counts it, as the journal's records.
+    # run on its word, the worker logs it and counts it, as the journal's records, and
+    # answers its client with an error naming the claim (no wait for its whole timeout).
     import time
 
     from asyncgraph.distributed import Worker, WorkerConfig
     from asyncgraph.distributed.wire import _keys as keys
-    from asyncgraph.distributed.wire._schema import TaskMessage, encode
+    from asyncgraph.distributed.wire._schema import TaskMessage, decode, encode
     from asyncgraph.distributed.worker._registry import build_registry
     from asyncgraph.distributed.worker._runner import open_runner
 
@@ -177,3 +178,11 @@ async def test_a_replay_claim_that_does_not_verify_is_ignored_and_reported(
     assert ("c" * 32, "1") not in worker._ctx.slots.running
     assert f"{series} 1" in worker.metrics.render()
     assert "does not verify" in caplog.text
+    (settled,) = worker._writer._outgoing
+    assert (settled.client, settled.task_id, settled.outcome) == ("c" * 32, "1", "replayed")
+    (sent,) = [c for c in settled.commands if c[0] == "XADD" and c[1] == settled.reply_stream]
+    fields = dict(zip(sent[3::2], sent[4::2], strict=True))  # XADD stream * k v k v ...
+    reply = decode(fields[keys.F_MESSAGE], fields[keys.F_SIGNATURE], signer, "q")
+    assert reply.error is not None and reply.error.kind == "dead_letter", reply
+    assert "claim in the replay memory that does not verify" in reply.error.message
+    assert any(c[1] == keys.dead_stream("q") for c in settled.commands)  # and dead-lettered

@@ -456,6 +456,25 @@ def replayed(
     return settled
 
 
+def unverified_claim(held: Held, admitted: Admitted, replies: Replies) -> Settled:
+    """Settle a task whose claim in the replay memory does not verify (forged, or written
+    with another secret): not run on its word, dead-lettered ``replayed``, and its client
+    answered with an error naming the claim, so that it does not wait its whole timeout."""
+    message = admitted.message
+    text = (
+        f"task {message.id} of {message.function!r} has a claim in the replay memory that "
+        f"does not verify (forged, or written with another secret): not run; moved to the "
+        f"dead-letter stream {replies.dead_stream!r}. Check that every worker and client "
+        f"shares one secret, and who else can write the replay memory (the queue's "
+        f"ran:* keys)"
+    )
+    dead = replies.dead_letter(held, keys.REASON_REPLAYED, text, admitted.data)
+    info = ErrorInfo("dead_letter", "DeadLetter", text)
+    settled = replies.error(held, message.client, message.id, info, "replayed", dead)
+    settled.reply_ttl_s = keys.reply_ttl_s(message.ttl_ms)
+    return settled
+
+
 def memory_refused(
     held: Held, admitted: Admitted, error: Any, replies: Replies, *, release: bool
 ) -> Settled:

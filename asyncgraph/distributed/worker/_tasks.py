@@ -26,6 +26,7 @@ from asyncgraph.distributed.worker._admission import (
     held_by,
     memory_refused,
     replayed,
+    unverified_claim,
 )
 from asyncgraph.distributed.worker._around import AroundTask
 from asyncgraph.distributed.worker._cancels import Cancels
@@ -127,7 +128,8 @@ class Tasks:
 
     def start_held(self, held: Held, admitted: Admitted, stored: Any) -> None:
         """Run a task whose claim (``stored``, read back) is this entry's own; else settle it
-        as a replay (another entry runs it, or the claim does not verify: reported)."""
+        as a replay: another entry runs it, or the claim does not verify (reported, and its
+        client answered with an error naming the claim, not left to its timeout)."""
         mine = held_by(held, admitted.memory, self._rules.signer, stored)
         if mine:
             self._run_claimed(held, admitted)
@@ -136,14 +138,15 @@ class Tasks:
             self._ctx.metrics.inc("asyncgraph_worker_ignored_records_total", record="replay")
             log.warning(
                 "worker %s: the replay memory's claim of task %s of client %s does not verify "
-                "(forged, or written with another secret): ignored; the task is not run",
+                "(forged, or written with another secret): ignored; the task is not run, "
+                "its client is told",
                 self._ctx.consumer,
                 admitted.message.id,
                 admitted.message.client,
             )
-            why = "has a claim in the replay memory that does not verify"
-        else:
-            why = "is run by another entry (or was, and settled meanwhile)"
+            self._writer.queue(unverified_claim(held, admitted, self._replies))
+            return
+        why = "is run by another entry (or was, and settled meanwhile)"
         self._writer.queue(replayed(held, admitted, why, self._replies, release=False))
 
     def hand_back(self, admitted: list[tuple[Held, Admitted]]) -> None:
