@@ -286,12 +286,14 @@ async def test_pool_follows_moved_and_ask(cluster: Cluster) -> None:
             async with anyio.create_task_group() as tg:
 
                 async def push() -> None:
-                    await anyio.sleep(0.2)
-                    await pool.execute("XADD", "{moving}:s", "*", "f", "v")
+                    while True:  # until the read returns: one comes after it blocked
+                        await anyio.sleep(0.2)
+                        await pool.execute("XADD", "{moving}:s", "*", "f", "v")
 
                 tg.start_soon(push)
-                with anyio.fail_after(5):
-                    got = await conn.execute("XREAD", "BLOCK", 3000, "STREAMS", "{moving}:s", "$")
+                with anyio.fail_after(120):  # a deadline, not a timing check
+                    got = await conn.execute("XREAD", "BLOCK", 60000, "STREAMS", "{moving}:s", "$")
+                tg.cancel_scope.cancel()
             assert got[0][0] == b"{moving}:s"
         finally:
             await conn.aclose()

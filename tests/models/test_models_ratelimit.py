@@ -144,6 +144,24 @@ async def test_one_limiter_shared_by_two_models() -> None:
 # -- shared through Redis ----------------------------------------------------------------
 
 
+class Since:
+    """Seconds since it was made. A reservation's wait plus the time since the first
+    booking is at least its slot's offset from that booking, however slowly a loaded
+    machine runs between the calls (a later call waits less): the lower bound of a
+    window holds as ``low < since.booked(wait)``, the upper one as ``wait <= high``."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def booked(self, wait: float) -> float:
+        return wait + (time.monotonic() - self.start)
+
+
+def in_window(since: Since, wait: float, low: float, high: float) -> bool:
+    """``wait`` books a slot ``low`` to ``high`` seconds after ``since`` was made."""
+    return low < since.booked(wait) and wait <= high
+
+
 @pytest.mark.anyio
 async def test_redis_limiters_with_the_same_name_share_one_budget(redis_url: str) -> None:
     limit = RateLimit(requests_per_minute=60, margin_s=0, redis_url=redis_url)  # 1 per second
@@ -151,9 +169,10 @@ async def test_redis_limiters_with_the_same_name_share_one_budget(redis_url: str
     b = RedisRateLimiter(limit, name="shared")
     other = RedisRateLimiter(limit, name="other")
     try:
+        since = Since()
         assert await a.reserve() == 0
-        assert 0.5 < await b.reserve() <= 1.0
-        assert 1.5 < await a.reserve() <= 2.0
+        assert in_window(since, await b.reserve(), 0.5, 1.0)
+        assert in_window(since, await a.reserve(), 1.5, 2.0)
         assert await other.reserve() == 0
     finally:
         for limiter in (a, b, other):
@@ -162,16 +181,21 @@ async def test_redis_limiters_with_the_same_name_share_one_budget(redis_url: str
 
 @pytest.mark.anyio
 async def test_redis_limiter_refuses_past_max_wait(redis_url: str) -> None:
-    limit = RateLimit(requests_per_minute=60, margin_s=0, max_wait_s=1.5, redis_url=redis_url)
+    # A slot every 10 s, waits past 15 s refused: the third call's 20 s wait stays past
+    # it unless 5 s go by between the calls.
+    limit = RateLimit(requests_per_minute=6, margin_s=0, max_wait_s=15, redis_url=redis_url)
     limiter = RedisRateLimiter(limit, name="wait")
     try:
+        since = Since()
         await limiter.reserve()
         await limiter.reserve()
         with pytest.raises(RateLimitWaitError) as first:
             await limiter.reserve()
         with pytest.raises(RateLimitWaitError) as second:
             await limiter.reserve()
-        assert 1.5 < second.value.wait_s <= first.value.wait_s <= 2.0  # nothing was booked
+        # Nothing was booked: both would take the third slot.
+        assert second.value.wait_s <= first.value.wait_s
+        assert in_window(since, second.value.wait_s, 19, 20)
     finally:
         await limiter.aclose()
 
@@ -181,9 +205,10 @@ async def test_redis_token_budget_is_corrected_after_the_call(redis_url: str) ->
     limit = RateLimit(tokens_per_minute=600, margin_s=0, redis_url=redis_url)
     limiter = RedisRateLimiter(limit, name="tokens")
     try:
+        since = Since()
         assert await limiter.reserve(tokens=50) == 0
         await limiter.settle(50, 10)
-        assert 0.5 < await limiter.reserve(tokens=10) <= 1.0
+        assert in_window(since, await limiter.reserve(tokens=10), 0.5, 1.0)
     finally:
         await limiter.aclose()
 
@@ -211,11 +236,13 @@ async def test_a_reservation_whose_reply_is_lost_is_sent_again_and_booked_once(
     limiter = RedisRateLimiter(limit, name="lost")
     redis = Pool(parse_redis_url(redis_url), timeout_s=2)
     try:
+        since = Since()
         assert await limiter.reserve() == 0  # and a pooled connection
         proxy.drop_next_reply()
-        assert 9 < await limiter.reserve() <= 10  # the second slot
+        assert in_window(since, await limiter.reserve(), 9, 10)  # the second slot
         assert proxy.accepted == 2  # sent again, on a new connection
-        assert 19 < await limiter.reserve() <= 20  # the third: the second was booked once
+        # The third: the second was booked once.
+        assert in_window(since, await limiter.reserve(), 19, 20)
         marks = await redis.execute("KEYS", "*:once:*")
         assert len(marks) == 3
         for mark in marks:
@@ -233,13 +260,14 @@ async def test_a_token_correction_whose_reply_is_lost_is_applied_once(
     limit = RateLimit(tokens_per_minute=600, margin_s=0, redis_url=url)  # 10 tokens a second
     limiter = RedisRateLimiter(limit, name="lost-tokens")
     try:
+        since = Since()
         assert await limiter.reserve(tokens=50) == 0
         await limiter.settle(50, 10)  # loads the script; books 40 tokens back
-        assert 0.5 < await limiter.reserve(tokens=20) <= 1.0
+        assert in_window(since, await limiter.reserve(tokens=20), 0.5, 1.0)
         proxy.drop_next_reply()
         await limiter.settle(20, 10)  # 10 tokens back, once (twice: 1 s less to wait)
         assert proxy.accepted == 2
-        assert 1.5 < await limiter.reserve(tokens=10) <= 2.0
+        assert in_window(since, await limiter.reserve(tokens=10), 1.5, 2.0)
     finally:
         await limiter.aclose()
 
