@@ -43,6 +43,7 @@ __all__ = ["Engine", "NodeEvent", "current_node", "observe_nodes"]
 
 _SEED_SEQ: Seq = (sys.maxsize,)  # seeds sort after every node's edges
 _YIELD_EVERY = 1024  # inline nodes between checkpoints, so a long chain never starves the loop
+_MAX_NEW_RUNNERS = 256  # runners started in one pass of the event loop at most
 _key = itemgetter(0)
 _log = logging.getLogger("asyncgraph")
 
@@ -561,11 +562,14 @@ class Engine:
         when none is still starting: nodes that never suspend are then run by the
         few runners there are (no task per node), while nodes that wait (an LLM
         call) make every runner busy, so the pool doubles each time a runner
-        starts until every waiting node has one.
+        starts until every waiting node has one. At most ``_MAX_NEW_RUNNERS`` start
+        in one pass of the event loop: each starts its node there (a remote node is
+        encoded and queued), and thousands at once would hold the loop for as long as
+        they take (other tasks and timers wait for the next pass).
         """
         if self._runners_starting:
             return
-        want = min(len(self._slow), max(2, self._runners_alive))
+        want = min(len(self._slow), max(2, self._runners_alive), _MAX_NEW_RUNNERS)
         for _ in range(want):
             self._runners_starting += 1
             self._runners_alive += 1
