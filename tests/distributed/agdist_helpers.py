@@ -297,16 +297,25 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
-async def check_limiter_and_cache(url: str, name: str) -> None:
-    """The shared rate limiter (a Lua script) and the response cache work through ``url``."""
-    from asyncgraph.models import Completion, RateLimit, RedisCache
+async def check_limiter_and_cache(url: str, name: str, *, read_only_from: str = "") -> None:
+    """The shared rate limiter (a Lua script) and the response cache work through ``url``;
+    with ``read_only_from`` (an entry another user wrote), the cache only reads: a write
+    is refused (NOPERM), the entry ``read_only_from`` is read."""
+    import pytest
+
+    from asyncgraph.models import Completion, ModelBackendError, RateLimit, RedisCache
     from asyncgraph.models._ratelimit import RedisRateLimiter
 
     limiter = RedisRateLimiter(RateLimit(requests_per_minute=600), name=name, redis_url=url)
     assert await limiter.reserve() >= 0.0
     await limiter.aclose()
     cache = RedisCache(url, ttl_s=60)
-    await cache.set(name, Completion(f"cached for {name}", "m"))
+    if read_only_from:
+        with pytest.raises(ModelBackendError, match=r"(?i)noperm|no permissions"):
+            await cache.set(name, Completion("forged", "m"))
+        name = read_only_from
+    else:
+        await cache.set(name, Completion(f"cached for {name}", "m"))
     got = await cache.get(name)
     assert got is not None and got.text == f"cached for {name}"
     await cache.aclose()
