@@ -276,8 +276,14 @@ class TaskChannel:
         """
         rechecks = 0
         failed = False  # a beat since the last good one failed: the key may have lapsed
+        due = anyio.current_time()
         while True:
-            await anyio.sleep(keys.CLIENT_BEAT_MS / 1000)
+            # Due every CLIENT_BEAT_MS from the last beat's start, not from its reply: on a
+            # loaded host the reply's round trip, and the pass of the event loop that
+            # resumes this task, would add to the gap between two renewals of the key,
+            # which must stay under CLIENT_TTL_MS (a beat overdue goes at once).
+            due = max(due + keys.CLIENT_BEAT_MS / 1000, anyio.current_time())
+            await anyio.sleep_until(due)
             try:
                 # After a failed beat, a good one is a lapse even when it finds the key:
                 # the failed beat's bytes may reach Redis when the network comes back and
