@@ -123,10 +123,10 @@ def test_a_shared_leaf_imports_nothing_of_asyncgraph_but_another_leaf(leaf: str)
     assert [t for t in found if not t.startswith(SHARED_LEAVES)] == []
 
 
-@pytest.mark.slow
-def test_import_asyncgraph_loads_the_core_only() -> None:
+def _loaded_by(imports: str) -> tuple[str, str]:
+    """The heavy packages and the asyncgraph modules that ``import {imports}`` loads."""
     code = (
-        "import asyncgraph, sys; "
+        f"import {imports}, sys; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
         "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.')))"
     )
@@ -135,6 +135,12 @@ def test_import_asyncgraph_loads_the_core_only() -> None:
     )
     assert done.returncode == 0, done.stderr
     heavy, ours = done.stdout.splitlines()
+    return heavy, ours
+
+
+@pytest.mark.slow
+def test_import_asyncgraph_loads_the_core_only() -> None:
+    heavy, ours = _loaded_by("asyncgraph")
     assert heavy == "[]"
     for name in ("distributed", "models", "text", "optim", "jobs", "observe", "resp", "cli"):
         assert f"'asyncgraph.{name}" not in ours, ours
@@ -144,16 +150,7 @@ def test_import_asyncgraph_loads_the_core_only() -> None:
 def test_import_asyncgraph_text_loads_no_http_or_redis_client() -> None:
     """Offline use (the simulated model) needs neither httpx nor the Redis client nor
     msgpack: they load when a model or fleet is first used (#35)."""
-    code = (
-        "import asyncgraph.text, asyncgraph.optim, sys; "
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
-        "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.')))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    heavy, ours = done.stdout.splitlines()
+    heavy, ours = _loaded_by("asyncgraph.text, asyncgraph.optim")
     assert heavy == "[]"
     for name in ("distributed", "resp", "jobs"):
         assert f"'asyncgraph.{name}" not in ours, ours
