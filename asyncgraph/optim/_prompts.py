@@ -37,7 +37,8 @@ class ValueForm:
         """The reply's shape, for the last line of a request."""
         if self.field is None:
             return f"between {self.open_tag} and {self.close_tag}"
-        return f'as a JSON object {{"{self.field}": "..."}}'
+        # No placeholder value in it: a small model copies "..." as the value.
+        return f'as a JSON object whose one field, "{self.field}", holds it'
 
     def schema(self) -> dict[str, Any]:
         """The JSON schema of the reply in ``field`` form."""

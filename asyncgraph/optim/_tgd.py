@@ -67,8 +67,15 @@ def parse_value(reply: str, form: ValueForm) -> str | None:
     if form.field is not None:
         data, errors = parse_structured(reply, form.schema())
         if not errors and isinstance(data, dict) and isinstance(data.get(form.field), str):
-            return str(data[form.field]).strip()
-    return parse_tagged(reply, form.open_tag, form.close_tag)
+            return _real(str(data[form.field]).strip())
+    tagged = parse_tagged(reply, form.open_tag, form.close_tag)
+    return None if tagged is None else _real(tagged)
+
+
+def _real(value: str) -> str:
+    """``value``, or "" when it is only a placeholder ("...", "…"): a small model copies the
+    shape of an example instead of writing a value; the retry says it was empty."""
+    return "" if not value.replace(".", "").replace("…", "").strip() else value
 
 
 @dataclass(frozen=True)

@@ -111,3 +111,19 @@ async def test_the_readme_script_completes_against_a_small_local_model() -> None
         sizes = [r.body.get("max_tokens") for r in server.requests]
         assert None not in sizes  # every request says how long a reply it wants
         assert server.refused_for_context == 0
+
+
+async def test_a_placeholder_for_a_value_is_not_taken_as_one() -> None:
+    replies = iter(['{"improved_variable": "..."}', '{"improved_variable": "Answer in one word."}'])
+    seen: list[list[dict[str, Any]]] = []
+
+    def responder(messages: list[dict[str, Any]]) -> str:
+        seen.append(messages)
+        return next(replies)
+
+    model = SimulatedModel(latency_s=0, responder=responder, tag_replies=False)
+    p = _param("Answer.", "Shorter.")
+    await TGD([p], model=model, structured=True).step()
+    assert p.data == "Answer in one word."  # the copied "..." was retried as empty
+    assert '"improved_variable" was empty' in seen[1][-1]["content"]
+    assert "..." not in seen[0][-1]["content"]  # no placeholder in the request to copy
