@@ -302,7 +302,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         try:
             parse_model_spec(args.model, base_url=args.base_url)
         except (ValueError, ImportError) as exc:
-            return f"--model {args.model!r}: {exc}"
+            return str(exc)  # the library's words, which name the spec and lead with the fix
     if args.workers and len(os.environ.get(SECRET_ENV, "").strip().encode()) in range(1, 16):
         return (
             f"{SECRET_ENV} must be at least 16 bytes long (the demo's workers sign with it); "
