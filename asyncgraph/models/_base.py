@@ -323,7 +323,10 @@ class BaseChatModel(ABC):
         key: str = given or default or name
         value: Any = params[given] if given else defaults[default] if default else None
         if value is None:
-            key, value = name, limits.max_tokens or self._suggested_reply_tokens(params)
+            key, value = (
+                name,
+                limits.max_tokens or self._suggested_reply_tokens(params, limits.context_tokens),
+            )
         context = limits.context_tokens
         if context is not None:
             prompt = self.estimator.count(messages)
@@ -337,14 +340,16 @@ class BaseChatModel(ABC):
         rest = {k: v for k, v in params.items() if k not in _REPLY_PARAMS}
         return {**rest, key: value}
 
-    def _suggested_reply_tokens(self, params: Mapping[str, Any]) -> int | None:
+    def _suggested_reply_tokens(
+        self, params: Mapping[str, Any], context_tokens: int | None = None
+    ) -> int | None:
         """The reply size suggested for this request (``reply_tokens``), or None where a
         suggestion would cut a model's thinking short (a ``thinking`` param: its budget
         must fit inside ``max_tokens``)."""
         defaults: Mapping[str, Any] = getattr(self, "default_params", None) or {}
         if "thinking" in params or "thinking" in defaults:
             return None
-        return current_reply_tokens()
+        return current_reply_tokens(context_tokens)
 
     def _no_room(
         self, messages: list[dict[str, Any]], prompt: int, limits: ModelLimits

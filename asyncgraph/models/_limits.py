@@ -52,17 +52,24 @@ _START_CHARS_PER_TOKEN = 3.0
 _LOWEST_CHARS_PER_TOKEN = 1.0
 _OBSERVED = 32  # answers whose ratio is remembered
 
-_suggested: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+_suggested: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
     "asyncgraph_reply_tokens", default=None
 )
+SHARE_OF_WINDOW = 8
+"""A suggested reply takes at most 1/8 of a known context window (unless ``whole``): the
+requests that quote it later (a judge's, a feedback request) must still fit."""
 
 
 @contextmanager
-def reply_tokens(tokens: int | None, *, replace: bool = True) -> Iterator[None]:
+def reply_tokens(
+    tokens: int | None, *, replace: bool = True, whole: bool = False
+) -> Iterator[None]:
     """Within the block (this task and the tasks it starts), a model call that gives no
-    ``max_tokens`` (nor its model) asks for at most ``tokens``. ``replace=False`` keeps
-    a suggestion already in effect (an outer, more specific one: a judge's verdict
-    around the answer call it makes).
+    ``max_tokens`` (nor its model) asks for at most ``tokens``, and at most an eighth of
+    the model's context window when it is known, unless ``whole`` (a reply that is useless
+    cut: an optimizer's new value). ``replace=False`` keeps a suggestion already in
+    effect (an outer, more specific one: a judge's verdict around the answer call it
+    makes).
 
     Example::
 
@@ -74,16 +81,23 @@ def reply_tokens(tokens: int | None, *, replace: bool = True) -> Iterator[None]:
     if not replace and _suggested.get() is not None:
         yield
         return
-    token = _suggested.set(None if tokens is None else max(1, tokens))
+    token = _suggested.set(None if tokens is None else (max(1, tokens), whole))
     try:
         yield
     finally:
         _suggested.reset(token)
 
 
-def current_reply_tokens() -> int | None:
-    """The reply size suggested here (``reply_tokens``), or None."""
-    return _suggested.get()
+def current_reply_tokens(context_tokens: int | None = None) -> int | None:
+    """The reply size suggested here (``reply_tokens``), or None; with a model's
+    ``context_tokens``, at most its share of it (``SHARE_OF_WINDOW``) unless ``whole``."""
+    suggested = _suggested.get()
+    if suggested is None:
+        return None
+    tokens, whole = suggested
+    if context_tokens is None or whole:
+        return tokens
+    return min(tokens, max(64, context_tokens // SHARE_OF_WINDOW))
 
 
 def content_chars(content: Any) -> int:

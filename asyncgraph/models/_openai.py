@@ -150,13 +150,15 @@ class OpenAIChat(HttpChatModel):
     def _table_context_tokens(self) -> int | None:
         return context_window(self.model)
 
-    def _suggested_reply_tokens(self, params: Mapping[str, Any]) -> int | None:
+    def _suggested_reply_tokens(
+        self, params: Mapping[str, Any], context_tokens: int | None = None
+    ) -> int | None:
         """None for OpenAI's reasoning models (o1, o3, o4-mini, gpt-5...): their
         ``max_completion_tokens`` counts the reasoning too, which a reply's size would cut
         short (give the model ``max_tokens=`` to bound them)."""
         if _REASONING.match(self.model):
             return None
-        return super()._suggested_reply_tokens(params)
+        return super()._suggested_reply_tokens(params, context_tokens)
 
     def _cache_prefix(
         self, messages: list[dict[str, Any]], params: Mapping[str, Any]

@@ -971,7 +971,7 @@ class ParetoSearch:
         params = self.tgd_options.get("model_params")
         if params is None:
             params = current_models().for_feedback()[2]
-        with reply_tokens(update_tokens(first) + update_tokens(second)):
+        with reply_tokens(update_tokens(first) + update_tokens(second), whole=True):
             if form.field is not None:
                 completion, sent = await ask_json(
                     model,

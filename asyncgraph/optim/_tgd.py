@@ -456,7 +456,7 @@ class TGD(Optimizer):
         messages = request(form)
         attempts = self.max_retries + 1
         reply = ""
-        with reply_tokens(update_tokens(p.data)):
+        with reply_tokens(update_tokens(p.data), whole=True):
             for _ in range(attempts):
                 reply, form, messages = await self._reply(model, form, messages, request)
                 value = parse_value(reply, form)

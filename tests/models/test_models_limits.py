@@ -107,10 +107,13 @@ async def test_the_reply_is_cut_to_the_room_the_window_leaves() -> None:
         async with _local(server) as model:
             messages = [{"role": "user", "content": "word " * 150}]  # about 250 tokens
             estimate = model.estimator.count(messages)  # before the answer teaches it more
-            with reply_tokens(1000):
+            with reply_tokens(1000, whole=True):  # a whole reply: no share of the window
                 await model.complete(messages)
-            (request,) = server.requests
-            assert request.body["max_tokens"] == 400 - estimate < 1000
+            with reply_tokens(1000):  # an answer: at most an eighth of the window
+                await model.complete([{"role": "user", "content": "Hi."}])
+            first, second = server.requests
+            assert first.body["max_tokens"] == 400 - estimate < 1000
+            assert second.body["max_tokens"] == 64  # 400 // 8 = 50, and at least 64
         assert server.refused_for_context == 0
 
 
