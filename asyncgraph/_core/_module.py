@@ -197,6 +197,40 @@ class Module(ModuleHooks):
         for _, module in self.named_children():
             yield module
 
+    def clone(self, memo: dict[int, Any] | None = None) -> Module:
+        """A copy with fresh Parameters (same values, roles and ``requires_grad``) and
+        sub-Modules cloned likewise; every other attribute (models, losses, settings) is
+        shared. A Parameter or Module reached twice is cloned once (``memo``).
+
+        Example::
+
+            draft = program.clone()        # change draft's prompts; program's stay
+        """
+        memo = {} if memo is None else memo
+        done = memo.get(id(self))
+        if done is not None:
+            return done  # type: ignore[no-any-return]
+        new = copy.copy(self)
+        memo[id(self)] = new
+        params: dict[str, Parameter | None] = {}
+        modules: dict[str, Module | None] = {}
+        object.__setattr__(new, "_parameters", params)
+        object.__setattr__(new, "_modules", modules)
+        for name, param in self._parameters.items():
+            if param is None:
+                params[name] = None
+                continue
+            twin = memo.get(id(param))
+            if twin is None:
+                twin = Parameter(
+                    copy.deepcopy(param.data), role=param.role, requires_grad=param.requires_grad
+                )
+                memo[id(param)] = twin
+            params[name] = twin
+        for name, child in self._modules.items():
+            modules[name] = None if child is None else child.clone(memo)
+        return new
+
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
         """This Module (named ``prefix``, ``""`` by default) and every sub-Module, depth first."""
         seen: set[int] = set()

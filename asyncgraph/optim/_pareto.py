@@ -33,7 +33,6 @@ import anyio
 from asyncgraph import (
     Executor,
     Module,
-    Parameter,
     Variable,
     backward,
     enable_grad,
@@ -161,34 +160,6 @@ def _unpack(result: Any) -> tuple[Variable, float]:
         return loss, float(score)
     except (TypeError, ValueError):
         raise TypeError(f"ParetoSearch: a score must be a number, got {score!r:.60}") from None
-
-
-def _clone(module: Module, memo: dict[int, Any]) -> Module:
-    """A copy of ``module`` with fresh Parameters (same values) and sub-Modules; every other
-    attribute (models, losses, settings) is shared."""
-    done = memo.get(id(module))
-    if done is not None:
-        return done  # type: ignore[no-any-return]
-    new = copy.copy(module)
-    memo[id(module)] = new
-    params: dict[str, Parameter | None] = {}
-    modules: dict[str, Module | None] = {}
-    object.__setattr__(new, "_parameters", params)
-    object.__setattr__(new, "_modules", modules)
-    for name, param in module._parameters.items():
-        if param is None:
-            params[name] = None
-            continue
-        twin = memo.get(id(param))
-        if twin is None:
-            twin = Parameter(
-                copy.deepcopy(param.data), role=param.role, requires_grad=param.requires_grad
-            )
-            memo[id(param)] = twin
-        params[name] = twin
-    for name, child in module._modules.items():
-        modules[name] = None if child is None else _clone(child, memo)
-    return new
 
 
 def _positive(name: str, value: Any, *, allow_none: bool = False, minimum: int = 1) -> None:
@@ -498,7 +469,7 @@ class ParetoSearch:
         return resolve_model(model, base_url) if isinstance(model, str) else model
 
     def _program(self, values: Mapping[str, Any]) -> Module:
-        program = _clone(self.module, {})
+        program = self.module.clone()
         program.load_state_dict(values)
         return program
 

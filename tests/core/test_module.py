@@ -303,3 +303,30 @@ def test_a_parsed_file_with_a_value_nested_too_deeply_is_a_value_error(tmp_path:
     with pytest.raises(ValueError, match="nested too deeply"):
         program.load(saved)
     assert program.state_dict() == state
+
+
+def test_clone_gives_fresh_parameters_and_shares_the_rest() -> None:
+    """Module.clone: what ParetoSearch drafts on (it reached into _parameters before)."""
+    from asyncgraph import Module, Parameter
+
+    class Inner(Module):
+        def __init__(self, shared: Parameter) -> None:
+            super().__init__()
+            self.p = shared
+            self.settings = {"temperature": 0}
+
+    class Outer(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            shared = Parameter("prompt", role="system prompt")
+            self.a = Inner(shared)
+            self.b = Inner(shared)  # one Parameter reached twice
+
+    program = Outer()
+    twin = program.clone()
+    assert twin is not program and twin.a is not program.a
+    assert twin.a.p is not program.a.p and twin.a.p is twin.b.p  # cloned once
+    assert (twin.a.p.data, twin.a.p.role) == ("prompt", "system prompt")
+    assert twin.a.settings is program.a.settings  # other attributes shared
+    twin.a.p.data = "changed"
+    assert program.a.p.data == "prompt"
