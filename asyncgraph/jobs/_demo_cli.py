@@ -146,15 +146,23 @@ def _finished_before_start(args: argparse.Namespace, job: Job, out: Path) -> Job
     return finished_run(job, out)
 
 
-async def run_demo(args: argparse.Namespace, out: Path) -> tuple[JobResult, dict[str, Any]]:
+async def run_demo(
+    args: argparse.Namespace,
+    out: Path,
+    built: tuple[Job, Any, dict[str, Any]] | None = None,
+) -> tuple[JobResult, dict[str, Any]]:
+    """The demo's run in ``out``; ``built``: the job ``_build`` made and ``out`` was
+    checked for (``run`` does both before its banner), else both happen here."""
     from ..models import track_usage
     from . import demo as _demo
     from ._runner import run_job
 
-    job, prompt, info = _build(args)
-    done = _finished_before_start(args, job, out)
-    if done is not None:
-        return done, info
+    if built is None:
+        built = _build(args)
+        done = _finished_before_start(args, built[0], out)
+        if done is not None:
+            return done, built[2]
+    job, prompt, info = built
     progress = not args.no_progress
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
@@ -331,8 +339,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
+        built = _build(args)
         if args.out:  # a bad --out says so before the banner; a finished run starts nothing
-            done = _finished_before_start(args, _build(args)[0], Path(args.out))
+            done = _finished_before_start(args, built[0], Path(args.out))
             if done is not None:
                 print(already_finished_line(done))
                 return 0
@@ -356,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="asyncgraph-demo-") as tmp:
             out = Path(args.out) if args.out else Path(tmp)
             start = time.perf_counter()
-            result, info = await run_demo(args, out)
+            result, info = await run_demo(args, out, built)
             if result.already_finished:  # as `asyncgraph run --resume` says it
                 print(already_finished_line(result))
                 return 0
