@@ -733,3 +733,72 @@ def test_a_class_attribute_named_in_a_docstring_exists() -> None:
             if cls in known and attribute not in known[cls]:
                 missing.append(f"{path.relative_to(ROOT)}: {cls}.{attribute}")
     assert missing == []
+
+
+# Diary wording: the guides say what is (the design, the reason for a choice, the current
+# figure with its date, load and command); how the project got there goes to CHANGELOG.md
+# (#36, point 9). Each pattern is a phrase that narrates, with the removed passage it
+# comes from; a use that does not narrate goes on the allow-list with its reason.
+_DIARY = re.compile(
+    "|".join(
+        [
+            # "the fourth session of 2026-11-25", "at the end of the session"
+            r"\b(?:this|that|the|next|previous|earlier|first|second|third|fourth|fifth"
+            r"|sixth|seventh|eighth) sessions?\b",
+            r"\ba session of\b",
+            # "Tried and not kept", "tried the one change ... and took it out again"
+            r"\btried\b(?! again)",
+            r"\breverted\b",
+            # "Fixed in two commits", "two things these runs found and that are fixed"
+            r"\bfixed in (?:one|two|three|\d+) commits?\b",
+            r"\b(?:that|which) (?:are|were) (?:now )?fixed\b",
+            # "(it was about 819 MB)", "(was 73 to 75)"
+            r"\((?:it )?was (?:about )?\d",
+            r"[;,] (?:it )?was (?:about )?\d",
+            r"\bpreviously\b",
+            r"\buntil now\b",
+            r"\bwhat changed\b",
+            r"\b(?:since|before|until) this (?:run|change|fix|session|cut)\b",
+            r"\bbefore this day'?s\b",
+            r"\b(?:the day before|days? ago|yesterday|this morning|this evening)\b",
+            r"\bearlier (?:runs?|sessions?|tables?|figures?)\b",
+            r"\b(?:our|earlier|previous) attempts?\b",
+            # "The tree before #39 could not ...": an issue number as a point in time
+            r"\b(?:since|before|until) (?:issue )?#\d+",
+            r"\bnow \(#\d+\)",
+            r"\(before: ",
+            r"\bwent from [\d.]+",
+            r"\bthe main branch\b",
+            r"\bthe commit before\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+# (page, the phrase as written) -> why it does not narrate the project's history.
+_DIARY_ALLOWED: dict[tuple[str, str], str] = {}
+_DIARY_PAGES = ("guide", "how-to", "tutorials", "reference", "cli", "coming-from")
+
+
+def _prose(text: str) -> str:
+    """A page without its fenced code blocks (a program's output may say anything)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def test_the_guides_carry_no_development_diary() -> None:
+    pages = [ROOT / "README.md", *(p for d in _DIARY_PAGES for p in (DOCS / d).rglob("*.md"))]
+    found, used = [], set()
+    for page in sorted(pages):
+        where = str(page.relative_to(ROOT))
+        prose = _prose(page.read_text())
+        for match in _DIARY.finditer(prose):
+            key = (where, match[0])
+            if key in _DIARY_ALLOWED:
+                used.add(key)
+                continue
+            line = prose[: match.start()].count("\n") + 1
+            found.append(f"{where}:{line}: {match[0]!r}")
+    assert found == [], (
+        "history in a guide: say what is (the design, the reason, the current figure with "
+        "its date and load) and move the history to CHANGELOG.md"
+    )
+    assert set(_DIARY_ALLOWED) - used == set(), "allow-list entries that match nothing"
