@@ -1,4 +1,6 @@
-"""Where a remote node's time and CPU go: the figures behind docs/guide/fleet.md "Measured".
+"""Where a remote node's time and CPU go.
+
+The figures behind docs/guide/benchmarks.md, "Where the time goes".
 
     python benchmarks/dist_breakdown.py [--passes 500]
 

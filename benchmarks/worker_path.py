@@ -1,4 +1,5 @@
-"""What one remote task costs the worker, without Redis: the figures behind docs/guide/fleet.md.
+"""What one remote task costs the worker, without Redis: the figures behind
+docs/guide/benchmarks.md, "Where the time goes".
 
     python benchmarks/worker_path.py [--tasks 20000]
 
