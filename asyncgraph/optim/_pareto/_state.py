@@ -3,9 +3,11 @@
 ``SearchState`` holds the pool of candidates (the Pareto arithmetic over it is the pure
 functions of ``asyncgraph/optim/_frontier.py``), the round, what was spent, the merged
 pairs, the history (one row a round) and the greedy chain (``greedy``, ``tip``,
-``idle``). The checkpoint's format is written here and nowhere else: ``checkpoint`` makes
-the JSON data, ``restore`` checks it against the search it is loaded into and reads it
-back whole, or raises ``ValueError`` and changes nothing.
+``idle``); ``StateField`` shows each field as an attribute of the search, and
+``SearchResult`` is what the state says when the search ends. The checkpoint's format is
+written here and nowhere else: ``checkpoint`` makes the JSON data, ``restore`` checks it
+against the search it is loaded into and reads it back whole, or raises ``ValueError``
+and changes nothing.
 """
 
 from __future__ import annotations
