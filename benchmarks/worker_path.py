@@ -43,7 +43,8 @@ from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._registry import build_registry
 from asyncgraph.distributed.worker._runner import open_runner
 from asyncgraph.resp import Pool, parse_redis_url
-from asyncgraph.resp._client import _HiredisReader, _Reader
+from asyncgraph.resp._hiredis_protocol import _HiredisReader
+from asyncgraph.resp._protocol import Reader
 
 BATCH = 64
 NOWHERE = "redis://127.0.0.1:1/0"  # never connected to
@@ -119,7 +120,7 @@ def parse_per_entry() -> dict[str, float]:
     entry += b"".join(bulk(f) for f in fields)
     wire = b"*1\r\n*2\r\n" + bulk(b"asyncgraph:{bench}:tasks") + b"*%d\r\n" % BATCH + entry * BATCH
     figures = {}
-    for reader_class in (_Reader, _HiredisReader):
+    for reader_class in (Reader, _HiredisReader):
 
         def parse(reader_class: type = reader_class) -> object:
             reader = reader_class()
@@ -155,7 +156,7 @@ def main() -> None:
     parse = parse_per_entry()
     print(
         f"parsing one task entry of an XREADGROUP reply: Python parser "
-        f"{parse['_Reader'] * 1e6:.2f} us, hiredis {parse['_HiredisReader'] * 1e6:.2f} us"
+        f"{parse['Reader'] * 1e6:.2f} us, hiredis {parse['_HiredisReader'] * 1e6:.2f} us"
     )
     print(
         f"one wake-up of this process (asyncio.sleep(0.005) in a loop): "

@@ -39,13 +39,10 @@ from typing import Any
 
 import anyio
 
-from asyncgraph.resp._client import (
-    Arg,
-    Connection,
-    RedisAddress,
-    RedisConnectionLost,
-    ReplyError,
-)
+from asyncgraph._exceptions import RedisConnectionLost, ReplyError
+from asyncgraph.resp._address import RedisAddress
+from asyncgraph.resp._connection import Connection
+from asyncgraph.resp._protocol import Arg
 
 __all__ = ["ClusterConnection", "ClusterRouter", "key_slot"]
 

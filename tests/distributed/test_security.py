@@ -312,7 +312,7 @@ async def test_the_client_takes_the_secret_from_the_environment_and_diagnoses_a_
 def test_a_worker_reads_fewer_entries_after_big_ones() -> None:
     from asyncgraph.distributed.wire._keys import BULK_MARGIN
     from asyncgraph.distributed.worker._intake import ReadSizer
-    from asyncgraph.resp._client import Oversize
+    from asyncgraph.resp import Oversize
 
     sizer = ReadSizer(batch_size=256, max_bulk=8 * 1024 * 1024 + BULK_MARGIN)
     assert sizer.count(64) == 64

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgraph.resp import parse_redis_url
-from asyncgraph.resp._client import ReplyError
+from asyncgraph.resp import Connection, Pool, ReplyError, parse_redis_url
 from asyncgraph.resp._cluster import _redirect, _units, command_key, key_slot
 
 
@@ -83,3 +82,14 @@ def test_cluster_urls() -> None:
     for bad in ("redis+cluster://", "redis+cluster://h:7000/1", "redis+cluster://h:x"):
         with pytest.raises(ValueError, match="invalid Redis URL"):
             parse_redis_url(bad)
+
+
+@pytest.mark.anyio
+async def test_a_cluster_is_routed_by_the_pool_and_not_opened_as_one_node() -> None:
+    """The pool chooses, when it is made, how it connects: a cluster's router or one node."""
+    address = parse_redis_url("redis+cluster://127.0.0.1:7000,127.0.0.1:7001")
+    pool = Pool(address, timeout_s=1)
+    assert pool.router is not None and pool.router.address is address
+    assert Pool(parse_redis_url("redis://127.0.0.1:7000"), timeout_s=1).router is None
+    with pytest.raises(ValueError, match=r"a Redis Cluster.*Pool\(address\)\.connect\(\)"):
+        await Connection.open(address, 1.0)  # never the address's unused host and port

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncgraph.resp._client import (
+from asyncgraph.resp import (
     Oversize,
     Pool,
     RedisConnectionLost,
@@ -18,6 +18,8 @@ from asyncgraph.resp._client import (
     parse_redis_url,
     redact_url,
 )
+from asyncgraph.resp._hiredis_protocol import _HIREDIS_REPLY_LIMIT, _HiredisReader, pack
+from asyncgraph.resp._protocol import MORE, Reader, encode
 
 pytestmark = pytest.mark.anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -185,26 +187,19 @@ def replies_of(
     reader: Any, chunks: list[bytes], cap: int = 10, max_items: int = 32
 ) -> list[object]:
     """What ``reader`` parses out of ``chunks`` fed one by one (as ``Connection._read`` does)."""
-    from asyncgraph.resp._client import _MORE
-
     reader.cap, reader.max_items = cap, max_items
     out: list[object] = []
     for chunk in chunks:
         reader.feed(chunk)
-        while (value := reader.next_reply()) is not _MORE:
+        while (value := reader.next_reply()) is not MORE:
             out.append(value if not isinstance(value, ReplyError) else ("err", str(value)))
     return out
 
 
-READERS = ["_Reader", "_HiredisReader"]
-
-
-@pytest.mark.parametrize("reader_class", READERS)
+@pytest.mark.parametrize("reader_class", [Reader, _HiredisReader], ids=lambda c: c.__name__)
 def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries(
-    reader_class: str,
+    reader_class: type[Reader | _HiredisReader],
 ) -> None:
-    from asyncgraph.resp import _client
-
     wire = (
         b"*3\r\n$5\r\nhello\r\n*2\r\n:1\r\n$-1\r\n*0\r\n"
         b"+OK\r\n-ERR nope\r\n"
@@ -212,7 +207,7 @@ def test_the_parser_gives_the_same_replies_whatever_the_chunk_boundaries(
     )
 
     def replies(chunks: list[bytes]) -> list[object]:
-        return replies_of(getattr(_client, reader_class)(), chunks)
+        return replies_of(reader_class(), chunks)
 
     whole = replies([wire])
     assert whole == [
@@ -230,8 +225,6 @@ def test_hiredis_hands_a_reply_that_grows_too_big_to_the_python_parser_mid_pipel
     """A small reply, then a big one with an oversize bulk, then a small one, in chunks of
     any size: hiredis returns the first, the Python parser reads the big one skipping the
     bulk (it is never buffered whole), hiredis takes over again for the last."""
-    from asyncgraph.resp._client import _HIREDIS_REPLY_LIMIT, _HiredisReader
-
     big = b"y" * (3 * _HIREDIS_REPLY_LIMIT)
     wire = (
         b"+first\r\n"
@@ -255,8 +248,6 @@ def test_hiredis_hands_a_reply_that_grows_too_big_to_the_python_parser_mid_pipel
 def test_hiredis_never_sees_the_header_of_a_huge_array() -> None:
     """hiredis allocates a list at its header: a million-item one goes to the Python
     parser (which skips it unbuilt), even when the header is cut between two chunks."""
-    from asyncgraph.resp._client import _HiredisReader
-
     items = 1_000_000
     wire = b":1\r\n*%d\r\n" % items + b":7\r\n" * items + b"+after\r\n"
     for cut in (5, 7, 9, 11):  # inside the header, and around it
@@ -313,8 +304,6 @@ def test_a_sentinel_url_names_its_sentinels_service_db_and_hides_its_passwords()
 
 
 def test_commands_are_packed_the_same_by_hiredis_and_by_the_python_encoder() -> None:
-    from asyncgraph.resp._client import _encode, _pack
-
     commands: list[list[object]] = [
         ["PING"],
         ["XADD", "s:{q}", "*", "m", b"\x00\xff" * 3000, "s", b""],
@@ -323,8 +312,8 @@ def test_commands_are_packed_the_same_by_hiredis_and_by_the_python_encoder() -> 
     ]
     python: list[bytes] = []
     for command in commands:
-        _encode(command, python)  # type: ignore[arg-type]
-    assert _pack(commands) == b"".join(python)  # type: ignore[arg-type]
+        encode(command, python)  # type: ignore[arg-type]
+    assert pack(commands) == b"".join(python)  # type: ignore[arg-type]
 
 
 @pytest.fixture

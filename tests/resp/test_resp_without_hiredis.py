@@ -17,10 +17,11 @@ sys.modules["hiredis"] = None  # makes `import hiredis` raise ImportError
 
 import anyio
 
-from asyncgraph.resp._client import Pool, ReplyError, _HAVE_HIREDIS, _new_reader, parse_redis_url
+from asyncgraph.resp import Pool, ReplyError, parse_redis_url
+from asyncgraph.resp._hiredis_protocol import _HAVE_HIREDIS, new_reader
 
 url, backend = sys.argv[1:]
-assert not _HAVE_HIREDIS and type(_new_reader()).__name__ == "_Reader"
+assert not _HAVE_HIREDIS and type(new_reader()).__name__ == "Reader"
 
 
 async def main() -> None:

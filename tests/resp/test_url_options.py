@@ -227,7 +227,7 @@ def test_a_url_reads_as_redis_pys_parse_url_reads_it(url: str) -> None:
     """Our parse (no redis-py import on a command's start) agrees with redis-py's."""
     from redis.connection import parse_url
 
-    from asyncgraph.resp._client import _url_parts
+    from asyncgraph.resp._address import _url_parts
 
     fields = ("host", "port", "path", "db", "username", "password")
     theirs = {k: v for k, v in parse_url(url).items() if k in fields}  # type: ignore[no-untyped-call]
