@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from asyncgraph._exceptions import GraphError
 
-from ._executor import ForwardExecutor, current_forward_executor
 from ._grad_mode import _GRAD_ENABLED
 from ._graph import _ORDER, Edge, Node, Seq, next_seq, zero_template
+from ._remote_forwards import ForwardExecutor, current_forward_executor
 from ._variable import Variable
 
 __all__ = ["Function", "FunctionCtx", "once_differentiable"]
