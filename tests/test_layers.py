@@ -44,8 +44,10 @@ def owner(module: str) -> str:
     return "asyncgraph"
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """Every module and name ``path`` imports, with its line: at module level, under
+    ``if TYPE_CHECKING:`` and inside functions alike (``root`` holds the package)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     me = ".".join(parts)
@@ -198,3 +200,96 @@ def test_a_new_module_dropped_into_the_core_is_held_by_the_contracts(tmp_path: P
     )
     assert broken.returncode != 0
     assert "asyncgraph._core._probe -> asyncgraph.distributed" in broken.stdout
+
+
+# -- import cycles (#36, point 5) ---------------------------------------------------------
+
+
+def import_graph(package_dir: Path, root: Path = ROOT) -> dict[str, set[str]]:
+    """Which module of a package imports which other module of it. Every import statement
+    counts: an import moved into a function or under ``TYPE_CHECKING`` to dodge a cycle
+    is still an edge of that cycle."""
+    package = ".".join(package_dir.relative_to(root).parts)
+    modules = {
+        package if path.name == "__init__.py" else f"{package}.{path.stem}": path
+        for path in sorted(package_dir.glob("*.py"))
+    }
+    return {
+        name: {target for _, target in imports_of(path, root) if target in modules} - {name}
+        for name, path in modules.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of modules that import one another in a circle: ``graph``'s strongly
+    connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = {stack.pop()}
+            while module not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                found.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found, key=sorted)
+
+
+def test_the_resp_modules_import_one_another_without_a_cycle() -> None:
+    assert circles(import_graph(PACKAGE / "resp")) == []
+
+
+def test_the_cycle_finder_sees_an_import_hidden_in_a_function(tmp_path: Path) -> None:
+    package = tmp_path / "probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_a.py").write_text("from probe._b import B\n")
+    (package / "_b.py").write_text("B = 1\n\n\ndef f():\n    from ._a import A\n")
+    (package / "_c.py").write_text("from probe import _a\n")
+    graph = import_graph(package, tmp_path)
+    assert circles(graph) == [{"probe._a", "probe._b"}]
+    graph["probe._b"].clear()
+    assert circles(graph) == []
+
+
+# NOTE [Import circles of the core]: the core imports downwards (variables and the graph,
+# Functions, executors, the engine, the entry points), but for two kinds of edge, kept:
+# - Variable's methods that run what sits above it, as PyTorch's Tensor does: backward()
+#   runs a pass (the engine works on Variables) and a + b applies the Add Function (whose
+#   forward makes Variables). They import when called; their signature's types under
+#   TYPE_CHECKING. These edges are listed, each with its method.
+# - the graph's own three modules: a Variable's grad_fn is a Node, a Node records one
+#   Function application and holds Variables, and Function.apply makes both. _graph names
+#   the other two in annotations only (TYPE_CHECKING); they import it.
+# Any other circle fails the test; so does a listed edge that is gone (take it off).
+CORE_METHOD_EDGES = {
+    ("_variable", "_autodiff"): "Variable.backward runs the pass",
+    ("_variable", "_engine"): "Variable.backward's listeners= (Listener)",
+    ("_variable", "_executor"): "Variable.backward's executor= (Executor)",
+    ("_variable", "_arith"): "Variable.__add__ and __radd__ apply Add",
+}
+CORE_CIRCLES = [{"_function", "_graph", "_variable"}]
+
+
+def test_the_cores_import_circles_are_only_the_ones_kept() -> None:
+    graph = import_graph(PACKAGE / "_core")
+    core = "asyncgraph._core."
+    assert [edge for edge in CORE_METHOD_EDGES if core + edge[1] not in graph[core + edge[0]]] == []
+    for source, target in CORE_METHOD_EDGES:
+        graph[core + source].discard(core + target)
+    assert circles(graph) == [{core + module for module in group} for group in CORE_CIRCLES]
