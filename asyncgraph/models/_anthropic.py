@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from asyncgraph._exceptions import ModelConfigError
-from asyncgraph._redact import redact_url
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._http import HttpChatModel, checked_http_url, join_url
 from asyncgraph.models._prices import context_window
@@ -344,8 +343,10 @@ class AnthropicChat(HttpChatModel):
         super().__init__(
             model,
             url=join_url(checked, path),
+            base_url=checked,
             headers={**(headers or {}), "anthropic-version": ANTHROPIC_VERSION, **auth},
             secrets=[key] if key else [],
+            default_params=default_params,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
@@ -354,16 +355,11 @@ class AnthropicChat(HttpChatModel):
             cache=cache,
             pricing=pricing,
             usage=usage,
+            max_tokens=max_tokens,
+            max_concurrency=max_concurrency,
+            context_tokens=context_tokens,
         )
-        self.model = model
-        self.base_url = checked
         self.cache_prompt = cache_prompt
-        self.default_params = dict(default_params or {})
-        self._set_limits(max_tokens, max_concurrency, context_tokens)
-
-    @property
-    def cache_endpoint(self) -> str:
-        return redact_url(self.base_url)
 
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return messages_request(
@@ -399,6 +395,3 @@ class AnthropicChat(HttpChatModel):
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         response_format = {**self.default_params, **params}.get("response_format")
         return messages_completion(data, self.model, response_format)
-
-    def __repr__(self) -> str:
-        return f"AnthropicChat({self.model!r}, base_url={redact_url(self.base_url)!r})"

@@ -143,8 +143,10 @@ class AzureOpenAIChat(HttpChatModel):
         super().__init__(
             deployment,
             url=_deployment_url(checked, deployment, version.strip()),
+            base_url=checked,
             headers={**(headers or {}), **auth},
             secrets=[s for s in (key, token) if s],
+            default_params=default_params,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
@@ -153,15 +155,18 @@ class AzureOpenAIChat(HttpChatModel):
             cache=cache,
             pricing=pricing,
             usage=usage,
+            max_tokens=max_tokens,
+            max_concurrency=max_concurrency,
+            context_tokens=context_tokens,
         )
-        self.model = self.deployment = deployment
-        self.endpoint = self.base_url = checked
+        self.deployment = deployment
+        self.endpoint = checked
         self.api_version = version.strip()
-        self.default_params = dict(default_params or {})
-        self._set_limits(max_tokens, max_concurrency, context_tokens)
 
     @property
     def cache_endpoint(self) -> str:
+        """The deployment's URL (with its api-version): the same request to another
+        deployment or version is another."""
         return redact_url(self.url)
 
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:

@@ -58,7 +58,13 @@ from asyncgraph.models._usage import Pricing, UsageMeter
 if TYPE_CHECKING:  # httpx loads with a model's first request, not with asyncgraph.models
     import httpx
 
-__all__ = ["HttpChatModel", "checked_http_url", "error_body_message", "join_url"]
+__all__ = [
+    "HttpChatModel",
+    "checked_http_url",
+    "error_body_message",
+    "join_url",
+    "status_error_kind",
+]
 
 logger = logging.getLogger("asyncgraph.models")
 # httpx logs every request's URL at INFO, a base URL's ``?api-key=`` and password included:
@@ -93,12 +99,17 @@ def join_url(base: str, path: str) -> str:
 class HttpChatModel(BaseChatModel):
     """A model answered by ``POST``-ing JSON to an HTTP endpoint (see the module docstring).
 
-    Subclasses pass the ``url`` they post to, their ``headers`` and the ``secrets`` they
-    hold (API keys; what ``url`` carries and the credential headers' values are added,
-    and all are registered: masked in every output of the process), give the JSON body
-    they send (``_body``) and read the answer from the JSON reply (``_completion``), and may
-    override ``_server_message`` (how their error bodies read) and ``_status_hints``. Everything shown (messages, the server's words, the
-    answer's text through ``_redact``) has those secrets and the environment's masked.
+    Subclasses resolve where they post and with which key, and pass on the options every
+    client takes: the ``url`` they post to, the ``base_url`` it is under (shown in the
+    repr; the cache key's endpoint unless ``cache_endpoint`` says otherwise), their
+    ``headers`` and the ``secrets`` they hold (API keys; what ``url`` carries and the
+    credential headers' values are added, and all are registered: masked in every output
+    of the process), the ``default_params`` sent under every call's own, and the limits
+    (``max_tokens``, ``max_concurrency``, ``context_tokens``; see ``BaseChatModel``).
+    They give the JSON body they send (``_body``) and read the answer from the JSON reply
+    (``_completion``), and may override ``_server_message`` (how their error bodies read)
+    and ``_status_hints``. Everything shown (messages, the server's words, the answer's
+    text through ``_redact``) has those secrets and the environment's masked.
     """
 
     _status_hints: Mapping[int, str] = {}
@@ -112,11 +123,13 @@ class HttpChatModel(BaseChatModel):
 
     def __init__(
         self,
-        name: str,
+        model: str,
         *,
         url: str,
+        base_url: str,
         headers: Mapping[str, str],
         secrets: Iterable[str] = (),
+        default_params: Mapping[str, Any] | None,
         timeout_s: float,
         connect_timeout_s: float,
         max_connections: int,
@@ -125,6 +138,9 @@ class HttpChatModel(BaseChatModel):
         cache: Cache | None,
         pricing: Pricing | None,
         usage: UsageMeter | None,
+        max_tokens: int | None,
+        max_concurrency: int | None,
+        context_tokens: int | None,
     ) -> None:
         if timeout_s <= 0 or connect_timeout_s <= 0:
             raise ValueError(
@@ -132,8 +148,12 @@ class HttpChatModel(BaseChatModel):
                 f"connect_timeout_s={connect_timeout_s!r}"
             )
         super().__init__(
-            name, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
+            model, retry=retry, rate_limit=rate_limit, cache=cache, pricing=pricing, usage=usage
         )
+        self._set_limits(max_tokens, max_concurrency, context_tokens)
+        self.model = model
+        self.base_url = base_url
+        self.default_params = dict(default_params or {})
         self.url = url
         own = {*secrets, *url_secrets(url), *header_secrets(headers)} - {""}
         for secret in own:  # masked in every output of the process from now on
@@ -148,6 +168,10 @@ class HttpChatModel(BaseChatModel):
         # One pool per event loop (keyed by the loop object, so it goes with the loop): a
         # pool's connections belong to the loop that opened them and fail in any other.
         self._clients: weakref.WeakKeyDictionary[object, _LoopClient] = weakref.WeakKeyDictionary()
+
+    @property
+    def cache_endpoint(self) -> str:
+        return redact_url(self.base_url)
 
     @property
     def _shown_url(self) -> str:
@@ -331,15 +355,7 @@ class HttpChatModel(BaseChatModel):
         status = response.status_code
         server_message = self._redact(self._server_message(response))
         retry_after_s = parse_retry_after(response.headers)
-        cls: type[ModelStatusError]
-        if status == 429:
-            cls, what = ModelRateLimitedError, "rate limited by the server"
-        elif status == 408:
-            cls, what = ModelRequestTimeoutError, "the server timed out waiting for the request"
-        elif status >= 500:
-            cls, what = ModelServerError, "server error"
-        else:
-            cls, what = ModelRequestError, "request rejected (not retried)"
+        cls, what = status_error_kind(status)
         hint = self._status_hints.get(status)
         message = f"{self.name!r}: HTTP {status} from {self._shown_url}, {what}: {server_message}"
         if hint:
@@ -370,6 +386,9 @@ class HttpChatModel(BaseChatModel):
             if entry is not None:
                 await entry.closer.aclose()
             await super().aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model!r}, base_url={redact_url(self.base_url)!r})"
 
 
 @functools.cache
@@ -422,6 +441,19 @@ async def _close_at_loop_end(
             _closers.get(loop, {}).pop(client, None)
         with anyio.CancelScope(shield=True):
             await client.aclose()
+
+
+def status_error_kind(status: int) -> tuple[type[ModelStatusError], str]:
+    """The ``ModelStatusError`` for an HTTP error ``status``, and how a message says it:
+    429 rate limited, 408 timed out, 5xx a server error (these are retried), any other
+    rejected (not retried)."""
+    if status == 429:
+        return ModelRateLimitedError, "rate limited by the server"
+    if status == 408:
+        return ModelRequestTimeoutError, "the server timed out waiting for the request"
+    if status >= 500:
+        return ModelServerError, "server error"
+    return ModelRequestError, "request rejected (not retried)"
 
 
 def error_body_message(response: httpx.Response) -> str:

@@ -19,17 +19,14 @@ from asyncgraph._exceptions import (
     ModelConfigError,
     ModelConnectionError,
     ModelError,
-    ModelRateLimitedError,
-    ModelRequestError,
-    ModelRequestTimeoutError,
     ModelResponseError,
-    ModelServerError,
     ModelTimeoutError,
 )
 from asyncgraph._install import install_hint
 from asyncgraph._redact import redact, redact_url, register_secret, secret_values
 from asyncgraph.models._base import BaseChatModel
 from asyncgraph.models._cache import Cache
+from asyncgraph.models._http import status_error_kind
 from asyncgraph.models._outbound import CHAT_PARAMS
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
@@ -111,9 +108,8 @@ def _model_error(exc: Exception, model: str, litellm: Any, secrets: list[str]) -
         return ModelTimeoutError(message, model=model)
     if isinstance(exc, litellm.APIConnectionError) or not isinstance(status, int):
         return ModelConnectionError(message, model=model)
-    kinds: dict[int, type[ModelError]] = {408: ModelRequestTimeoutError, 429: ModelRateLimitedError}
-    kind = kinds.get(status, ModelServerError if status >= 500 else ModelRequestError)
-    return kind(message, model=model, status_code=status, server_message=text)  # type: ignore[call-arg]
+    kind, _ = status_error_kind(status)
+    return kind(message, model=model, status_code=status, server_message=text)
 
 
 class LiteLLMChat(BaseChatModel):

@@ -122,8 +122,10 @@ class OpenAIChat(HttpChatModel):
         super().__init__(
             model,
             url=join_url(checked, "/chat/completions"),
+            base_url=checked,
             headers={**(headers or {}), **auth},
             secrets=[key] if key else [],
+            default_params=default_params,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_connections=max_connections,
@@ -132,17 +134,12 @@ class OpenAIChat(HttpChatModel):
             cache=cache,
             pricing=pricing,
             usage=usage,
+            max_tokens=max_tokens,
+            max_concurrency=max_concurrency,
+            context_tokens=context_tokens,
         )
-        self.model = model
-        self.base_url = checked
-        self.default_params = dict(default_params or {})
-        self._set_limits(max_tokens, max_concurrency, context_tokens)
         if checked == DEFAULT_BASE_URL:
             self.reply_tokens_param = "max_completion_tokens"
-
-    @property
-    def cache_endpoint(self) -> str:
-        return redact_url(self.base_url)
 
     def _body(self, messages: list[dict[str, Any]], params: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, **params, "model": self.model, "messages": messages}
@@ -212,9 +209,6 @@ class OpenAIChat(HttpChatModel):
 
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         return chat_completion(data, self.model)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.model!r}, base_url={redact_url(self.base_url)!r})"
 
 
 _REASONING = re.compile(r"^(o\d|gpt-5)")
