@@ -36,8 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["Billed", "OpenAITestServer", "RecordedRequest", "Reply", "echo_text"]
 
@@ -185,9 +184,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.owner._handle(self)
 
     def do_GET(self) -> None:
-        self.server.owner._send_json(
-            self, 404, _error_body("not found", "invalid_request_error"), {}
-        )
+        self.server.owner._get(self)
+
+
+def _read_request(req: _Handler) -> tuple[Any, dict[str, str]]:
+    """A POST's JSON body (None when it is not JSON) and its headers, names lower-cased."""
+    length = int(req.headers.get("content-length") or 0)
+    raw = req.rfile.read(length) if length else b""
+    try:
+        body: Any = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    return body, {k.lower(): v for k, v in req.headers.items()}
 
 
 def _error_body(message: str, kind: str) -> dict[str, Any]:
@@ -236,7 +244,7 @@ class OpenAITestServer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> OpenAITestServer:
+    def start(self) -> Self:
         if self._httpd is not None:
             return self
         self._stopping.clear()
@@ -259,15 +267,10 @@ class OpenAITestServer:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> OpenAITestServer:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     @property
@@ -329,14 +332,12 @@ class OpenAITestServer:
 
     # -- serving -----------------------------------------------------------------------
 
+    def _get(self, req: _Handler) -> None:
+        """The answer to a GET (OpenAI's API serves none here)."""
+        self._send_json(req, 404, _error_body("not found", "invalid_request_error"), {})
+
     def _handle(self, req: _Handler) -> None:
-        length = int(req.headers.get("content-length") or 0)
-        raw = req.rfile.read(length) if length else b""
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        headers = {k.lower(): v for k, v in req.headers.items()}
+        body, headers = _read_request(req)
         reply, arrived = self._decide(req.path, body, headers)
         # Recorded before answering: once the client has its answer, the record exists.
         status = 0 if reply.drop else reply.status

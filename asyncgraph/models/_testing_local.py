@@ -31,7 +31,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -49,12 +48,9 @@ from asyncgraph.models._testing import (
     Reply,
     _Handler,
     _prefix_keys,
+    _read_request,
 )
-from asyncgraph.models._testing_providers import (
-    AnthropicTestServer,
-    _block_words,
-    _prompt_blocks,
-)
+from asyncgraph.models._testing_providers import AnthropicTestServer
 
 __all__ = [
     "LocalModelTestServer",
@@ -121,13 +117,6 @@ def schema_value(schema: Any, prose: str) -> Any:
     return prose
 
 
-class _LocalHandler(_Handler):
-    def do_GET(self) -> None:
-        owner = self.server.owner
-        assert isinstance(owner, LocalModelTestServer)
-        owner._get(self)
-
-
 class LocalModelTestServer(OpenAITestServer):
     """See the module docstring. ``improve(value) -> str`` says what an update request's
     value becomes (default: the value with " Be precise." added once)."""
@@ -167,24 +156,6 @@ class LocalModelTestServer(OpenAITestServer):
         self.completion_tokens: list[int] = []
         """The completion tokens of each answer, in order."""
 
-    def start(self) -> LocalModelTestServer:
-        if self._httpd is not None:
-            return self
-        self._stopping.clear()
-        from asyncgraph.models._testing import _Server
-
-        httpd = _Server((self._host, self._port), _LocalHandler)
-        httpd.owner = self
-        self._httpd = httpd
-        self._thread = threading.Thread(
-            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def __enter__(self) -> LocalModelTestServer:
-        return self.start()
-
     # -- what the server says of itself ------------------------------------------------
 
     def _get(self, req: _Handler) -> None:
@@ -207,13 +178,7 @@ class LocalModelTestServer(OpenAITestServer):
     # -- serving -----------------------------------------------------------------------
 
     def _handle(self, req: _Handler) -> None:
-        length = int(req.headers.get("content-length") or 0)
-        raw = req.rfile.read(length) if length else b""
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        headers = {k.lower(): v for k, v in req.headers.items()}
+        body, headers = _read_request(req)
         arrived = time.monotonic()
         if req.path.split("?", 1)[0].rstrip("/") != CHAT_PATH or not isinstance(body, dict):
             self._record(RecordedRequest(arrived, req.path, headers, body, 404))
@@ -403,25 +368,5 @@ class TimedAnthropicTestServer(AnthropicTestServer):
         self.readable.arrived(arrived)
         return reply, arrived
 
-    def _prompt_cache(self, body: Mapping[str, Any]) -> tuple[int, int, int]:
-        blocks = _prompt_blocks(body)
-        words = [_block_words(b) for b in blocks]
-        ends = [
-            i + 1
-            for i, b in enumerate(blocks)
-            if isinstance(b, dict)
-            and "cache_control" in b
-            and sum(words[: i + 1]) >= self.min_cache_tokens
-        ]
-        if not ends:
-            return sum(words), 0, 0
-        keys = [
-            hashlib.sha256(
-                json.dumps([body["model"], blocks[:end]], sort_keys=True).encode()
-            ).hexdigest()
-            for end in ends
-        ]
-        hits = [ends[i] for i in self.readable.hits(keys)]
-        read = sum(words[: max(hits)]) if hits else 0
-        written = sum(words[: ends[-1]]) - read
-        return sum(words[ends[-1] :]), written, read
+    def _cached_ends(self, ends: list[int], keys: list[str]) -> list[int]:
+        return [ends[i] for i in self.readable.hits(keys)]

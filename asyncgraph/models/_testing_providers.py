@@ -251,14 +251,20 @@ class AnthropicTestServer(OpenAITestServer):
             ).hexdigest()
             for end in ends
         ]
+        hits = self._cached_ends(ends, keys)
+        read = sum(words[: max(hits)]) if hits else 0
+        written = sum(words[: ends[-1]]) - read
+        return sum(words[ends[-1] :]), written, read
+
+    def _cached_ends(self, ends: list[int], keys: list[str]) -> list[int]:
+        """Of the marked prefixes (ending at block ``ends``, hashed ``keys``), the ends of
+        those the cache holds; all of them are written to it."""
         with self._cache_lock:
             hits = [
                 end for end, key in zip(ends, keys, strict=True) if key in self._cached_prefixes
             ]
             self._cached_prefixes.update(keys)
-        read = sum(words[: max(hits)]) if hits else 0
-        written = sum(words[: ends[-1]]) - read
-        return sum(words[ends[-1] :]), written, read
+        return hits
 
     def _answer(self, reply: Reply, path: str, body: Any) -> Any:
         last = body["messages"][-1]["content"]
