@@ -7,7 +7,7 @@ import math
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 from asyncgraph.models._types import MAX_TOKENS, Completion
 
@@ -264,21 +264,18 @@ class UsageMeter:
     def _add_completion(
         self, completion: Completion, pricing: Pricing | None, *, replayed: int
     ) -> None:
-        p, c = completion.prompt_tokens, completion.completion_tokens
-        cost = pricing.completion_cost_usd(completion) if pricing is not None else 0.0
-        with self._lock:
-            u = self._usage
-            self._usage = replace(
-                u,
-                requests=u.requests + 1,
-                prompt_tokens=u.prompt_tokens + p,
-                completion_tokens=u.completion_tokens + c,
-                cache_read_tokens=u.cache_read_tokens + completion.cache_read_tokens,
-                cache_write_tokens=u.cache_write_tokens + completion.cache_write_tokens,
-                cost_usd=u.cost_usd + cost,
-                unpriced_requests=u.unpriced_requests + int(pricing is None),
-                replayed=u.replayed + replayed,
+        self._add(
+            Usage(
+                requests=1,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                cache_read_tokens=completion.cache_read_tokens,
+                cache_write_tokens=completion.cache_write_tokens,
+                cost_usd=pricing.completion_cost_usd(completion) if pricing is not None else 0.0,
+                unpriced_requests=int(pricing is None),
+                replayed=replayed,
             )
+        )
 
     def record_cut(
         self, prompt_tokens: int, completion_tokens: int, pricing: Pricing | None
@@ -287,33 +284,34 @@ class UsageMeter:
         and ``completion_tokens`` (upper bounds of what it could be billed) and their
         cost; a call of a model without a price is counted in ``unpriced_requests``."""
         cost = pricing.cost_usd(prompt_tokens, completion_tokens) if pricing is not None else 0.0
-        with self._lock:
-            u = self._usage
-            self._usage = replace(
-                u,
-                cut=u.cut + 1,
-                prompt_tokens=u.prompt_tokens + prompt_tokens,
-                completion_tokens=u.completion_tokens + completion_tokens,
-                cost_usd=u.cost_usd + cost,
-                unpriced_requests=u.unpriced_requests + int(pricing is None),
+        self._add(
+            Usage(
+                cut=1,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cost_usd=cost,
+                unpriced_requests=int(pricing is None),
             )
+        )
 
     def add(self, usage: Usage) -> None:
         """Add a whole ``Usage`` (e.g. what a worker reported for a remote task)."""
+        self._add(usage)
+
+    def _add(self, usage: Usage) -> None:
+        """Every count goes in here: a ``record_*`` adds the ``Usage`` of its one event
+        (not through ``add``, which a subclass may watch for whole reports)."""
         with self._lock:
             self._usage = self._usage + usage
 
     def record_cache_hit(self) -> None:
-        with self._lock:
-            self._usage = replace(self._usage, cache_hits=self._usage.cache_hits + 1)
+        self._add(Usage(cache_hits=1))
 
     def record_retry(self) -> None:
-        with self._lock:
-            self._usage = replace(self._usage, retries=self._usage.retries + 1)
+        self._add(Usage(retries=1))
 
     def record_error(self) -> None:
-        with self._lock:
-            self._usage = replace(self._usage, errors=self._usage.errors + 1)
+        self._add(Usage(errors=1))
 
     def __repr__(self) -> str:
         return f"UsageMeter({self.snapshot()!r})"

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from asyncgraph.models import (
+    Completion,
     MemoryCache,
     ModelConnectionError,
     ModelError,
@@ -77,6 +78,47 @@ def test_snapshot_is_immutable_and_defaults_to_zero_cost() -> None:
         usage.requests = 5  # type: ignore[misc]
     with pytest.raises(ValueError, match="prices"):
         Pricing(-1.0, 1.0)
+
+
+def test_each_record_adds_its_one_event_and_add_sees_whole_reports_only() -> None:
+    class Watched(UsageMeter):  # as a job's cost cap watches a meter
+        def __init__(self) -> None:
+            super().__init__()
+            self.reports: list[Usage] = []
+
+        def add(self, usage: Usage) -> None:
+            super().add(usage)
+            self.reports.append(usage)
+
+    pricing = Pricing(input_usd_per_1m=2.0, output_usd_per_1m=10.0, cached_input_usd_per_1m=1.0)
+    answer = Completion(
+        "hi", model="m", prompt_tokens=100, completion_tokens=10, cache_read_tokens=40
+    )
+    meter = Watched()
+    meter.record_completion(answer, pricing)
+    meter.record_replay(answer, None)
+    meter.record_cut(50, 20, pricing)
+    meter.record_cache_hit()
+    meter.record_retry()
+    meter.record_error()
+    assert meter.reports == []
+    expected = Usage(
+        requests=2,
+        cache_hits=1,
+        prompt_tokens=100 + 100 + 50,
+        completion_tokens=10 + 10 + 20,
+        cost_usd=(60 * 2.0 + 40 * 1.0 + 10 * 10.0) / 1e6 + (50 * 2.0 + 20 * 10.0) / 1e6,
+        retries=1,
+        errors=1,
+        unpriced_requests=1,
+        cache_read_tokens=80,
+        replayed=1,
+        cut=1,
+    )
+    assert replace(meter.snapshot(), cost_usd=0.0) == replace(expected, cost_usd=0.0)
+    assert meter.snapshot().cost_usd == pytest.approx(expected.cost_usd)
+    meter.add(Usage(requests=3))  # a worker's report
+    assert meter.reports == [Usage(requests=3)] and meter.snapshot().requests == 5
 
 
 @pytest.mark.anyio
