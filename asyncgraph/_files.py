@@ -31,7 +31,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from asyncgraph._redact import redact, redact_data
@@ -41,6 +40,7 @@ __all__ = [
     "PRIVATE_MODE",
     "PrivateLines",
     "append_private_line",
+    "json_records",
     "json_text",
     "private_dir",
     "private_umask",
@@ -190,6 +190,10 @@ class PrivateLines:
             self._file.write(line + "\n")
             self._file.flush()
 
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -199,13 +203,22 @@ class PrivateLines:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def json_records(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines text (what ``PrivateLines`` writes); a line cut
+    short (a file being written) or holding anything else is skipped."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 def append_private_line(

@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from asyncgraph._files import json_text, write_credentials
+from asyncgraph._files import json_records, json_text, write_credentials
 
 from ._checkpoint import CHECKPOINT_FILE, is_number
 from ._record import STEPS_FILE, STOP_REASONS, TRACES_DIR, trace_name
@@ -207,23 +207,10 @@ def _read_json(path: Path, roots: Sequence[Path]) -> Any:
         return None
 
 
-def _records(text: str) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines text; a line cut short (being written) is skipped."""
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def _read_lines(run_dir: Path) -> list[dict[str, Any]]:
     """steps.jsonl's lines in the order written: step lines and run events (``_record``)."""
     try:
-        return _records(_read_inside(run_dir / STEPS_FILE, _root(run_dir)).decode("utf-8"))
+        return json_records(_read_inside(run_dir / STEPS_FILE, _root(run_dir)).decode("utf-8"))
     except (OSError, ValueError):
         return []
 
@@ -458,7 +445,7 @@ def _step_calls(run_dir: Path, step: int, roots: Sequence[Path]) -> list[dict[st
             text = _read_inside(Path(log), roots).decode("utf-8", errors="replace")
         except FileNotFoundError:
             continue  # not written yet
-        for record in _records(text):
+        for record in json_records(text):
             labels = record.get("labels")
             if (
                 isinstance(labels, dict)

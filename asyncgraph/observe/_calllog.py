@@ -13,17 +13,15 @@ keys). The file is created 0600: its prompts and replies are the user's data.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
-from asyncgraph._files import PrivateLines
+from asyncgraph._files import PrivateLines, json_records
 
 from ..models import ModelCall, observe_calls
 from ._context import PROCESS, current_labels, node_info
@@ -82,7 +80,7 @@ class CallLog:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True) -> None:
         self.path = Path(path)
-        self._lines: PrivateLines | None = PrivateLines(self.path, append=append)
+        self._lines = PrivateLines(self.path, append=append)
         self._lock = threading.Lock()
         self.count = 0
 
@@ -93,7 +91,7 @@ class CallLog:
     def write(self, record: Mapping[str, Any]) -> None:
         """Write one record (``call_record``'s, perhaps with more labels) as a line."""
         with self._lock:
-            if self._lines is None:
+            if self._lines.closed:  # a call that ended after close(): not logged
                 return
             self._lines.write_json(record)
             self.count += 1
@@ -105,19 +103,12 @@ class CallLog:
 
     def close(self) -> None:
         with self._lock:
-            if self._lines is not None:
-                self._lines.close()
-                self._lines = None
+            self._lines.close()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -146,12 +137,7 @@ class log_calls:  # a context manager used like a function, as open() is
         self._stack = stack
         return log
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
@@ -159,13 +145,8 @@ class log_calls:  # a context manager used like a function, as open() is
     async def __aenter__(self) -> CallLog:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
 
 
 def read_call_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -178,16 +159,8 @@ def read_call_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         for record in read_call_log("calls.jsonl"):
             print(record["model"], record["latency_s"], record["cost_usd"])
     """
-    records: list[dict[str, Any]] = []
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        return records
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+        return []
+    return json_records(text)

@@ -30,7 +30,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio.to_thread
@@ -423,12 +422,7 @@ class trace_pass:  # a context manager used like a function, as open() is
             stack.close()
         self.timeline.close()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._exit()
         if self.path is not None:
             self.timeline.write(self.path)
@@ -436,12 +430,7 @@ class trace_pass:  # a context manager used like a function, as open() is
     async def __aenter__(self) -> Timeline:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._exit()
         if self.path is not None:
             path, timeline = self.path, self.timeline
