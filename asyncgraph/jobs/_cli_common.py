@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import anyio
 
@@ -105,6 +106,33 @@ def add_cost_cap_argument(parser: argparse.ArgumentParser) -> None:
         "a step that passes it (the last whole step's checkpoint stays); every model "
         "needs a price. --resume --max-cost HIGHER goes on",
     )
+
+
+def add_start_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--resume`` / ``--overwrite`` (one or neither), shared by ``run`` and ``demo``."""
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--resume", action="store_true", help="continue from the checkpoint in --out"
+    )
+    start.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over even if --out holds a checkpoint (it is replaced)",
+    )
+
+
+def run_job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_job``'s options as ``run`` and ``demo`` take them from the command line
+    (``add_start_arguments``, ``--no-progress``, ``add_observe_arguments``): the same
+    whether the job runs here or on a fleet."""
+    return {
+        "resume": args.resume,
+        "overwrite": getattr(args, "overwrite", False),
+        "progress": not args.no_progress,
+        "handle_sigint": True,
+        "trace": getattr(args, "trace", False),
+        "log_calls": getattr(args, "log_calls", None),
+    }
 
 
 def spending_line(result: JobResult) -> str | None:

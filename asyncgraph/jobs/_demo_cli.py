@@ -28,6 +28,7 @@ from ._cli_common import (
     EXIT_INTERRUPTED,
     add_cost_cap_argument,
     add_observe_arguments,
+    add_start_arguments,
     already_finished_line,
     check_live_workers,
     existing_run_problem,
@@ -37,6 +38,7 @@ from ._cli_common import (
     print_spending,
     redis_problem,
     run_command,
+    run_job_options,
     usage_error,
 )
 from ._job import Job, JobResult
@@ -94,15 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the checkpoint, history.json and metrics.png in DIR "
         "(default: a temporary directory, discarded at the end)",
     )
-    start = parser.add_mutually_exclusive_group()
-    start.add_argument(
-        "--resume", action="store_true", help="continue from the checkpoint in --out"
-    )
-    start.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start over even if --out holds a checkpoint (it is replaced)",
-    )
+    add_start_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
     add_cost_cap_argument(parser)
     add_observe_arguments(parser)
@@ -163,7 +157,6 @@ async def run_demo(
         if done is not None:
             return done, built[2]
     job, prompt, info = built
-    progress = not args.no_progress
     with track_usage() as usage:  # every model call, the workers' included
         if args.workers and not args.redis:
             from asyncgraph.distributed import local_fleet
@@ -180,26 +173,18 @@ async def run_demo(
                 secret=secret,
                 allowed_base_urls=[args.base_url] if args.base_url else [],
             ) as url:
-                result = await _run_remote(job, out, url, args, progress, secret)
+                result = await _run_remote(job, out, url, args, secret)
         elif args.redis:
-            result = await _run_remote(job, out, args.redis, args, progress, None)
+            result = await _run_remote(job, out, args.redis, args, None)
         else:
-            result = await run_job(
-                job,
-                out,
-                resume=args.resume,
-                overwrite=getattr(args, "overwrite", False),
-                progress=progress,
-                handle_sigint=True,
-                **_observe_options(args),
-            )
+            result = await run_job(job, out, **run_job_options(args))
     info["after"] = prompt.data
     info["calls"] = usage.snapshot().requests
     return result, info
 
 
 async def _run_remote(
-    job: Any, out: Path, url: str, args: argparse.Namespace, progress: bool, secret: str | None
+    job: Any, out: Path, url: str, args: argparse.Namespace, secret: str | None
 ) -> JobResult:
     """``job`` on the workers at ``url``; ``secret``: theirs (None: ``$ASYNCGRAPH_SECRET``)."""
     from asyncgraph.distributed import open_redis_executor
@@ -209,20 +194,7 @@ async def _run_remote(
     async with open_redis_executor(
         url, queue=args.queue, timeout_s=120.0, secret=secret
     ) as executor:
-        return await run_job(
-            job,
-            out,
-            resume=args.resume,
-            overwrite=getattr(args, "overwrite", False),
-            executor=executor,
-            progress=progress,
-            handle_sigint=True,
-            **_observe_options(args),
-        )
-
-
-def _observe_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"trace": getattr(args, "trace", False), "log_calls": getattr(args, "log_calls", None)}
+        return await run_job(job, out, executor=executor, **run_job_options(args))
 
 
 def _pct(value: float | None) -> str:

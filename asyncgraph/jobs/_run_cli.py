@@ -31,6 +31,7 @@ from ._cli_common import (
     EXIT_INTERRUPTED,
     add_cost_cap_argument,
     add_observe_arguments,
+    add_start_arguments,
     already_finished_line,
     check_live_workers,
     existing_run_problem,
@@ -38,6 +39,7 @@ from ._cli_common import (
     print_spending,
     redis_problem,
     run_command,
+    run_job_options,
     usage_error,
 )
 from ._job import Job, JobResult
@@ -51,15 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         sent="remote backwards (and, with Job(forward_on_workers=True), remote forwards)",
     )
-    start = parser.add_mutually_exclusive_group()
-    start.add_argument(
-        "--resume", action="store_true", help="continue from the checkpoint in --out"
-    )
-    start.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start over even if --out holds a checkpoint (it is replaced)",
-    )
+    add_start_arguments(parser)
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -210,17 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             async with open_fleet(args, module.__name__) as executor:
-                result = await run_job(
-                    job,
-                    out,
-                    resume=args.resume,
-                    overwrite=args.overwrite,
-                    executor=executor,
-                    progress=not args.no_progress,
-                    handle_sigint=True,
-                    trace=args.trace,
-                    log_calls=args.log_calls,
-                )
+                result = await run_job(job, out, executor=executor, **run_job_options(args))
         except JobFileError as exc:  # the job file's Functions cannot be served
             return usage_error(str(exc))
         summary(result, overwrite=args.overwrite)
