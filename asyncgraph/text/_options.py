@@ -62,6 +62,20 @@ def _plain(function: str, kwargs: Mapping[str, Any]) -> None:
             )
 
 
+def _check_given(
+    function: str, kwargs: Mapping[str, Any], known: frozenset[str], *, unknown_are: str
+) -> None:
+    """The options given to ``function`` have names from ``known`` (else ``TypeError``
+    listing the others as ``unknown_are`` and naming the valid ones) and plain values."""
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"{function} got unexpected {unknown_are} {unknown!r}; its options are "
+            f"{sorted(known)!r}"
+        )
+    _plain(function, kwargs)
+
+
 def _budget(function: str, kwargs: Mapping[str, Any]) -> int | None:
     # None is a real value here (no condensing), not "not given".
     if "feedback_budget" in kwargs:
@@ -238,13 +252,7 @@ class LLMOptions(_CtxRecord):
         Raises ``TypeError`` for an unknown name (naming the valid ones), a Variable as an
         option, a value of the wrong type, or no model given or set.
         """
-        unknown = sorted(set(kwargs) - cls.KEYWORDS)
-        if unknown:
-            raise TypeError(
-                f"{function} got unexpected keyword argument(s) {unknown!r}; its options are "
-                f"{sorted(cls.KEYWORDS)!r}"
-            )
-        _plain(function, kwargs)
+        _check_given(function, kwargs, cls.KEYWORDS, unknown_are="keyword argument(s)")
         budget = _budget(function, kwargs)
         given = with_defaults(  # use_models / set_default_models
             function,
@@ -318,13 +326,7 @@ class PythonCallOptions(_CtxRecord):
         defaults of ``use_models`` / ``set_default_models``) are resolved only when
         ``needs_feedback``. Raises ``TypeError`` naming the option that is wrong.
         """
-        unknown = sorted(set(kwargs) - cls.KEYWORDS)
-        if unknown:
-            raise TypeError(
-                f"{function} got unexpected option(s) {unknown!r}; its options are "
-                f"{sorted(cls.KEYWORDS)!r}"
-            )
-        _plain(function, kwargs)
+        _check_given(function, kwargs, cls.KEYWORDS, unknown_are="option(s)")
         options = cls(
             purpose=kwargs.get("purpose"),  # type: ignore[arg-type]  # the constructor checks it
             role=kwargs.get("role") or default_role,
