@@ -361,47 +361,71 @@ class Function:
 
     @classmethod
     def _record(cls, ctx: FunctionCtx, inputs: tuple[Any, ...], output: Any, record: bool) -> Any:
+        """What forward returned, as the caller receives it: Variables, recorded as the
+        outputs of a new node of the graph when ``record``."""
         is_tuple = isinstance(output, tuple)
         outputs = output if is_tuple else (output,)
         if not outputs:
             raise TypeError(f"{cls.__name__}.forward returned an empty tuple; return a Variable")
         if ctx._dirty:
             _check_dirty(cls.__name__, ctx, inputs, outputs, record)
-        if not record:
-            wrapped = tuple(o if isinstance(o, Variable) else Variable(o) for o in outputs)
-            return wrapped if is_tuple else wrapped[0]
+        if record:
+            result = _recorded_outputs(cls, ctx, inputs, outputs)
+        else:
+            result = tuple([o if isinstance(o, Variable) else Variable(o) for o in outputs])
+        return result if is_tuple else result[0]
 
-        edges: list[Edge | None] = []
-        for v in inputs:
-            if isinstance(v, Variable) and v._requires_grad:
-                fn = v.grad_fn
-                edges.append((fn, v._output_nr) if fn is not None else (v, 0))
-            else:
-                edges.append(None)
-        node = Node(
-            cls,
-            ctx,
-            tuple(edges),
-            ctx.needs_input_grad,
-            tuple(v.role if isinstance(v, Variable) else "" for v in inputs),
-            len(outputs),
-            ctx._seq,
-            tuple(isinstance(v, Variable) for v in inputs),
-        )
-        result = [_output(node, i, out, inputs) for i, out in enumerate(outputs)]
-        node.output_roles = tuple(o.role for o in result)
-        if ctx._materialize_grads:
-            # A raw value forward returned (not a Variable) has no zero: PyTorch passes None
-            # for a non-Tensor output, whatever the value.
-            zeros = tuple(
-                None if not isinstance(raw, Variable) else zero_template(o.data)
-                for raw, o in zip(outputs, result, strict=True)
-            )
-            if any(z is not None for z in zeros):
-                node.zeros = zeros
-        if ctx._saved:  # versions after this node's own in-place changes (mark_dirty)
-            ctx._saved_versions = tuple(None if v is None else v._version for v in ctx._saved)
-        return tuple(result) if is_tuple else result[0]
+
+def _recorded_outputs(
+    fn: type[Function], ctx: FunctionCtx, inputs: tuple[Any, ...], outputs: tuple[Any, ...]
+) -> tuple[Variable, ...]:
+    """Record one application of ``fn`` as a node, and return its outputs (each the
+    node's output, but for the non-differentiable ones)."""
+    node = _node(fn, ctx, inputs, len(outputs))
+    result = tuple([_output(node, i, out, inputs) for i, out in enumerate(outputs)])
+    node.output_roles = tuple([o.role for o in result])
+    if ctx._materialize_grads:
+        node.zeros = _zero_templates(outputs, result)
+    if ctx._saved:  # versions after this node's own in-place changes (mark_dirty)
+        ctx._saved_versions = tuple([None if v is None else v._version for v in ctx._saved])
+    return result
+
+
+def _node(fn: type[Function], ctx: FunctionCtx, inputs: tuple[Any, ...], num_outputs: int) -> Node:
+    """The node of one application of ``fn``: per input, the edge its gradient flows
+    along (to the node that computed it, or to the leaf itself; None when it needs none)."""
+    edges: list[Edge | None] = []
+    for v in inputs:
+        if isinstance(v, Variable) and v._requires_grad:
+            grad_fn = v.grad_fn
+            edges.append((grad_fn, v._output_nr) if grad_fn is not None else (v, 0))
+        else:
+            edges.append(None)
+    return Node(
+        fn,
+        ctx,
+        tuple(edges),
+        ctx.needs_input_grad,
+        tuple([v.role if isinstance(v, Variable) else "" for v in inputs]),
+        num_outputs,
+        ctx._seq,
+        tuple([isinstance(v, Variable) for v in inputs]),
+    )
+
+
+def _zero_templates(
+    outputs: tuple[Any, ...], result: tuple[Variable, ...]
+) -> tuple[Any, ...] | None:
+    """Per output, how to make its zero gradient (``ctx.set_materialize_grads``); None when
+    no output has one. A raw value forward returned (not a Variable) has no zero: PyTorch
+    passes None for a non-Tensor output, whatever the value."""
+    zeros = tuple(
+        [
+            zero_template(out.data) if isinstance(raw, Variable) else None
+            for raw, out in zip(outputs, result, strict=True)
+        ]
+    )
+    return zeros if any(z is not None for z in zeros) else None
 
 
 def _is_in(var: Any, group: tuple[Any, ...]) -> bool:
@@ -410,33 +434,44 @@ def _is_in(var: Any, group: tuple[Any, ...]) -> bool:
 
 def _output(node: Node, i: int, returned: Any, inputs: tuple[Any, ...]) -> Variable:
     """Output ``i`` of a recorded node, as the caller receives it (PyTorch's set_history)."""
-    ctx = node.ctx
-    non_diff = ctx._non_differentiable
     if not isinstance(returned, Variable):
         out = Variable(returned)
+    elif returned._grad_fn is not None or returned._requires_grad or _is_in(returned, inputs):
+        # Not a fresh Variable (the usual case, which takes the node as it is): an input,
+        # or one with a history of its own (an input changed in place included).
+        return _output_of_known(node, i, returned, inputs)
     else:
         out = returned
-        # A fresh Variable (the usual case) takes the node as it is; an input, or one
-        # with a history of its own, needs a look (an input changed in place included).
-        if out._grad_fn is not None or out._requires_grad or _is_in(out, inputs):
-            differentiable = not (non_diff and _is_in(out, non_diff))
-            if ctx._dirty and _is_in(out, ctx._dirty) and _is_in(out, inputs):
-                if differentiable:
-                    _rebase(out, node, i)  # changed in place: the same object, a new history
-                    return out
-                if out._grad_fn is None and not out._requires_grad:
-                    return out  # changed in place and needs no gradient: as it is
-            # Returning an input (or a variable with its own history) as an output:
-            # give the output its own identity so the input keeps its history.
-            out = Variable(out.data, role=out.role)
-            if not differentiable:
-                return out
+    non_diff = node.ctx._non_differentiable
     if non_diff and _is_in(out, non_diff):
         return out
-    out._grad_fn = node
-    out._output_nr = i
-    out._requires_grad = True
+    _set_history(out, node, i)
     return out
+
+
+def _output_of_known(node: Node, i: int, returned: Variable, inputs: tuple[Any, ...]) -> Variable:
+    """Output ``i`` when forward returned an input, or a Variable with a history of its own."""
+    ctx = node.ctx
+    non_diff = ctx._non_differentiable
+    differentiable = not (non_diff and _is_in(returned, non_diff))
+    if ctx._dirty and _is_in(returned, ctx._dirty) and _is_in(returned, inputs):
+        if differentiable:
+            _rebase(returned, node, i)  # changed in place: the same object, a new history
+            return returned
+        if returned._grad_fn is None and not returned._requires_grad:
+            return returned  # changed in place and needs no gradient: as it is
+    # Give the output its own identity, so that the input keeps its history.
+    out = Variable(returned.data, role=returned.role)
+    if differentiable:
+        _set_history(out, node, i)
+    return out
+
+
+def _set_history(var: Variable, node: Node, i: int) -> None:
+    """Make ``var`` output ``i`` of ``node``."""
+    var._grad_fn = node
+    var._output_nr = i
+    var._requires_grad = True
 
 
 def _rebase(var: Variable, node: Node, i: int) -> None:
@@ -452,9 +487,7 @@ def _rebase(var: Variable, node: Node, i: int) -> None:
                 node.retained = {}
             node.retained[i] = ref
     var._grad = None
-    var._grad_fn = node
-    var._output_nr = i
-    var._requires_grad = True
+    _set_history(var, node, i)
 
 
 def _check_dirty(
