@@ -22,7 +22,7 @@ from asyncgraph._exceptions import GraphError
 from ._autodiff import _as_variables, _roots, _target
 from ._awaited import must_await
 from ._engine import Engine, Listener
-from ._graph import Node, next_seq
+from ._graph import Edge, Node, next_seq
 from ._variable import Variable
 
 __all__ = ["GradManager", "GradManagerGroup"]
@@ -202,46 +202,58 @@ class GradManager(_RecordingBlock):
             if y is None:
                 return
             outputs = _as_variables(y, "y")
-            attached = [(e.ref(), e.callbacks) for e in self._attached.values()]
-            live = [(v, cbs) for v, cbs in attached if v is not None]
-            if not live:
-                return
-            roots = _roots(outputs, dy, "y", "dy", sequence=isinstance(y, (list, tuple)))
-            leaves = [v for v, _ in live if v.grad_fn is None]
-            node_outputs: list[tuple[Node, int]] = [
-                (v.grad_fn, v.output_nr) for v, _ in live if v.grad_fn is not None
-            ]
-            # Managers recording together (gm1 | gm2) differentiate the same graph:
-            # keep it while another of them may still call backward.
-            group = self._group.managers if self._group is not None else ()
-            keep = any(gm is not self and gm.is_recording for gm in group)
-            engine = Engine(
-                self.executor or current_executor(),
-                create_graph=False,
-                keep_graph=keep,
-                listeners=self.listeners,
-                since=self._since,
-            )
-            # Callbacks run inside the pass, the moment each attached variable's gradient
-            # is final (as a gradient hook of this pass: what lets an allreduce overlap
-            # the rest of the backward); the results are committed only if it succeeds.
-            handles = [var.register_hook(_chained(var, cbs)) for var, cbs in live if cbs]
-            try:
-                await engine.run(
-                    roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False
-                )
-            finally:
-                for handle in handles:
-                    handle.remove()
-            # Committed only once the whole pass succeeded, through the engine's one
-            # commit path (each .grad its own object; a caller's dy is never written).
-            for var, _ in live:
-                g = engine.captured.get(_target(var))
-                if g is not None:
-                    engine.stage(var, g)
-            engine.commit()
+            live = self._live_attached()
+            if live:
+                roots = _roots(outputs, dy, "y", "dy", sequence=isinstance(y, (list, tuple)))
+                await self._differentiate(roots, live)
         finally:
             self.release()
+
+    def _live_attached(self) -> list[tuple[Variable, list[Callback]]]:
+        """The attached variables still alive, with their callbacks, in attach order."""
+        attached = [(e.ref(), e.callbacks) for e in self._attached.values()]
+        return [(v, cbs) for v, cbs in attached if v is not None]
+
+    async def _differentiate(
+        self, roots: list[tuple[Edge, Variable | None]], live: list[tuple[Variable, list[Callback]]]
+    ) -> None:
+        """One pass from ``roots`` into the ``live`` attached variables, their callbacks run
+        inside it; their ``.grad`` is written only when the whole pass succeeds."""
+        leaves = [v for v, _ in live if v.grad_fn is None]
+        node_outputs: list[tuple[Node, int]] = [
+            (v.grad_fn, v.output_nr) for v, _ in live if v.grad_fn is not None
+        ]
+        engine = Engine(
+            self.executor or current_executor(),
+            create_graph=False,
+            keep_graph=self._graph_needed_by_group(),
+            listeners=self.listeners,
+            since=self._since,
+        )
+        # Callbacks run inside the pass, the moment each attached variable's gradient
+        # is final (as a gradient hook of this pass: what lets an allreduce overlap
+        # the rest of the backward); the results are committed only if it succeeds.
+        handles = [var.register_hook(_chained(var, cbs)) for var, cbs in live if cbs]
+        try:
+            await engine.run(
+                roots, capture_leaves=leaves, capture_outputs=node_outputs, accumulate=False
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
+        # Committed only once the whole pass succeeded, through the engine's one
+        # commit path (each .grad its own object; a caller's dy is never written).
+        for var, _ in live:
+            g = engine.captured.get(_target(var))
+            if g is not None:
+                engine.stage(var, g)
+        engine.commit()
+
+    def _graph_needed_by_group(self) -> bool:
+        """Whether another manager recording with this one (``gm1 | gm2``) may still call
+        backward on the same graph: then this pass keeps it."""
+        group = self._group.managers if self._group is not None else ()
+        return any(gm is not self and gm.is_recording for gm in group)
 
     def __or__(self, other: GradManager | GradManagerGroup) -> GradManagerGroup:
         return GradManagerGroup([self]) | other
