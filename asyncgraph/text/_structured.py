@@ -186,54 +186,97 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "$") -> lis
     return errors
 
 
-def _check(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:  # noqa: C901 (one branch per keyword of the schema subset)
+def _check(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:
+    """Add to ``errors`` where ``value`` breaks ``schema`` (see ``schema_errors``)."""
     if "anyOf" in schema:
-        options = schema["anyOf"]
-        if not any(not schema_errors(value, option, path) for option in options):
-            errors.append(f"{path}: matches none of the {len(options)} allowed forms")
+        _check_any_of(value, schema["anyOf"], path, errors)
         return
+    if not _check_type(value, schema, path, errors):
+        return  # nothing more to say of a value of another type
+    _check_allowed(value, schema, path, errors)
+    if isinstance(value, str):
+        _check_string(value, schema, path, errors)
+    if _is_type(value, "number"):
+        _check_number(value, schema, path, errors)
+    if isinstance(value, dict):
+        _check_object(value, schema, path, errors)
+    if isinstance(value, list):
+        _check_array(value, schema, path, errors)
+
+
+def _check_any_of(
+    value: Any, options: Sequence[Mapping[str, Any]], path: str, errors: list[str]
+) -> None:
+    """``anyOf``: ``value`` follows one of the ``options`` at least."""
+    if not any(not schema_errors(value, option, path) for option in options):
+        errors.append(f"{path}: matches none of the {len(options)} allowed forms")
+
+
+def _check_type(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> bool:
+    """``type``: whether ``value`` is of the type (or one of the types) ``schema`` allows."""
     wanted = schema.get("type")
-    if wanted is not None:
-        names = wanted if isinstance(wanted, list) else [wanted]
-        if not any(_is_type(value, n) for n in names):
-            errors.append(f"{path}: expected {' or '.join(names)}, got {_short(value)}")
-            return
+    if wanted is None:
+        return True
+    names = wanted if isinstance(wanted, list) else [wanted]
+    if any(_is_type(value, n) for n in names):
+        return True
+    errors.append(f"{path}: expected {' or '.join(names)}, got {_short(value)}")
+    return False
+
+
+def _check_allowed(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:
+    """``const`` and ``enum``."""
     if "const" in schema and value != schema["const"]:
         errors.append(f"{path}: expected {schema['const']!r}, got {_short(value)}")
     if "enum" in schema and value not in schema["enum"]:
         errors.append(f"{path}: expected one of {schema['enum']!r}, got {_short(value)}")
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            errors.append(f"{path}: shorter than {schema['minLength']} characters")
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(f"{path}: longer than {schema['maxLength']} characters")
-    if _is_type(value, "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{path}: {value} is below the minimum {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{path}: {value} is above the maximum {schema['maximum']}")
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        for key in schema.get("required", []):
-            if key not in value:
-                errors.append(f"{path}: missing required property {key!r}")
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in properties:
-                _check(item, properties[key], f"{path}.{key}", errors)
-            elif extra is False:
-                errors.append(f"{path}: unexpected property {key!r}")
-            elif isinstance(extra, Mapping):
-                _check(item, extra, f"{path}.{key}", errors)
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            errors.append(f"{path}: fewer than {schema['minItems']} items")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            errors.append(f"{path}: more than {schema['maxItems']} items")
-        items = schema.get("items")
-        if isinstance(items, Mapping):
-            for i, item in enumerate(value):
-                _check(item, items, f"{path}[{i}]", errors)
+
+
+def _check_string(value: str, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:
+    """``minLength`` and ``maxLength``."""
+    if len(value) < schema.get("minLength", 0):
+        errors.append(f"{path}: shorter than {schema['minLength']} characters")
+    if "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(f"{path}: longer than {schema['maxLength']} characters")
+
+
+def _check_number(value: Any, schema: Mapping[str, Any], path: str, errors: list[str]) -> None:
+    """``minimum`` and ``maximum``."""
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{path}: {value} is below the minimum {schema['minimum']}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errors.append(f"{path}: {value} is above the maximum {schema['maximum']}")
+
+
+def _check_object(
+    value: dict[Any, Any], schema: Mapping[str, Any], path: str, errors: list[str]
+) -> None:
+    """``required``, then each property in the value's order: checked against its schema
+    in ``properties``, or against ``additionalProperties`` (false: not allowed)."""
+    properties = schema.get("properties", {})
+    for key in schema.get("required", []):
+        if key not in value:
+            errors.append(f"{path}: missing required property {key!r}")
+    extra = schema.get("additionalProperties", True)
+    for key, item in value.items():
+        if key in properties:
+            _check(item, properties[key], f"{path}.{key}", errors)
+        elif extra is False:
+            errors.append(f"{path}: unexpected property {key!r}")
+        elif isinstance(extra, Mapping):
+            _check(item, extra, f"{path}.{key}", errors)
+
+
+def _check_array(value: list[Any], schema: Mapping[str, Any], path: str, errors: list[str]) -> None:
+    """``minItems`` and ``maxItems``, then each item against ``items``."""
+    if len(value) < schema.get("minItems", 0):
+        errors.append(f"{path}: fewer than {schema['minItems']} items")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append(f"{path}: more than {schema['maxItems']} items")
+    items = schema.get("items")
+    if isinstance(items, Mapping):
+        for i, item in enumerate(value):
+            _check(item, items, f"{path}[{i}]", errors)
 
 
 def _short(value: Any) -> str:
