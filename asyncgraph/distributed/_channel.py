@@ -429,7 +429,7 @@ class TaskChannel:
             self._flush_wanted = anyio.Event()  # what comes during the trip goes in the next
             await self._flush()
 
-    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:  # noqa: C901 (a batch send and its failure paths)
+    async def _flush(self, *, timeout_s: float | None = None, inline: bool = False) -> None:
         """Send what is batched (tasks, cancellations) in one round trip.
 
         ``inline``: called from a node's own task, which may be cancelled meanwhile:
@@ -437,11 +437,52 @@ class TaskChannel:
         the batch goes back to the flusher, which sends it again (a task sent twice
         is joined once). Otherwise shielded, bounded by the pool's deadline.
         """
+        outbox, cancels = self._take_batch()
+        commands = self._task_commands(outbox)
+        held = [p for p in cancels if p.entry_id is not None]
+        if cancels:
+            # Queued entries are deleted (no worker will start them); running ones are
+            # stopped by the workers watching the cancel stream, and report what they spent.
+            commands += self._cancel_commands(held)
+            commands.append(self._cancel_message_command(cancels))
+        if not commands:
+            return
+        self.stats.flushes += 1
+        self._flushing += 1
+        try:
+            # Sent again after a lost connection (they may have been added): a task sent
+            # twice is joined once, its reply matched by task id; a cancel twice cancels once.
+            replies = await self._pool.pipeline(
+                commands, timeout_s=timeout_s, shield=not inline, retry=True
+            )
+        except RedisConnectionLost as exc:
+            self._batch_lost(exc, outbox, cancels)
+            return
+        except Exception as exc:
+            self._batch_failed(exc, outbox)
+            return
+        except BaseException:
+            if inline:  # cancelled mid-send: the flusher sends the batch again
+                self._put_back(outbox, cancels)
+            raise
+        finally:
+            self._flushing -= 1
+        self._read_entry_ids(outbox, replies)
+        if held:
+            self._read_cancels(held, replies[len(outbox) + 1 + 2 * len(held)])
+
+    def _take_batch(self) -> tuple[list[_Pending], list[_Pending]]:
+        """Empty the outbox and the cancels: the tasks still waited for (tasks cancelled,
+        failed or timed out before they were sent are never sent), and the cancels of
+        tasks that were sent."""
         pending = self._pending
         outbox = [p for p in self._outbox if not p.cancelled and pending.get(p.task_id) is p]
-        # Tasks cancelled (or failed, or timed out) before they were sent are never sent.
         cancels = [p for p in self._cancels if p.sent]
         self._outbox, self._cancels = [], []
+        return outbox, cancels
+
+    def _task_commands(self, outbox: list[_Pending]) -> list[list[Any]]:
+        """One XADD to the task stream per task (marked sent)."""
         commands: list[list[Any]] = [
             [
                 "XADD",
@@ -462,66 +503,57 @@ class TaskChannel:
         ]
         for p in outbox:
             p.sent = True
-        held_at = len(commands)
-        held = [p for p in cancels if p.entry_id is not None]
-        if cancels:
-            # Queued entries are deleted (no worker will start them); running ones are
-            # stopped by the workers watching the cancel stream, and report what they spent.
-            commands += self._cancel_commands(held)
-            packed, signature = encode(
-                CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
-                self._signer,
+        return commands
+
+    def _cancel_message_command(self, cancels: list[_Pending]) -> list[Any]:
+        """The XADD to the cancel stream that tells the workers to stop ``cancels``."""
+        packed, signature = encode(
+            CancelMessage(self.queue, self.client_id, tuple(p.task_id for p in cancels)),
+            self._signer,
+        )
+        return [
+            "XADD",
+            keys.cancel_stream(self.queue),
+            "MAXLEN",
+            "~",
+            keys.CANCEL_MAXLEN,
+            "*",
+            keys.F_MESSAGE,
+            packed,
+            keys.F_SIGNATURE,
+            signature,
+        ]
+
+    def _batch_lost(
+        self, exc: RedisConnectionLost, outbox: list[_Pending], cancels: list[_Pending]
+    ) -> None:
+        """The connection was lost sending a batch: fail its tasks."""
+        for p in outbox:
+            self._fail(p, self._connection_error(exc, "sending the task"))
+        for p in cancels:  # the workers may never hear of the cancel: no report to wait for
+            self._reported(p)
+
+    def _batch_failed(self, exc: Exception, outbox: list[_Pending]) -> None:
+        """Not a network error (a bug, or a reply this client cannot parse): fail the whole
+        batch with it, not only the task that happened to send it."""
+        log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
+        for p in outbox:
+            self._fail(
+                p,
+                RemoteConnectionError(
+                    f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"
+                ),
             )
-            commands.append(
-                [
-                    "XADD",
-                    keys.cancel_stream(self.queue),
-                    "MAXLEN",
-                    "~",
-                    keys.CANCEL_MAXLEN,
-                    "*",
-                    keys.F_MESSAGE,
-                    packed,
-                    keys.F_SIGNATURE,
-                    signature,
-                ]
-            )
-        if not commands:
-            return
-        self.stats.flushes += 1
-        self._flushing += 1
-        try:
-            # Sent again after a lost connection (they may have been added): a task sent
-            # twice is joined once, its reply matched by task id; a cancel twice cancels once.
-            replies = await self._pool.pipeline(
-                commands, timeout_s=timeout_s, shield=not inline, retry=True
-            )
-        except RedisConnectionLost as exc:
-            for p in outbox:
-                self._fail(p, self._connection_error(exc, "sending the task"))
-            for p in cancels:  # the workers may never hear of the cancel: no report to wait for
-                self._reported(p)
-            return
-        except Exception as exc:
-            # Not a network error (a bug, or a reply this client cannot parse): fail the
-            # whole batch with it, not only the task that happened to send it.
-            log.exception("queue %r: sending %d task(s) failed", self.queue, len(outbox))
-            for p in outbox:
-                self._fail(
-                    p,
-                    RemoteConnectionError(
-                        f"sending the task to queue {self.queue!r} failed: {type(exc).__name__}: {exc}"
-                    ),
-                )
-            return
-        except BaseException:
-            if inline:  # cancelled mid-send: the flusher sends the batch again
-                self._outbox[:0] = outbox
-                self._cancels[:0] = cancels
-                self._flush_wanted.set()
-            raise
-        finally:
-            self._flushing -= 1
+
+    def _put_back(self, outbox: list[_Pending], cancels: list[_Pending]) -> None:
+        """A batch whose send was cancelled goes back, first, for the flusher to send."""
+        self._outbox[:0] = outbox
+        self._cancels[:0] = cancels
+        self._flush_wanted.set()
+
+    def _read_entry_ids(self, outbox: list[_Pending], replies: list[Any]) -> None:
+        """Each task's entry id in the task stream, from its XADD's reply; a task Redis
+        refused fails."""
         for p, reply in zip(outbox, replies, strict=False):
             if isinstance(reply, ReplyError):
                 self._fail(
@@ -532,8 +564,6 @@ class TaskChannel:
                 )
             else:
                 p.entry_id = reply
-        if held:
-            self._read_cancels(held, replies[held_at + 1 + 2 * len(held)])
 
     def _cancel_commands(self, cancels: list[_Pending]) -> list[list[Any]]:
         """One MULTI: per cancelled task, whether a worker holds it (the group's pending
