@@ -22,6 +22,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -169,6 +170,24 @@ def _wrong_type(key: str, reply: Any, malformed: list[str], display: str) -> boo
     return True
 
 
+@dataclass(slots=True)
+class _Reading:
+    """What one reading found in Redis, each value as Redis returned it; a key of the wrong
+    type reads as empty (``dead_len``, ``length``, ``group``: None) and is named in
+    ``malformed``."""
+
+    now: Any
+    beats: Any
+    infos: Any
+    exists: Any
+    dead_len: int | None
+    latest: Any
+    length: int | None
+    group: dict[str, Any] | None
+    oldest_ms: int | None
+    malformed: list[str]
+
+
 async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[str, Any]:
     """One reading of the fleet serving ``queue`` at ``url`` (JSON data).
 
@@ -178,48 +197,9 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     keys.check_queue_name(queue)
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=timeout_s)
-    tasks, dead = keys.task_stream(queue), keys.dead_stream(queue)
-    beats_key, infos_key = keys.workers_hash(queue), keys.workers_info_hash(queue)
-    malformed: list[str] = []
     try:
         with anyio.fail_after(timeout_s):
-            now, beats, infos, exists, dead_len, latest = await pool.pipeline(
-                [
-                    ["TIME"],
-                    ["HGETALL", beats_key],
-                    ["HGETALL", infos_key],
-                    ["EXISTS", tasks],
-                    ["XLEN", dead],
-                    ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
-                ]
-            )
-            shown = address.display
-            for reply in (now, exists):
-                if isinstance(reply, ReplyError):
-                    raise RemoteConnectionError(f"Redis at {shown} refused: {reply}")
-            beats = [] if _wrong_type(beats_key, beats, malformed, shown) else beats
-            infos = [] if _wrong_type(infos_key, infos, malformed, shown) else infos
-            dead_len = None if _wrong_type(dead, dead_len, malformed, shown) else int(dead_len)
-            latest = [] if _wrong_type(dead, latest, malformed, shown) else latest
-            group: dict[str, Any] | None = {}
-            oldest_ms: int | None = None
-            length: int | None = 0
-            if exists == 1:
-                length, groups, oldest = await pool.pipeline(
-                    [
-                        ["XLEN", tasks],
-                        ["XINFO", "GROUPS", tasks],
-                        ["XPENDING", tasks, keys.GROUP, "-", "+", 1],
-                    ]
-                )
-                if _wrong_type(tasks, length, malformed, shown):
-                    length, group, groups, oldest = None, None, [], []
-                for entry in groups if isinstance(groups, list) else []:
-                    fields = _pairs(entry)
-                    if _text(fields.get("name", b"")) == keys.GROUP:
-                        group = fields
-                if isinstance(oldest, list) and oldest:
-                    oldest_ms = int(oldest[0][2])
+            reading = await _read(pool, queue, address.display)
     except (RedisConnectionLost, TimeoutError) as exc:
         raise RemoteConnectionError(
             f"{exc or f'no answer from Redis at {address.display}'} (waited up to "
@@ -233,13 +213,95 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     finally:
         with anyio.CancelScope(shield=True):
             await pool.aclose()
-    now_ms = redis_time_ms(now)
-    alive = live_consumers(now, beats)
-    info_by_name = dict(_raw_pairs(infos))
+    return _status(reading, address.display, queue)
+
+
+async def _read(pool: Pool, queue: str, shown: str) -> _Reading:
+    """Read the fleet's keys (two round trips: the task stream's details only when it
+    exists); a key of the wrong type reads as empty, any other refusal is raised."""
+    tasks, dead = keys.task_stream(queue), keys.dead_stream(queue)
+    beats_key, infos_key = keys.workers_hash(queue), keys.workers_info_hash(queue)
+    malformed: list[str] = []
+    now, beats, infos, exists, dead_len, latest = await pool.pipeline(
+        [
+            ["TIME"],
+            ["HGETALL", beats_key],
+            ["HGETALL", infos_key],
+            ["EXISTS", tasks],
+            ["XLEN", dead],
+            ["XREVRANGE", dead, "+", "-", "COUNT", _LATEST_DEAD],
+        ]
+    )
+    for reply in (now, exists):
+        if isinstance(reply, ReplyError):
+            raise RemoteConnectionError(f"Redis at {shown} refused: {reply}")
+    beats = [] if _wrong_type(beats_key, beats, malformed, shown) else beats
+    infos = [] if _wrong_type(infos_key, infos, malformed, shown) else infos
+    dead_len = None if _wrong_type(dead, dead_len, malformed, shown) else int(dead_len)
+    latest = [] if _wrong_type(dead, latest, malformed, shown) else latest
+    length, group, oldest_ms = (
+        await _read_task_stream(pool, tasks, malformed, shown) if exists == 1 else (0, {}, None)
+    )
+    return _Reading(
+        now, beats, infos, exists, dead_len, latest, length, group, oldest_ms, malformed
+    )
+
+
+async def _read_task_stream(
+    pool: Pool, tasks: str, malformed: list[str], shown: str
+) -> tuple[int | None, dict[str, Any] | None, int | None]:
+    """The task stream's length, its consumer group's fields (``XINFO GROUPS``) and the
+    idle time in ms of its oldest pending entry; None for each when the key is not a stream."""
+    length, groups, oldest = await pool.pipeline(
+        [
+            ["XLEN", tasks],
+            ["XINFO", "GROUPS", tasks],
+            ["XPENDING", tasks, keys.GROUP, "-", "+", 1],
+        ]
+    )
+    group: dict[str, Any] | None = {}
+    if _wrong_type(tasks, length, malformed, shown):
+        length, group, groups, oldest = None, None, [], []
+    for entry in groups if isinstance(groups, list) else []:
+        fields = _pairs(entry)
+        if _text(fields.get("name", b"")) == keys.GROUP:
+            group = fields
+    oldest_ms = int(oldest[0][2]) if isinstance(oldest, list) and oldest else None
+    return length, group, oldest_ms
+
+
+def _status(reading: _Reading, shown: str, queue: str) -> dict[str, Any]:
+    """The reading as ``fleet_status`` returns it (pure)."""
+    now_ms = redis_time_ms(reading.now)
+    alive = live_consumers(reading.now, reading.beats)
+    info_by_name = dict(_raw_pairs(reading.infos))
     workers = [
         _worker(bytes(name), beat, info_by_name.get(name), now_ms, alive)
-        for name, beat in _raw_pairs(beats)
+        for name, beat in _raw_pairs(reading.beats)
     ]
+    length, group, oldest_ms = reading.length, reading.group, reading.oldest_ms
+    return {
+        "redis": shown,
+        "queue": queue,
+        "known": reading.exists == 1 or bool(workers),
+        "time_ms": now_ms,
+        "workers": sorted(workers, key=lambda w: w["name"]),
+        "alive": sum(w["alive"] for w in workers),
+        # Each live worker publishes what it settled per second since its previous status
+        # (every few seconds, with its heartbeat): one reading has the rate, on Redis 6.2
+        # as on 7 (XINFO GROUPS' entries-read is 7.0's).
+        "tasks_per_s": round(sum(w["settled_per_s"] or 0 for w in workers if w["alive"]), 1),
+        "depth": None if length is None else int(length),
+        "pending": None if group is None else int(group.get("pending") or 0),
+        "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
+        "dead_letters": reading.dead_len,
+        "latest_dead_letters": _dead_letters(reading.latest),
+        "malformed": reading.malformed,
+    }
+
+
+def _dead_letters(latest: Any) -> list[dict[str, str]]:
+    """The latest dead letters (``XREVRANGE`` entries), each as id, reason, error, worker."""
     dead_letters = []
     for entry_id, fields in latest if isinstance(latest, list) else []:
         data = _pairs(fields)
@@ -252,24 +314,7 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
                 "worker": _text(data.get("worker", b"")),
             }
         )
-    return {
-        "redis": address.display,
-        "queue": queue,
-        "known": exists == 1 or bool(workers),
-        "time_ms": now_ms,
-        "workers": sorted(workers, key=lambda w: w["name"]),
-        "alive": sum(w["alive"] for w in workers),
-        # Each live worker publishes what it settled per second since its previous status
-        # (every few seconds, with its heartbeat): one reading has the rate, on Redis 6.2
-        # as on 7 (XINFO GROUPS' entries-read is 7.0's).
-        "tasks_per_s": round(sum(w["settled_per_s"] or 0 for w in workers if w["alive"]), 1),
-        "depth": None if length is None else int(length),
-        "pending": None if group is None else int(group.get("pending") or 0),
-        "oldest_pending_s": None if oldest_ms is None else round(oldest_ms / 1000, 1),
-        "dead_letters": dead_len,
-        "latest_dead_letters": dead_letters,
-        "malformed": malformed,
-    }
+    return dead_letters
 
 
 def format_status(status: dict[str, Any], rate: float | None = None) -> str:
