@@ -170,6 +170,11 @@ class Function:
     a typed record instead of plain data: one travels to a worker as
     ``value.to_data()`` and is rebuilt there with ``MyOptions.from_data(data)``, the
     class coming from this declaration, never from the message.
+    ``option_keywords = frozenset({"model", ...})`` names keyword arguments that
+    configure the call instead of feeding it: forward receives them as usual, but they
+    are not inputs (no entry in ``ctx.needs_input_grad`` or in setup_context's
+    ``inputs``, no gradient from backward), and a Variable given to one is a
+    ``TypeError`` (it would leave the graph unseen).
 
     Example::
 
@@ -189,6 +194,7 @@ class Function:
     blocking: ClassVar[bool] = False
     remote_name: ClassVar[str | None] = None
     ctx_types: ClassVar[Mapping[str, type[Any]]] = MappingProxyType({})
+    option_keywords: ClassVar[frozenset[str]] = frozenset()
 
     _forward_is_async: ClassVar[bool] = False
     _setup_is_async: ClassVar[bool] = False
@@ -234,16 +240,17 @@ class Function:
     _forward_signature: ClassVar[inspect.Signature | None] = None
 
     @staticmethod
-    def _bound_inputs(bound: inspect.BoundArguments) -> tuple[Any, ...]:
-        """Bound arguments flattened in signature order (``*args`` and ``**kwargs`` spread)."""
+    def _bound_inputs(bound: inspect.BoundArguments, options: frozenset[str]) -> tuple[Any, ...]:
+        """Bound arguments flattened in signature order (``*args`` and ``**kwargs`` spread),
+        but ``options``."""
         inputs: list[Any] = []
         for name, value in bound.arguments.items():
             kind = bound.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_POSITIONAL:
                 inputs.extend(value)
             elif kind is inspect.Parameter.VAR_KEYWORD:
-                inputs.extend(value.values())
-            else:
+                inputs.extend(v for k, v in value.items() if k not in options)
+            elif name not in options:
                 inputs.append(value)
         return tuple(inputs)
 
@@ -255,7 +262,15 @@ class Function:
         (the order forward itself sees them in). With ``setup_context``, forward's
         signature is bound first with its defaults applied (as PyTorch does), so
         ``forward(x, scale=2.0)`` applied as ``F.apply(x)`` has inputs ``(x, 2.0)``.
+        The ``option_keywords`` are left out.
         """
+        options = cls.option_keywords
+        for name in options.intersection(kwargs):
+            if isinstance(kwargs[name], Variable):
+                raise TypeError(
+                    f"{cls.__name__}: option {name}= must be plain data, got a Variable "
+                    f"({kwargs[name]!r:.80}); pass its .data, or pass the Variable as an input"
+                )
         if cls._uses_setup_context and cls._forward_signature is not None:
             try:
                 bound = cls._forward_signature.bind(*args, **kwargs)
@@ -263,7 +278,8 @@ class Function:
                 pass  # forward itself raises the clear error when it is called
             else:
                 bound.apply_defaults()
-                return cls._bound_inputs(bound)
+                return cls._bound_inputs(bound, options)
+        kwargs = {name: value for name, value in kwargs.items() if name not in options}
         if not kwargs:
             return args
         order = cls._kwarg_order

@@ -953,3 +953,65 @@ async def test_retains_grad_inplace_multiple_outputs() -> None:
     expected = await asyncgraph.grad(Add.apply(var2, mean2), [var2, mean2])
     assert var.grad is not None and mean.grad is not None
     assert (var.grad.data, mean.grad.data) == tuple(g.data for g in expected if g is not None)
+
+
+class Tagged(Function):
+    """A Function with an option keyword (``label``) beside its inputs."""
+
+    option_keywords = frozenset({"label"})
+    seen: ClassVar[list[tuple[bool, ...]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, *rest: Any, label: str = "", **named: Any) -> Variable:
+        ctx.label = label
+        return Variable(x.data + sum(v.data for v in (*rest, *named.values())), role=label)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Any, ...]:
+        Tagged.seen.append(tuple(ctx.needs_input_grad))
+        return tuple(g if need else None for need in ctx.needs_input_grad)
+
+
+class TaggedSetup(Function):
+    option_keywords = frozenset({"scale"})
+    seen: tuple[Any, ...] = ()
+
+    @staticmethod
+    def forward(x: Variable, scale: float = 2.0) -> Variable:
+        return Variable(x.data * scale)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Variable) -> None:
+        TaggedSetup.seen = inputs
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> Variable:
+        return Variable(g.data * 2.0)
+
+
+@pytest.mark.anyio
+async def test_option_keywords_reach_forward_but_are_not_inputs() -> None:
+    x = Variable(1.0, role="x", requires_grad=True)
+    y = Variable(2.0, role="y", requires_grad=True)
+    z = Variable(3.0, role="z")
+    out = Tagged.apply(x, z, label="sum", y=y)
+    assert out.data == 6.0 and out.role == "sum"
+    assert out.grad_fn is not None and out.grad_fn.ctx.label == "sum"
+    # x, z, then y: the option has no entry, no edge, and backward returns nothing for it.
+    assert out.grad_fn.ctx.needs_input_grad == (True, False, True)
+    assert len(out.grad_fn.next_functions) == 3
+    Tagged.seen.clear()
+    await out.backward()
+    assert Tagged.seen == [(True, False, True)]
+    assert x.grad is not None and y.grad is not None and x.grad.data == y.grad.data == 1.0
+    # With setup_context, its inputs leave the option out too (given or defaulted).
+    TaggedSetup.apply(x, scale=3.0)
+    assert TaggedSetup.seen == (x,)
+    TaggedSetup.apply(x)
+    assert TaggedSetup.seen == (x,)
+
+
+def test_a_variable_given_to_an_option_keyword_is_a_type_error() -> None:
+    x = Variable(1.0, requires_grad=True)
+    with pytest.raises(TypeError, match=r"Tagged: option label= must be plain data, got a Var"):
+        Tagged.apply(x, label=Variable("sum", requires_grad=True))
