@@ -25,7 +25,7 @@ import inspect
 import string
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Unpack
 
 from asyncgraph import Function, Variable
 from asyncgraph.models import reply_tokens
@@ -33,9 +33,9 @@ from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
 from asyncgraph.text._fit import fit_for
-from asyncgraph.text._options import OUTPUT_ROLE, LLMOptions
+from asyncgraph.text._options import OUTPUT_ROLE, LLMKeywords, LLMOptions, check_keywords
 from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
-from asyncgraph.text._registry import ModelLike, ModelRef
+from asyncgraph.text._registry import ModelRef
 from asyncgraph.text._reply import ANSWER_TOKENS, FEEDBACK_TOKENS
 from asyncgraph.text._structured import (
     StructuredOutputError,
@@ -286,8 +286,10 @@ class LLMCall(_TextFunction):
     the backward's requests; default: the same; a ``feedback_model`` spec
     resolves without ``base_url``: register a name for another server),
     ``role``, ``feedback_budget`` (see ``use_feedback_budget``), ``response_format``
-    and ``format_attempts`` (structured outputs). An unknown name is a ``TypeError``
-    naming the valid ones. The node keeps them, resolved, as ``ctx.options``
+    and ``format_attempts`` (structured outputs): the fields of :class:`LLMOptions`,
+    and ``base_url``. An unknown name is a ``TypeError`` naming the valid ones. The
+    options are not inputs of the node (``option_keywords``: ``ctx.needs_input_grad`` has
+    one entry per positional input); the node keeps them, resolved, as ``ctx.options``
     (an :class:`LLMOptions`), which is all its backward reads of them.
 
     ``dispatch = "remote"``: a distributed executor may run the backward on a
@@ -307,6 +309,7 @@ class LLMCall(_TextFunction):
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.LLMCall"
     ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
+    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **options: Any) -> Variable:
@@ -367,6 +370,7 @@ class ChatCall(_TextFunction):
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.ChatCall"
     ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
+    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, roles: Any, *contents: Any, **options: Any) -> Variable:
@@ -424,6 +428,7 @@ class FormattedLLMCall(_TextFunction):
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.FormattedLLMCall"
     ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
+    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **kwargs: Any) -> Variable:
@@ -435,16 +440,18 @@ class FormattedLLMCall(_TextFunction):
         template = args[0]
         if not isinstance(template, str):
             raise TypeError(f"FormattedLLMCall: template must be a str, got {template!r:.80}")
-        base = len(args)
-        positions = {name: base + i for i, name in enumerate(kwargs)}
+        known = LLMOptions.KEYWORDS
+        # The node's inputs: the positional arguments, then the other keywords in call
+        # order (the options are not inputs: ``option_keywords``).
+        named = [k for k in kwargs if k not in known]
+        positions = {name: len(args) + i for i, name in enumerate(named)}
         if len(args) == 2 and "system_prompt" in kwargs:
             raise TypeError("FormattedLLMCall got system_prompt twice (positional and keyword)")
         system = args[1] if len(args) == 2 else kwargs.get("system_prompt")
-        known = LLMOptions.KEYWORDS
         opts = LLMOptions.from_kwargs(
             "FormattedLLMCall", {k: v for k, v in kwargs.items() if k in known}
         )
-        fields = {k: v for k, v in kwargs.items() if k not in known and k != "system_prompt"}
+        fields = {k: kwargs[k] for k in named if k != "system_prompt"}
         wanted = _template_fields(template)
         if set(fields) != wanted:
             raise ValueError(
@@ -660,32 +667,15 @@ def check_portable(*outputs: Variable) -> None:
         )
 
 
-def _given(**options: Any) -> dict[str, Any]:
-    """The options a wrapper was given: those not None, and ``role`` unless the default.
-
-    Each one passed becomes an input of the recorded node; the forward checks and
-    completes them (``LLMOptions.from_kwargs``), so the wrappers only name them.
-    """
-    return {
-        name: value
-        for name, value in options.items()
-        if value is not None and not (name == "role" and value == OUTPUT_ROLE)
-    }
-
-
 async def llm_call(
-    system_prompt: Variable | str | None,
-    *inputs: Variable | str,
-    model: ModelLike | None = None,
-    base_url: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    feedback_model: ModelLike | None = None,
-    feedback_params: Mapping[str, Any] | None = None,
-    role: str = OUTPUT_ROLE,
-    response_format: Any = None,
+    system_prompt: Variable | str | None, *inputs: Variable | str, **options: Unpack[LLMKeywords]
 ) -> Variable:
     """``await LLMCall.apply(...)`` with a typed signature; see :class:`LLMCall`.
 
+    ``options``: the keyword options of :class:`LLMOptions` (``model``, ``base_url``,
+    ``params``, ``feedback_model``, ``feedback_params``, ``role``, ``feedback_budget``,
+    ``response_format``, ``format_attempts``), typed for the checker by ``LLMKeywords``
+    (``asyncgraph.text._options``); None, or leaving one out, takes its default.
     ``response_format``: a JSON schema, dataclass or TypedDict; the output is then the
     reply parsed into data (see ``asyncgraph.text.StructuredOutputError``).
 
@@ -695,15 +685,7 @@ async def llm_call(
         answer = await llm_call(prompt, Variable("What is 6 * 7?", role="question"), model="simulated")
         print(answer.data)
     """
-    options = _given(
-        model=model,
-        base_url=base_url,
-        params=params,
-        feedback_model=feedback_model,
-        feedback_params=feedback_params,
-        role=role,
-        response_format=response_format,
-    )
+    check_keywords("llm_call", options, LLMOptions.KEYWORDS)
     out: Variable = await LLMCall.apply(system_prompt, *inputs, **options)
     return out
 
@@ -713,15 +695,10 @@ async def formatted_llm_call(
     fields: Mapping[str, Variable | str],
     *,
     system_prompt: Variable | str | None = None,
-    model: ModelLike | None = None,
-    base_url: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    feedback_model: ModelLike | None = None,
-    feedback_params: Mapping[str, Any] | None = None,
-    role: str = OUTPUT_ROLE,
-    response_format: Any = None,
+    **options: Unpack[LLMKeywords],
 ) -> Variable:
     """``await FormattedLLMCall.apply(...)`` with the fields as a mapping; see there.
+    Options as in :func:`llm_call`.
 
     Example::
 
@@ -732,37 +709,22 @@ async def formatted_llm_call(
             model="simulated",
         )
     """
+    check_keywords("formatted_llm_call", options, LLMOptions.KEYWORDS)
     clash = sorted((LLMOptions.KEYWORDS | {"system_prompt"}) & set(fields))
     if clash:
         raise ValueError(
             f"formatted_llm_call: field name(s) {clash!r} are option names; rename them in "
             f"the template"
         )
-    options = _given(
-        model=model,
-        base_url=base_url,
-        params=params,
-        feedback_model=feedback_model,
-        feedback_params=feedback_params,
-        role=role,
-        response_format=response_format,
-    )
     out: Variable = await FormattedLLMCall.apply(template, system_prompt, **options, **fields)
     return out
 
 
 async def chat_call(
-    messages: Sequence[Mapping[str, Any]],
-    *,
-    model: ModelLike | None = None,
-    base_url: str | None = None,
-    params: Mapping[str, Any] | None = None,
-    feedback_model: ModelLike | None = None,
-    feedback_params: Mapping[str, Any] | None = None,
-    role: str = OUTPUT_ROLE,
-    response_format: Any = None,
+    messages: Sequence[Mapping[str, Any]], **options: Unpack[LLMKeywords]
 ) -> Variable:
     """``await ChatCall.apply(...)`` from ``[{"role": ..., "content": str | Variable}]``.
+    Options as in :func:`llm_call`.
 
     Example::
 
@@ -772,6 +734,7 @@ async def chat_call(
             model="simulated",
         )
     """
+    check_keywords("chat_call", options, LLMOptions.KEYWORDS)
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
             raise TypeError(
@@ -785,15 +748,6 @@ async def chat_call(
                 f"one in the graph), or one message each"
             )
     roles = tuple(m["role"] for m in messages)
-    options = _given(
-        model=model,
-        base_url=base_url,
-        params=params,
-        feedback_model=feedback_model,
-        feedback_params=feedback_params,
-        role=role,
-        response_format=response_format,
-    )
     out: Variable = await ChatCall.apply(roles, *(m["content"] for m in messages), **options)
     return out
 

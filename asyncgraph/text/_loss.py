@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from asyncgraph import Variable
 from asyncgraph.models import reply_tokens
 from asyncgraph.text._functions import FormattedLLMCall, LLMCall
+from asyncgraph.text._options import CallKeywords, LLMOptions, check_keywords
 from asyncgraph.text._prompts import describe
 from asyncgraph.text._registry import ModelLike, model_ref
 from asyncgraph.text._reply import VERDICT_TOKENS
@@ -32,8 +32,9 @@ class TextLoss:
       ``await loss_fn(question=q, answer=a)`` fills the template
       (:class:`FormattedLLMCall`).
 
-    ``model`` / ``base_url`` / ``params`` / ``feedback_model`` as in
-    :class:`LLMCall` (those not given come from ``use_models`` /
+    ``model`` and the other options (``base_url``, ``params``, ``feedback_model``,
+    ``feedback_params``, ``feedback_budget``, ``response_format``, ``format_attempts``) as
+    in :class:`LLMCall` (those not given come from ``use_models`` /
     ``set_default_models`` when the loss is computed); its verdict is asked for in at most
     ``VERDICT_TOKENS`` (512) tokens unless the model or ``params`` set ``max_tokens``;
     ``role`` names the loss (default: ``"evaluation of <the
@@ -53,12 +54,10 @@ class TextLoss:
         model: ModelLike | None = None,
         *,
         template: str | None = None,
-        base_url: str | None = None,
-        params: Mapping[str, Any] | None = None,
-        feedback_model: ModelLike | None = None,
-        role: str | None = None,
         function: type[LLMCall] | type[FormattedLLMCall] | None = None,
+        **options: Unpack[CallKeywords],
     ) -> None:
+        check_keywords("TextLoss", options, LLMOptions.KEYWORDS - {"model"})
         if isinstance(eval_system_prompt, str):
             eval_system_prompt = Variable(eval_system_prompt, role="evaluation instruction")
         elif not isinstance(eval_system_prompt, Variable):
@@ -69,16 +68,17 @@ class TextLoss:
         self.eval_system_prompt = eval_system_prompt
         # Checked now (a bad model fails here, not at the first evaluation); a model object
         # is passed on as is, so each loss's node keeps it alive for its backward.
+        given: dict[str, Any] = dict(options)
         if model is not None:  # else the default when called (see use_models)
-            model_ref(model, base_url)
-        if feedback_model is not None:
-            model_ref(feedback_model, None, what="feedback_model")
+            model_ref(model, given.get("base_url"))
+            given["model"] = model
+        if given.get("feedback_model") is not None:
+            model_ref(given["feedback_model"], None, what="feedback_model")
         self.model: ModelLike | None = model
-        self.base_url = base_url
         self.template = template
-        self.params = dict(params or {})
-        self.feedback_model: ModelLike | None = feedback_model
-        self.role = role
+        self.role: str | None = given.pop("role", None)
+        self.options = given
+        """The options each evaluation passes to its call (``model`` among them), as given."""
         if function is None:
             function = LLMCall if template is None else FormattedLLMCall
         expected = LLMCall if template is None else FormattedLLMCall
@@ -97,15 +97,7 @@ class TextLoss:
 
     async def __call__(self, *inputs: Variable | str, **fields: Variable | str) -> Variable:
         """Evaluate ``inputs`` (no template) or ``fields`` (with a template); returns the loss."""
-        options: dict[str, Any] = {}
-        if self.model is not None:
-            options["model"] = self.model
-        if self.base_url is not None:
-            options["base_url"] = self.base_url
-        if self.params:
-            options["params"] = self.params
-        if self.feedback_model is not None:
-            options["feedback_model"] = self.feedback_model
+        options = dict(self.options)
         if self.template is None:
             if fields or not inputs:
                 raise TypeError(

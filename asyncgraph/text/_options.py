@@ -5,6 +5,10 @@ it keeps on the ctx as ``ctx.options``; its backward reads them from there and n
 else. :class:`LLMOptions` serves ``LLMCall``, ``FormattedLLMCall`` and ``ChatCall``;
 :class:`PythonCallOptions` serves ``PythonCall``.
 
+- The record's fields are the one list of a call's options: ``KEYWORDS`` (the names a
+  call takes) is derived from them, and the wrappers' keyword signature
+  (:class:`LLMKeywords`, for the type checker) is held equal to them by a test. The
+  Functions declare the names as ``option_keywords``, so options are not node inputs.
 - ``from_kwargs`` is the one place where a call's keyword options are checked and
   completed: an unknown name is a ``TypeError`` naming the valid ones, a Variable given
   as an option a ``TypeError``; options not given come from ``use_models`` /
@@ -32,16 +36,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypedDict
 
 from asyncgraph import Variable
 from asyncgraph.models import ChatModel
 from asyncgraph.text._budget import DEFAULT_FEEDBACK_BUDGET, _check_budget, current_feedback_budget
 from asyncgraph.text._defaults import feedback_defaults, with_defaults
-from asyncgraph.text._registry import ModelRef, model_ref
+from asyncgraph.text._registry import ModelLike, ModelRef, model_ref
 from asyncgraph.text._structured import DEFAULT_STRUCTURED_ATTEMPTS, json_schema_of
 
-__all__ = ["OUTPUT_ROLE", "LLMOptions", "PythonCallOptions"]
+__all__ = [
+    "OUTPUT_ROLE",
+    "CallKeywords",
+    "LLMKeywords",
+    "LLMOptions",
+    "PythonCallOptions",
+    "check_keywords",
+]
 
 OUTPUT_ROLE = "response from the language model"
 """The role of an LLM call's reply when the call gives none."""
@@ -51,6 +62,22 @@ def _params(value: Any, name: str, where: str) -> dict[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise TypeError(f"{where}: {name} must be a dict of model parameters, got {value!r:.80}")
     return dict(value)
+
+
+def check_keywords(
+    function: str,
+    kwargs: Mapping[str, Any],
+    keywords: frozenset[str],
+    *,
+    unknown_are: str = "keyword argument(s)",
+) -> None:
+    """``TypeError`` naming the valid ``keywords`` when ``kwargs`` has another name."""
+    unknown = sorted(set(kwargs) - keywords)
+    if unknown:
+        raise TypeError(
+            f"{function} got unexpected {unknown_are} {unknown!r}; its options are "
+            f"{sorted(keywords)!r}"
+        )
 
 
 def _plain(function: str, kwargs: Mapping[str, Any]) -> None:
@@ -67,12 +94,7 @@ def _check_given(
 ) -> None:
     """The options given to ``function`` have names from ``known`` (else ``TypeError``
     listing the others as ``unknown_are`` and naming the valid ones) and plain values."""
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(
-            f"{function} got unexpected {unknown_are} {unknown!r}; its options are "
-            f"{sorted(known)!r}"
-        )
+    check_keywords(function, kwargs, known, unknown_are=unknown_are)
     _plain(function, kwargs)
 
 
@@ -203,20 +225,9 @@ class LLMOptions(_CtxRecord):
     where: InitVar[str] = "LLMOptions"
 
     _MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("model", "feedback_model")
-    KEYWORDS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "model",
-            "base_url",
-            "params",
-            "feedback_model",
-            "feedback_params",
-            "role",
-            "feedback_budget",
-            "response_format",
-            "format_attempts",
-        }
-    )
-    """The keyword options an LLM call takes (``base_url`` goes into ``model``)."""
+    KEYWORDS: ClassVar[frozenset[str]]
+    """The keyword options an LLM call takes: the fields, and ``base_url`` (which goes
+    into ``model``)."""
 
     def __post_init__(self, where: str) -> None:
         _check_ref(self.model, "model", where)
@@ -254,27 +265,53 @@ class LLMOptions(_CtxRecord):
         """
         _check_given(function, kwargs, cls.KEYWORDS, unknown_are="keyword argument(s)")
         budget = _budget(function, kwargs)
-        given = with_defaults(  # use_models / set_default_models
-            function,
-            {k: v for k, v in kwargs.items() if k not in ("feedback_budget", "format_attempts")},
+        given = with_defaults(  # use_models / set_default_models; None dropped
+            function, {k: v for k, v in kwargs.items() if k != "feedback_budget"}
         )
-        base_url = given.get("base_url")
+        base_url = given.pop("base_url", None)
         if base_url is not None and not isinstance(base_url, str):
             raise TypeError(f"{function}: base_url must be a str, got {base_url!r}")
-        feedback_model = given.get("feedback_model")
-        return cls(
-            model=model_ref(given["model"], base_url),
-            params=given.get("params", {}),
-            feedback_model=None
-            if feedback_model is None
-            else model_ref(feedback_model, None, what="feedback_model"),
-            feedback_params=given.get("feedback_params"),
-            role=given.get("role", OUTPUT_ROLE),
-            feedback_budget=budget,
-            response_format=given.get("response_format"),
-            format_attempts=kwargs.get("format_attempts", DEFAULT_STRUCTURED_ATTEMPTS),
-            where=function,
-        )
+        given["model"] = model_ref(given["model"], base_url)
+        if "feedback_model" in given:
+            given["feedback_model"] = model_ref(
+                given["feedback_model"], None, what="feedback_model"
+            )
+        # Every other field as given, else its default: a field added to the record
+        # reaches every call without another line here.
+        return cls(**given, feedback_budget=budget, where=function)
+
+
+LLMOptions.KEYWORDS = frozenset({f.name for f in dataclasses.fields(LLMOptions)} | {"base_url"})
+
+
+class CallKeywords(TypedDict, total=False):
+    """The keyword options of an LLM call but ``model``, typed for a signature's
+    ``**options`` (``TextLoss`` takes ``model`` positionally too): see :class:`LLMKeywords`."""
+
+    base_url: str | None
+    params: Mapping[str, Any] | None
+    feedback_model: ModelLike | None
+    feedback_params: Mapping[str, Any] | None
+    role: str | None
+    feedback_budget: int | None
+    response_format: Any
+    format_attempts: int | None
+
+
+class LLMKeywords(CallKeywords, total=False):
+    """The keyword options of an LLM call, as ``llm_call``, ``formatted_llm_call`` and
+    ``chat_call`` take them (``**options: Unpack[LLMKeywords]``), so a type checker checks
+    each name and value at the call.
+
+    The names are ``LLMOptions.KEYWORDS``, each field of :class:`LLMOptions` and
+    ``base_url``; their types are what a caller passes (a model as a spec or a
+    ``ChatModel``, a dataclass as ``response_format``), which ``LLMOptions.from_kwargs``
+    resolves. None, or leaving a name out, means "not given" (the default), except for
+    ``feedback_budget``, where None means "never condense". A test holds the names equal
+    to the fields.
+    """
+
+    model: ModelLike | None
 
 
 @dataclass(frozen=True)
@@ -296,10 +333,9 @@ class PythonCallOptions(_CtxRecord):
     where: InitVar[str] = "PythonCallOptions"
 
     _MODEL_FIELDS: ClassVar[tuple[str, ...]] = ("feedback_model",)
-    KEYWORDS: ClassVar[frozenset[str]] = frozenset(
-        {"purpose", "role", "feedback_model", "feedback_params", "feedback_budget"}
-    )
-    """The keyword options ``PythonCall`` takes (its other keywords are named inputs)."""
+    KEYWORDS: ClassVar[frozenset[str]]
+    """The keyword options ``PythonCall`` takes, its fields (its other keywords are named
+    inputs)."""
 
     def __post_init__(self, where: str) -> None:
         if not isinstance(self.purpose, str) or not self.purpose.strip():
@@ -344,3 +380,6 @@ class PythonCallOptions(_CtxRecord):
             feedback_params=params,
             where=function,
         )
+
+
+PythonCallOptions.KEYWORDS = frozenset(f.name for f in dataclasses.fields(PythonCallOptions))

@@ -89,11 +89,12 @@ class PythonCall(_TextFunction):
     the feedback on the output; all requests at once. An empty output gradient
     means the output itself is the objective.
 
-    Options (keyword only): ``purpose`` (required), ``role``,
-    ``feedback_model`` / ``feedback_params`` (default: ``use_models`` /
-    ``set_default_models``'s feedback model, else their model; needed only
-    when an input requires grad). ``dispatch = "remote"``: the backward may run
-    on a worker (pass the feedback model as a spec string for that).
+    Options (keyword only; the fields of ``PythonCallOptions``, not inputs of the node):
+    ``purpose`` (required), ``role``, ``feedback_model`` / ``feedback_params`` (default:
+    ``use_models`` / ``set_default_models``'s feedback model, else their model; needed
+    only when an input requires grad), ``feedback_budget`` (see ``use_feedback_budget``).
+    ``dispatch = "remote"``: the backward may run on a worker (pass the feedback model as
+    a spec string for that).
 
     Example::
 
@@ -108,6 +109,7 @@ class PythonCall(_TextFunction):
     dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.PythonCall"
     ctx_types: ClassVar[Mapping[str, type[Any]]] = MappingProxyType({"options": PythonCallOptions})
+    option_keywords: ClassVar[frozenset[str]] = _PY_OPTIONS
 
     @staticmethod
     async def forward(ctx: Any, fn: Any, *args: Any, **kwargs: Any) -> Variable:
@@ -115,8 +117,9 @@ class PythonCall(_TextFunction):
             raise TypeError(
                 f"PythonCall.apply(fn, *inputs, purpose=...): fn must be callable, got {fn!r:.80}"
             )
-        # The node's inputs: fn, the positional inputs, then the keywords in the order
-        # Function.apply lists them (call order, but for names in forward's signature).
+        # The node's inputs: fn, the positional inputs, then the named ones in the order
+        # Function.apply lists them (call order, but for names in forward's signature);
+        # the options are not inputs (``option_keywords``).
         keys = sorted(kwargs, key=lambda key: _FORWARD_ORDER.get(key, len(_FORWARD_ORDER)))
         named = {key: kwargs[key] for key in keys if key not in _PY_OPTIONS}
         options = PythonCallOptions.from_kwargs(
@@ -126,13 +129,13 @@ class PythonCall(_TextFunction):
             needs_feedback=ctx.recorded,
         )
 
-        values = [fn, *args, *(kwargs[key] for key in keys)]
-        labels = ["", *(f"input {i}" for i in range(1, len(args) + 1)), *keys]
+        values = [fn, *args, *named.values()]
+        labels = ["", *(f"input {i}" for i in range(1, len(args) + 1)), *named]
         first = _first_uses(values)
         inputs: list[dict[str, Any]] = []
         slots: list[dict[str, Any]] = []
         for index, (value, label) in enumerate(zip(values, labels, strict=True)):
-            if index == 0 or label in _PY_OPTIONS:
+            if index == 0:
                 continue
             item_role = describe(value.role if isinstance(value, Variable) else "", label)
             inputs.append({"role": item_role, "value": _text(value)})

@@ -3,29 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
+from collections.abc import Callable
 from dataclasses import FrozenInstanceError
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import pytest
 from text_helpers import Recorder
 
 from asyncgraph import FunctionCtx, Parameter, Variable
+from asyncgraph.models import OpenAIChat
+from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.text import (
     FormattedLLMCall,
     LLMCall,
     LLMOptions,
     PythonCall,
+    TextLoss,
     chat_call,
     formatted_llm_call,
     llm_call,
     python_call,
     register_model,
+    render_feedback,
     use_feedback_budget,
     use_models,
 )
 from asyncgraph.text._functions import ChatCall
-from asyncgraph.text._options import PythonCallOptions
+from asyncgraph.text._options import CallKeywords, LLMKeywords, PythonCallOptions
 from asyncgraph.text._registry import ModelRef
 
 pytestmark = pytest.mark.anyio
@@ -200,3 +207,211 @@ def test_the_options_survive_a_msgpack_round_trip_and_nothing_else_does() -> Non
     ):
         with pytest.raises(TypeError, match=match):
             LLMOptions.from_data(broken)
+
+
+# --- Every option reaches the model call, through every way to call one ----------------
+
+
+@dataclasses.dataclass
+class Grade:
+    grade: int
+
+
+def _call_every_way() -> dict[str, Callable[[Parameter, Variable, dict[str, Any]], Any]]:
+    """Each public way to make an LLM call, given a system prompt, a question and options."""
+    system_user = [{"role": "system"}, {"role": "user"}]
+    return {
+        "llm_call": lambda s, q, o: llm_call(s, q, **o),
+        "formatted_llm_call": lambda s, q, o: formatted_llm_call(
+            "Q: {question}", {"question": q}, system_prompt=s, **o
+        ),
+        "chat_call": lambda s, q, o: chat_call(
+            [{**m, "content": c} for m, c in zip(system_user, (s, q), strict=True)], **o
+        ),
+        "TextLoss": lambda s, q, o: TextLoss(s, **o)(q),
+        "LLMCall.apply": lambda s, q, o: LLMCall.apply(s, q, **o),
+        "FormattedLLMCall.apply": lambda s, q, o: FormattedLLMCall.apply(
+            "Q: {question}", s, **o, question=q
+        ),
+        "ChatCall.apply": lambda s, q, o: ChatCall.apply(("system", "user"), s, q, **o),
+    }
+
+
+@pytest.mark.parametrize("way", list(_call_every_way()))
+async def test_every_option_reaches_the_model_call_of_every_wrapper(
+    way: str, registered: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One valid value per field of ``LLMOptions`` (and ``base_url``), all given at once to
+    each way of calling a model; each is then seen where it acts: in the requests a real
+    local HTTP server received (forward: one server, backward: another), in the reply's
+    parsing and role, and in the gradient. A field added to the record fails here until
+    it has a value and a check, and until every wrapper passes it on."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test")
+    with OpenAITestServer() as main, OpenAITestServer() as critic:
+        registered.append(
+            register_model(
+                f"tests-critic-{critic.port}",
+                OpenAIChat("critic-model", base_url=critic.url, api_key="test"),
+            )
+        )
+        bad, good = Reply(text="no json here"), Reply(text=json.dumps({"grade": 7}))
+        main.script(bad, bad, bad, good)  # the 4th attempt parses: format_attempts=4, not 3
+        values: dict[str, Any] = {
+            "model": "openai:forward-model",
+            "base_url": main.url,
+            "params": {"temperature": 0.25},
+            "feedback_model": f"tests-critic-{critic.port}",
+            "feedback_params": {"temperature": 0.75},
+            "role": "graded answer",
+            "feedback_budget": 8,
+            "response_format": Grade,
+            "format_attempts": 4,
+        }
+        fields = {f.name for f in dataclasses.fields(LLMOptions)}
+        assert set(values) == fields | {"base_url"} == LLMOptions.KEYWORDS
+
+        system = Parameter("Grade the answer.", role="grading prompt")
+        question = Variable("What is 6 * 7? 42.", role="question and answer")
+        out = await _call_every_way()[way](system, question, values)
+        forward = [r.body for r in main.requests]
+        await out.backward(Variable("the grade is too generous " * 40, role="review"))
+        backward = [r.body for r in critic.requests]
+
+    checks = {
+        "model": all(body["model"] == "forward-model" for body in forward),
+        "base_url": len(forward) == 4 and len(main.requests) == 4,  # nothing else went there
+        "params": all(body["temperature"] == 0.25 for body in forward),
+        "feedback_model": len(backward) >= 2  # a summary of the feedback, then the request
+        and all(body["model"] == "critic-model" for body in backward),
+        "feedback_params": all(body["temperature"] == 0.75 for body in backward),
+        "role": out.role == "graded answer"
+        and "graded answer" in backward[-1]["messages"][-1]["content"],
+        "feedback_budget": "feedback budget of 8 tokens" in render_feedback(system.grad),
+        "response_format": out.data == {"grade": 7}
+        and all(body["response_format"]["json_schema"]["name"] == "Grade" for body in forward),
+        "format_attempts": len(forward) == 4,
+    }
+    assert set(checks) == set(values)
+    assert [name for name, ok in checks.items() if not ok] == []
+
+
+async def test_the_wrappers_keyword_signature_is_the_records_fields() -> None:
+    """``LLMKeywords`` (what the type checker reads) names exactly ``LLMOptions.KEYWORDS``;
+    ``TextLoss`` takes the same, ``model`` as its second parameter."""
+    fields = {f.name for f in dataclasses.fields(LLMOptions)}
+    assert set(LLMKeywords.__annotations__) == fields | {"base_url"} == LLMOptions.KEYWORDS
+    assert set(CallKeywords.__annotations__) == LLMOptions.KEYWORDS - {"model"}
+    assert LLMKeywords.__required_keys__ == frozenset()
+    for function in (LLMCall, FormattedLLMCall, ChatCall):
+        assert function.option_keywords == LLMOptions.KEYWORDS
+    for wrapper in (llm_call, formatted_llm_call, chat_call):
+        params = inspect.signature(wrapper).parameters
+        assert params["options"].kind is inspect.Parameter.VAR_KEYWORD
+        assert not LLMOptions.KEYWORDS & set(params), wrapper.__name__
+    with pytest.raises(TypeError, match=r"llm_call got unexpected .*\['feedbak_budget'\]"):
+        await llm_call("s", "q", model="simulated:0", feedbak_budget=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"formatted_llm_call got unexpected .*\['modle'\]"):
+        await formatted_llm_call("{q}", {"q": "x"}, modle="simulated:0")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"TextLoss got unexpected .*\['temperature'\]"):
+        TextLoss("Judge.", "simulated:0", temperature=0)  # type: ignore[call-arg]
+
+
+# --- Options are not inputs of the node --------------------------------------------------
+
+
+def _spy(base: Any) -> Any:
+    """``base`` with a backward that records the ``ctx.needs_input_grad`` it saw."""
+
+    class Spy(base):  # type: ignore[misc, valid-type]
+        seen: ClassVar[list[tuple[bool, ...]]] = []
+
+        @staticmethod
+        async def backward(ctx: Any, grad: Variable | None) -> tuple[Variable | None, ...]:
+            Spy.seen.append(tuple(ctx.needs_input_grad))
+            return tuple(await base.backward(ctx, grad))
+
+    return Spy
+
+
+@pytest.mark.parametrize("base", [LLMCall, FormattedLLMCall, ChatCall])
+async def test_the_options_are_not_inputs_of_the_node(
+    base: Any, recorder: Recorder, registered: list[str]
+) -> None:
+    """One entry in ``needs_input_grad`` (in forward's ctx and in backward's) and one edge
+    per argument that is an input, whatever options are given: ``llm_call(prompt, question,
+    model=..., params=..., ...)`` has two, not one per option too."""
+    registered.append(register_model("tests-options-inputs", recorder.model))
+    spy = _spy(base)
+    prompt = Parameter("Answer.", role="system prompt")
+    question = Variable("6 * 7?", role="question")
+    options: dict[str, Any] = {
+        "model": "tests-options-inputs",
+        "params": {"seed": 1},
+        "feedback_model": "tests-options-inputs",
+        "feedback_params": {"seed": 2},
+        "role": "answer",
+        "feedback_budget": None,
+    }
+    if base is LLMCall:
+        out = await spy.apply(prompt, question, **options)
+        expected = (True, False)  # the system prompt, the question
+    elif base is FormattedLLMCall:
+        out = await spy.apply("Q: {question}", prompt, **options, question=question)
+        expected = (False, True, False)  # the template, the system prompt, the field
+    else:
+        out = await spy.apply(("system", "user"), prompt, question, **options)
+        expected = (False, True, False)  # the roles, the two messages
+    node = out.grad_fn
+    assert node is not None and node.ctx.needs_input_grad == expected
+    assert len(node.next_functions) == len(expected)
+    assert [fn is not None for fn, _ in node.next_functions] == list(expected)
+    await out.backward(Variable("too long"))
+    assert spy.seen == [expected]
+    assert prompt.grad is not None and question.grad is None
+
+
+async def test_llm_call_records_one_input_per_argument(recorder: Recorder) -> None:
+    prompt = Parameter("sys")
+    answer = await llm_call(
+        prompt, "q", model=recorder.model, params={"seed": 1}, role="answer", feedback_budget=9
+    )
+    assert answer.grad_fn is not None
+    assert answer.grad_fn.ctx.needs_input_grad == (True, False)
+    assert len(answer.grad_fn.next_functions) == 2
+
+
+async def test_a_variable_given_as_an_option_is_refused_before_the_call(recorder: Recorder) -> None:
+    with pytest.raises(TypeError, match=r"LLMCall: option role= must be plain data"):
+        await LLMCall.apply("sys", "x", model=recorder.model, role=Parameter("r"))
+    assert recorder.requests == []
+
+
+async def test_python_call_options_are_its_records_fields_and_not_inputs(
+    registered: list[str],
+) -> None:
+    recorder = Recorder()
+    registered.append(register_model("tests-options-pyfunc", recorder.model))
+    assert PythonCall.option_keywords == PythonCallOptions.KEYWORDS
+    assert PythonCallOptions.KEYWORDS == {f.name for f in dataclasses.fields(PythonCallOptions)}
+    text = Parameter("a b c", role="text")
+    given = {
+        "purpose": "Counts the words.",
+        "role": "word count",
+        "feedback_model": "tests-options-pyfunc",
+        "feedback_params": {"seed": 3},
+        "feedback_budget": 7,
+    }
+    assert set(given) == PythonCallOptions.KEYWORDS
+    out = await python_call(lambda t, sep: len(t.split(sep)), text, sep=" ", **given)
+    assert out.data == 3 and out.grad_fn is not None
+    assert out.grad_fn.ctx.options == PythonCallOptions(
+        purpose="Counts the words.",
+        role="word count",
+        feedback_model=ModelRef("tests-options-pyfunc"),
+        feedback_params={"seed": 3},
+        feedback_budget=7,
+    )
+    # fn, the text, the named input sep: no entry for an option.
+    assert out.grad_fn.ctx.needs_input_grad == (False, True, False)
+    await out.backward(Variable("count the words again " * 10))
+    assert render_feedback(text.grad).startswith("[built from condensed feedback")
