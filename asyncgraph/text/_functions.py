@@ -264,7 +264,20 @@ async def _fitted_budget(
     return budget, fit.condense_tokens()
 
 
-class LLMCall(_TextFunction):
+class _LLMFunction(_TextFunction):
+    """What the LLM calls share: a backward on a worker by default, the options as one
+    ``LLMOptions`` on ``ctx.options`` (not inputs), and one backward (``_llm_backward``)."""
+
+    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
+    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
+    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
+
+    @staticmethod
+    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
+        return await _llm_backward(ctx, grad_output)
+
+
+class LLMCall(_LLMFunction):
     """Call a language model: ``await LLMCall.apply(system_prompt, *inputs, model=...)``.
 
     Forward sends ``system_prompt`` (a Variable, a str, or None for none) as the
@@ -306,10 +319,7 @@ class LLMCall(_TextFunction):
         answer = await LLMCall.apply(prompt, question, model="openai:gpt-4o-mini")
     """
 
-    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.LLMCall"
-    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
-    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **options: Any) -> Variable:
@@ -334,15 +344,11 @@ class LLMCall(_TextFunction):
         user_prompt = "\n\n".join(_text(item) for item in inputs)
         return await _llm_forward(ctx, opts, system_text, user_prompt, slots, _images(inputs))
 
-    @staticmethod
-    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
-        return await _llm_backward(ctx, grad_output)
-
 
 _CHAT_ROLES = ("system", "user", "assistant", "developer")
 
 
-class ChatCall(_TextFunction):
+class ChatCall(_LLMFunction):
     """An LLM call built from a list of messages (afnio's ChatCompletion shape).
 
     ``await ChatCall.apply(roles, *contents, model=...)``: ``roles[i]`` (``"system"``,
@@ -367,10 +373,7 @@ class ChatCall(_TextFunction):
         )
     """
 
-    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.ChatCall"
-    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
-    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, roles: Any, *contents: Any, **options: Any) -> Variable:
@@ -397,12 +400,8 @@ class ChatCall(_TextFunction):
         )
         return await _llm_forward(ctx, opts, None, transcript, slots, [], conversation=turns)
 
-    @staticmethod
-    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
-        return await _llm_backward(ctx, grad_output)
 
-
-class FormattedLLMCall(_TextFunction):
+class FormattedLLMCall(_LLMFunction):
     """An LLM call whose user message is a template with named fields.
 
     ``await FormattedLLMCall.apply(template, system_prompt=None, *, model=..., **fields)``
@@ -425,10 +424,7 @@ class FormattedLLMCall(_TextFunction):
         )
     """
 
-    dispatch: ClassVar[Literal["local", "remote"]] = "remote"
     remote_name: ClassVar[str | None] = "asyncgraph.text.FormattedLLMCall"
-    ctx_types: ClassVar[Mapping[str, type[Any]]] = _LLM_CTX_TYPES
-    option_keywords: ClassVar[frozenset[str]] = LLMOptions.KEYWORDS
 
     @staticmethod
     async def forward(ctx: Any, *args: Any, **kwargs: Any) -> Variable:
@@ -471,10 +467,6 @@ class FormattedLLMCall(_TextFunction):
         ctx.template = template
         images = _images(fields.values())
         return await _llm_forward(ctx, opts, system_text, user_prompt, slots, images)
-
-    @staticmethod
-    async def backward(ctx: Any, grad_output: Variable | None) -> tuple[Variable | None, ...]:
-        return await _llm_backward(ctx, grad_output)
 
 
 def _template_fields(template: str) -> set[str]:
