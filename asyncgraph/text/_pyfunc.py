@@ -321,6 +321,9 @@ async def python_call(
 ) -> Variable:
     """``await PythonCall.apply(...)`` with a typed signature; see :class:`PythonCall`.
 
+    ``feedback_budget=`` (an option, not an input; None: never condense) goes through
+    ``**named`` to ``PythonCall``, whose options are the fields of ``PythonCallOptions``.
+
     Example::
 
         count = await python_call(
