@@ -41,7 +41,6 @@ from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._payload import backward_payload
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._registry import build_registry
-from asyncgraph.distributed.worker._runner import open_runner
 from asyncgraph.resp import Pool, parse_redis_url
 from asyncgraph.resp._hiredis_protocol import _HiredisReader
 from asyncgraph.resp._protocol import Reader
@@ -91,8 +90,7 @@ async def worker_cpu_per_task(n: int, batch: int = BATCH) -> float:
     )
     worker._writer.batching = True  # the replies are built, never sent
     slots = worker._ctx.slots
-    async with open_runner() as runner:
-        slots.runner = runner
+    async with slots.runner.serving():
         best = float("inf")
         for _ in range(3):
             started = time.process_time()

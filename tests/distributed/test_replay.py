@@ -184,7 +184,6 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
     from asyncgraph.distributed import Worker, WorkerConfig
     from asyncgraph.distributed.wire._schema import encode
     from asyncgraph.distributed.worker._registry import build_registry
-    from asyncgraph.distributed.worker._runner import open_runner
 
     worker = Worker(
         WorkerConfig("redis://127.0.0.1:1/0", queue="q"), build_registry(["agdist_functions"])
@@ -204,8 +203,7 @@ async def test_a_task_cancelled_while_its_memory_is_claimed_does_not_start() -> 
         expiry_ms=int(time.time() * 1000) + 5000,  # no Redis: the worker reads this clock
     )
     packed, signature = encode(message, Signer(None))
-    async with open_runner() as runner:
-        slots.runner = runner
+    async with slots.runner.serving():
         taken = worker._tasks.admit(
             b"1-0", [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature], 1
         )

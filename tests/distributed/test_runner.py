@@ -15,7 +15,7 @@ import pytest
 
 from asyncgraph.distributed.worker._execute import Threads
 from asyncgraph.distributed.worker._outcomes import Held
-from asyncgraph.distributed.worker._runner import Runner, open_runner
+from asyncgraph.distributed.worker._runner import Runner
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -42,7 +42,7 @@ class Task:
         try:
             await anyio.sleep(self.seconds)
             self.ended = "finished"
-        except self.runner.cancelled:
+        except anyio.get_cancelled_exc_class():
             why = self.runner.why_stopped(self.held)
             if why is None:
                 self.ended = "cancelled by stop_all"
@@ -51,14 +51,28 @@ class Task:
 
 
 async def test_a_task_runs_to_its_end() -> None:
-    async with open_runner() as runner:
+    async with Runner().serving() as runner:
         task = Task(runner, held(), seconds=0.01)
         runner.start(task.held, task)
     assert task.ended == "finished"
 
 
+async def test_a_task_starts_only_while_its_runner_serves() -> None:
+    runner = Runner()  # made with the worker's slots, long before the worker serves
+    early = Task(runner, held())
+    with pytest.raises(RuntimeError, match="serving"):
+        runner.start(early.held, early)
+    runner.stop_all()  # nothing runs yet: nothing to stop, nothing fails
+    async with runner.serving():
+        task = Task(runner, held(), seconds=0.01)
+        runner.start(task.held, task)
+    assert task.ended == "finished" and early.ended is None
+    with pytest.raises(RuntimeError, match="serving"):
+        runner.start(early.held, early)
+
+
 async def test_a_stopped_task_sees_why_and_ends_normally() -> None:
-    async with open_runner() as runner:
+    async with Runner().serving() as runner:
         task = Task(runner, held())
         runner.start(task.held, task)
         await task.began.wait()
@@ -69,14 +83,14 @@ async def test_a_stopped_task_sees_why_and_ends_normally() -> None:
 
 async def test_a_task_stopped_at_its_deadline_is_expired() -> None:
     with anyio.fail_after(5):
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             task = Task(runner, held(deadline_in_s=0.05))
             runner.start(task.held, task)
     assert task.ended == "expired"
 
 
 async def test_a_task_stopped_before_it_began_is_told_when_it_begins() -> None:
-    async with open_runner() as runner:
+    async with Runner().serving() as runner:
         task = Task(runner, held())
         runner.start(task.held, task)
         runner.stop(task.held, "cancelled")  # same tick: the task has not begun
@@ -87,7 +101,7 @@ async def test_a_task_stopped_before_it_began_is_told_when_it_begins() -> None:
 async def test_stop_all_cancels_every_task_without_a_reason() -> None:
     tasks: list[Task] = []
     with anyio.fail_after(5):
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             for _ in range(3):
                 tasks.append(Task(runner, held()))
                 runner.start(tasks[-1].held, tasks[-1])
@@ -100,7 +114,7 @@ async def test_stop_all_cancels_every_task_without_a_reason() -> None:
 
 async def test_leaving_the_block_cancelled_stops_the_tasks_and_waits_for_them() -> None:
     with anyio.move_on_after(5) as outer:
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             task = Task(runner, held())
             runner.start(task.held, task)
             await task.began.wait()
@@ -118,7 +132,7 @@ async def test_a_task_that_raises_stops_the_block_and_the_error_comes_out() -> N
         raise RuntimeError("a bug of the worker")
 
     with anyio.fail_after(5), pytest.raises(BaseException) as info:
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             other.append(Task(runner, held()))
             runner.start(other[0].held, other[0])
             runner.start(held(), broken)
@@ -138,11 +152,11 @@ async def test_a_threaded_call_stopped_while_it_runs_is_abandoned_not_awaited() 
         try:
             await threads.run(release.wait, 10)
             ended.append("returned")
-        except runner.cancelled:
+        except anyio.get_cancelled_exc_class():
             ended.append(runner.why_stopped(h) or "no reason")
 
     with anyio.fail_after(5):
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             runner.start(h, body)
             await anyio.sleep(0.1)
             runner.stop(h, "cancelled")
@@ -194,16 +208,16 @@ async def test_a_task_that_swallows_its_cancellation_is_cancelled_again() -> Non
     async def stubborn() -> None:
         try:
             await anyio.sleep(30)
-        except runner.cancelled:
+        except anyio.get_cancelled_exc_class():
             swallowed.append("once")
         try:
             await anyio.sleep(30)  # a Function that went on after the cancellation
-        except runner.cancelled:
+        except anyio.get_cancelled_exc_class():
             ended.append(runner.why_stopped(h) or "no reason")
             raise
 
     with anyio.fail_after(5):
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             runner.start(h, stubborn)
             await anyio.sleep(0.05)
             runner.stop(h, "cancelled")
@@ -217,11 +231,11 @@ async def test_stop_all_ends_a_task_that_swallows_its_cancellation() -> None:
         for i in range(3):
             try:
                 await anyio.sleep(30)
-            except runner.cancelled:
+            except anyio.get_cancelled_exc_class():
                 rounds.append(i)
 
     with anyio.fail_after(5):
-        async with open_runner() as runner:
+        async with Runner().serving() as runner:
             runner.start(held(), stubborn)
             await anyio.sleep(0.05)
             runner.stop_all()

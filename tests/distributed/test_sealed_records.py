@@ -152,7 +152,6 @@ async def test_a_replay_claim_that_does_not_verify_is_ignored_and_reported(
     from asyncgraph.distributed.wire import _keys as keys
     from asyncgraph.distributed.wire._schema import TaskMessage, decode, encode
     from asyncgraph.distributed.worker._registry import build_registry
-    from asyncgraph.distributed.worker._runner import open_runner
 
     signer = Signer(SECRET)
     registry = build_registry(["agdist_functions"])
@@ -166,8 +165,7 @@ async def test_a_replay_claim_that_does_not_verify_is_ignored_and_reported(
     packed, signature = encode(message, signer)
     series = 'asyncgraph_worker_ignored_records_total{record="replay"}'
     assert f"{series} 0" in worker.metrics.render()
-    async with open_runner() as runner:
-        worker._ctx.slots.runner = runner
+    async with worker._ctx.slots.runner.serving():
         taken = worker._tasks.admit(
             b"1-0", [keys.F_MESSAGE, packed, keys.F_SIGNATURE, signature], 1
         )

@@ -7,18 +7,18 @@ No Redis: a context makes a pool that never connects unless used.
 from __future__ import annotations
 
 import json
+import threading
 
 import anyio
 import anyio.from_thread
 import pytest
 from agdist_helpers import wait_until
 
-from asyncgraph.distributed import WorkerConfig
+from asyncgraph.distributed import Worker, WorkerConfig
 from asyncgraph.distributed.worker._cancels import MAX_CANCELLED, Cancels
 from asyncgraph.distributed.worker._context import Stopping, WorkerContext
 from asyncgraph.distributed.worker._membership import Membership
 from asyncgraph.distributed.worker._metrics import Metrics
-from asyncgraph.distributed.worker._runner import open_runner
 from asyncgraph.distributed.worker._slots import FINISHED_MEMORY, Slots
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -58,39 +58,57 @@ def test_an_abandoned_thread_call_takes_no_slot() -> None:
     assert metrics.get("asyncgraph_worker_abandoned_calls") == 0
 
 
+async def abandon_one(slots: Slots, release: threading.Event) -> None:
+    """Cancel a synchronous call of ``slots.threads`` while it runs (until ``release``)."""
+    started = anyio.Event()
+
+    def hang() -> None:
+        anyio.from_thread.run_sync(started.set)
+        release.wait(30)
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slots.threads.run, hang)
+            await started.wait()
+            scope.cancel()
+
+
 @pytest.mark.anyio
 async def test_abandoned_calls_leave_room_for_new_ones_and_past_the_bound_ask_for_a_drain() -> None:
     # On trio an abandoned call keeps its thread's limiter token until it returns: the
     # threads must have room for the calls abandoned besides those of the tasks held.
-    import threading
-
-    slots = Slots(2, Metrics(), max_abandoned=2)
     too_many: list[int] = []
-    slots.too_many_abandoned = lambda: too_many.append(slots.abandoned)
+    slots = Slots(
+        2, Metrics(), max_abandoned=2, too_many_abandoned=lambda: too_many.append(slots.abandoned)
+    )
     release = threading.Event()
-
-    async def abandon_one() -> None:
-        started = anyio.Event()
-
-        def hang() -> None:
-            anyio.from_thread.run_sync(started.set)
-            release.wait(30)
-
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(slots.threads.run, hang)
-                await started.wait()
-                scope.cancel()
-
     try:
         with anyio.fail_after(60):
-            await abandon_one()
-            await abandon_one()
+            await abandon_one(slots, release)
+            await abandon_one(slots, release)
             assert slots.abandoned == 2 and too_many == []
             assert await slots.threads.run(lambda: "served") == "served"
             assert await slots.threads.run(lambda: "and again") == "and again"
-            await abandon_one()
+            await abandon_one(slots, release)
         assert too_many == [3]  # one beyond max_abandoned
+    finally:
+        release.set()
+    await wait_until(lambda: not slots.abandoned)
+
+
+@pytest.mark.anyio
+async def test_a_worker_past_max_abandoned_drains_to_be_replaced() -> None:
+    # The worker gives its slots what to do past the bound when it makes them.
+    worker = Worker(WorkerConfig(NOWHERE, queue="q", concurrency=1, max_abandoned=1), {})
+    slots = worker._ctx.slots
+    release = threading.Event()
+    try:
+        with anyio.fail_after(60):
+            await abandon_one(slots, release)
+            assert not worker.needs_replacing
+            await abandon_one(slots, release)
+        assert worker.needs_replacing
+        assert worker.health()[1]["status"] == "draining: too many abandoned calls"
     finally:
         release.set()
     await wait_until(lambda: not slots.abandoned)
@@ -141,8 +159,7 @@ async def test_a_cancel_message_stops_the_running_task_through_the_slots() -> No
     ctx = WorkerContext.new(WorkerConfig(NOWHERE, queue="q"))
     cancels = Cancels(ctx)
     ended: list[str | None] = []
-    async with open_runner() as runner:
-        ctx.slots.runner = runner
+    async with ctx.slots.runner.serving() as runner:
         held = ctx.slots.hold(b"1-0", 1)
         assert held is not None
         held.key = ("client", "t1")
@@ -154,7 +171,7 @@ async def test_a_cancel_message_stops_the_running_task_through_the_slots() -> No
             began.set()
             try:
                 await anyio.sleep(30)
-            except runner.cancelled:
+            except anyio.get_cancelled_exc_class():
                 ended.append(runner.why_stopped(held))
 
         runner.start(held, task)

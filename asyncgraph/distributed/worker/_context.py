@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -70,8 +70,14 @@ class WorkerContext:
     stopping: Stopping
 
     @classmethod
-    def new(cls, config: WorkerConfig) -> WorkerContext:
-        """A context for ``config``; nothing connects until a part uses the pool."""
+    def new(
+        cls, config: WorkerConfig, *, too_many_abandoned: Callable[[], None] = lambda: None
+    ) -> WorkerContext:
+        """A context for ``config``; nothing connects until a part uses the pool.
+
+        ``too_many_abandoned``: called when a call is abandoned beyond ``max_abandoned``
+        (``Slots``).
+        """
         consumer = config.consumer or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
@@ -83,6 +89,11 @@ class WorkerContext:
             Signer(config.secret),
             RedisHealth(consumer, metrics),
             metrics,
-            Slots(config.concurrency, metrics, config.max_abandoned),
+            Slots(
+                config.concurrency,
+                metrics,
+                config.max_abandoned,
+                too_many_abandoned=too_many_abandoned,
+            ),
             Stopping(),
         )

@@ -12,6 +12,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from asyncgraph import WireError
 from asyncgraph._redact import redact
 from asyncgraph.distributed.wire import _keys as keys
@@ -61,9 +63,8 @@ class Held:
     key: tuple[str, str] | None = None
     deadline: float = 0.0
     delivery: int = 1
-    # Of the runner (``_runner``): its task's handle, whether it began, why it was stopped.
-    handle: Any = None
-    started: bool = False
+    # Of the runner (``_runner``): its task's cancel scope once it began, why it was stopped.
+    scope: anyio.CancelScope | None = None
     stopped: str | None = None
 
 

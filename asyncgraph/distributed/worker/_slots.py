@@ -31,12 +31,19 @@ class Slots:
 
     ``held``: read, not yet acknowledged (by entry id). ``running``: admitted and not
     yet settled (by client and task id): the ones a cancel message can stop.
-    ``runner``: the task runner while the worker serves (None before and after).
+    ``runner``: the task runner, which runs them while the worker serves.
     ``too_many_abandoned`` is called when a call is abandoned beyond ``max_abandoned``
     (``Worker`` drains then, to be replaced).
     """
 
-    def __init__(self, concurrency: int, metrics: Metrics, max_abandoned: int = 0) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        metrics: Metrics,
+        max_abandoned: int = 0,
+        *,
+        too_many_abandoned: Callable[[], None] = lambda: None,
+    ) -> None:
         self.concurrency = concurrency
         self.max_abandoned = max_abandoned or concurrency
         # Threads for the tasks held plus the abandoned calls allowed: on trio an
@@ -44,13 +51,13 @@ class Slots:
         self.threads = Threads(concurrency + self.max_abandoned)
         self.threads.on_ended = self.changed
         self.threads.on_abandoned = self._abandoned
-        self.too_many_abandoned: Callable[[], None] = lambda: None
+        self._too_many_abandoned = too_many_abandoned
+        self.runner = Runner()
         self.held: dict[bytes, Held] = {}
         self.settled = 0
         """Tasks this worker settled (replied to or dead-lettered) since it started; its
         status line carries it, and ``asyncgraph status`` takes a rate from two readings."""
         self.running: dict[tuple[str, str], Held] = {}
-        self.runner: Runner | None = None
         self._finished: dict[bytes, None] = {}
         self._metrics = metrics
         self._changed: anyio.Event | None = None
@@ -68,7 +75,7 @@ class Slots:
     def _abandoned(self) -> None:
         self.changed()
         if self.threads.abandoned > self.max_abandoned:
-            self.too_many_abandoned()
+            self._too_many_abandoned()
 
     def hold(self, entry_id: bytes, delivery: int) -> Held | None:
         """Take a slot for ``entry_id``; None if it is held already, or was settled a moment ago.
@@ -84,13 +91,8 @@ class Slots:
     def stop(self, key: tuple[str, str], reason: str) -> None:
         """Stop the running task ``key`` (client and task id), if this worker runs it."""
         held = self.running.get(key)
-        if held is not None and self.runner is not None:
+        if held is not None:
             self.runner.stop(held, reason)
-
-    def stop_all(self) -> None:
-        """Stop every task now (a second signal): they are handed back, not settled."""
-        if self.runner is not None:
-            self.runner.stop_all()
 
     def release(self, entry_ids: list[bytes]) -> None:
         """``entry_ids`` were settled in Redis: free their slots."""

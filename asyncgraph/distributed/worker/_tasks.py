@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
 from asyncgraph.distributed.wire._keys import calls_key, reply_ttl_s
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.worker._admission import (
@@ -83,8 +85,6 @@ class Tasks:
         held = self._slots.hold(entry_id, deliveries)
         if held is None:
             return None
-        runner = self._slots.runner
-        assert runner is not None
         decided = admit(
             held,
             fields,
@@ -92,7 +92,7 @@ class Tasks:
             self._rules,
             self._replies,
             cancelled=self._cancels,
-            now=runner.now(),
+            now=anyio.current_time(),
             redis_now_ms=self._membership.redis_now_ms(),
             client_gone=client_gone,
         )
@@ -156,18 +156,15 @@ class Tasks:
             self._slots.drop(held.entry_id)
 
     def _run_claimed(self, held: Held, admitted: Admitted) -> None:
-        runner = self._slots.runner
-        assert held.key is not None and runner is not None
+        assert held.key is not None
         if held.key in self._cancels:  # cancelled during the claim's round trip
             self._settle(held, admitted, self._replies.stopped(held, "cancelled"))
             return
         self._slots.running[held.key] = held
-        runner.start(held, self._run, held, admitted)
+        self._slots.runner.start(held, self._run, held, admitted)
 
     async def _run(self, held: Held, admitted: Admitted) -> None:
         """Run an async (or threaded) task under its deadline; a cancel message stops it."""
-        runner = self._slots.runner
-        assert held.key is not None and runner is not None
         if held.stopped is not None:  # cancelled (or expired) before it began
             self._settle(held, admitted, self._replies.stopped(held, held.stopped))
             return
@@ -197,8 +194,8 @@ class Tasks:
                 result = await execute(admitted.registered, message, self._slots.threads)
             except Exception as exc:
                 error = exc
-            except runner.cancelled:
-                stopped = runner.why_stopped(held)
+            except anyio.get_cancelled_exc_class():  # looked up only when something is raised
+                stopped = self._slots.runner.why_stopped(held)
                 if stopped is None:
                     raise  # the worker is stopping: the task is handed back
         if stopped is not None:  # its hooks report what it spent (a cancel's reply carries it)

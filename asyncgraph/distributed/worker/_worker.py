@@ -72,7 +72,6 @@ from asyncgraph.distributed.worker._membership import Membership
 from asyncgraph.distributed.worker._outcomes import Replies
 from asyncgraph.distributed.worker._registry import Registry
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
-from asyncgraph.distributed.worker._runner import open_runner
 from asyncgraph.distributed.worker._tasks import Tasks
 from asyncgraph.resp import RedisConnectionLost, ReplyError
 from asyncgraph.taskhooks import task_hooks
@@ -110,7 +109,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, registry: Registry) -> None:
         self.config = config
         self.registry = registry
-        ctx = self._ctx = WorkerContext.new(config)
+        ctx = self._ctx = WorkerContext.new(config, too_many_abandoned=self._too_many_abandoned)
         self.consumer = ctx.consumer
         self.metrics = ctx.metrics
         replies = Replies(config.queue, ctx.consumer, ctx.signer, config.limits, ctx.metrics)
@@ -121,7 +120,6 @@ class Worker:
         self._intake = Intake(ctx, self._writer, self._tasks)
         self._drained = False
         self.needs_replacing = False  # drained for too many abandoned calls: exit EXIT_REPLACE
-        ctx.slots.too_many_abandoned = self._too_many_abandoned
 
     # -- lifecycle -----------------------------------------------------------------
     async def serve(
@@ -202,8 +200,7 @@ class Worker:
         services.start_soon(self._cancels.watch, self._membership.redis_now_ms())
         services.start_soon(self._membership.lease_renewer)
         services.start_soon(self._heartbeat)
-        async with open_runner() as runner:
-            slots.runner = runner
+        async with slots.runner.serving():
             with self._ctx.stopping.scope():
                 async with anyio.create_task_group() as intake:
                     intake.start_soon(self._intake.reader)
@@ -213,7 +210,7 @@ class Worker:
             with anyio.move_on_after(self.config.drain_timeout_s):
                 await slots.wait_idle()
             self._drained = not slots.held
-            runner.stop_all()
+            slots.runner.stop_all()
         if self._writer.pending:  # settled by the cancellation above: write them (bounded)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.redis_timeout_s):
                 await self._writer.flush()
@@ -325,7 +322,7 @@ class Worker:
             async for signum in signals:
                 if self._ctx.stopping.draining:
                     log.warning("worker %s: second signal, stopping now", self.consumer)
-                    self._ctx.slots.stop_all()
+                    self._ctx.slots.runner.stop_all()
                     return
                 log.info("worker %s: %s, draining", self.consumer, signal.Signals(signum).name)
                 self.drain()
