@@ -2,7 +2,7 @@
 
 ``admit`` is a pure function of the entry, its delivery count and the worker's
 settings: no Redis, no clock of its own (``now`` and ``redis_now_ms`` are given).
-``claim_commands`` and ``first_run`` are the replay memory's two halves, also pure.
+``claim_commands`` and ``claimed`` are the replay memory's two halves, also pure.
 
 NOTE [Replays]
 A stream entry's id is chosen by whoever adds it, so nothing in it says when the task was
@@ -59,6 +59,7 @@ __all__ = [
     "CHUNK",
     "EXPIRY_GRACE_MS",
     "EXPIRY_SLACK_MS",
+    "MAX_FIELDS",
     "WINDOW_MS",
     "Admitted",
     "Rules",
@@ -73,6 +74,7 @@ __all__ = [
     "task_deadline",
     "task_memory",
     "task_number",
+    "unverified_claim",
 ]
 
 MAX_FIELDS = 16  # a task entry has a handful of fields; more is not ours
@@ -277,7 +279,7 @@ def _too_big(
     dead = replies.dead_letter(held, reason, text, data)
     # Nothing of it can be verified. Without a secret (anyone may write any task anyway)
     # the entry's hints say whom to tell.
-    ids = None if rules.signer.enabled else hinted_ids(data)
+    ids = None if rules.signer.enabled else _hinted_ids(data)
     if ids is None:
         return replies.settled(held, "rejected", [dead])
     return replies.refused(
@@ -315,7 +317,7 @@ def _refuse(
     return replies.refused(held, *ids, str(exc), dead)
 
 
-def hinted_ids(data: dict[Any, Any]) -> tuple[str, str] | None:
+def _hinted_ids(data: dict[Any, Any]) -> tuple[str, str] | None:
     """(client, task id) from an entry's unsigned hints, when both are well formed."""
     client, task_id = data.get(keys.F_CLIENT_HINT), data.get(keys.F_TASK_HINT)
     if not (isinstance(client, bytes) and isinstance(task_id, bytes) and 0 < len(task_id) <= 64):

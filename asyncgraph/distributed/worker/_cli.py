@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import logging
 import os
 import sys
-from typing import Any
 
 import anyio
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     code = 0
     try:
-        anyio.run(_serve, worker, backend=config.backend)
+        anyio.run(functools.partial(worker.serve, handle_signals=True), backend=config.backend)
     except KeyboardInterrupt:
         code = 130
     except RedisConnectionLost as exc:
@@ -102,10 +102,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
-
-
-async def _serve(worker: Any) -> None:
-    await worker.serve(handle_signals=True)
 
 
 def _supervise(config: WorkerConfig) -> int:

@@ -53,7 +53,7 @@ HELP: dict[str, tuple[str, str]] = {
     ),
     "asyncgraph_worker_abandoned_calls": (
         "gauge",
-        "Synchronous calls cancelled but still running in their threads (their slots are held).",
+        "Synchronous calls cancelled but still running in their threads (they take no slot).",
     ),
     "asyncgraph_worker_redis_refusals_total": (
         "counter",

@@ -33,7 +33,7 @@ class ReplyWriter:
     """Queues ``Settled`` tasks and writes them; their slots are released once written."""
 
     def __init__(self, ctx: WorkerContext, replies: Replies) -> None:
-        self._ctx = ctx
+        self._slots = ctx.slots
         self._pool = ctx.pool
         self._tasks = keys.task_stream(ctx.config.queue)
         self.replies = replies
@@ -95,7 +95,7 @@ class ReplyWriter:
                 return False
             self._health.ok()
             if not isinstance(replies[-1], ReplyError):
-                self._ctx.slots.release([s.held.entry_id for s in batch])
+                self._slots.release([s.held.entry_id for s in batch])
                 return True
             # Refused (EXECABORT): nothing of it was written. Task by task, so that only
             # the ones Redis refuses wait, and what Redis said reaches their clients.
@@ -121,7 +121,7 @@ class ReplyWriter:
                 left += batch[index:]
                 break
             if not isinstance(replies[-1], ReplyError):
-                self._ctx.slots.release([settled.held.entry_id])
+                self._slots.release([settled.held.entry_id])
                 continue
             left.append(await self._refused(settled, _cause(replies)))
         self._outgoing[:0] = left

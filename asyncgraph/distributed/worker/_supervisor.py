@@ -39,7 +39,7 @@ from asyncgraph.distributed.worker._metrics import (
     render,
 )
 
-__all__ = ["Supervisor"]
+__all__ = ["Supervisor", "child_command"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
 
