@@ -124,7 +124,7 @@ def test_every_python_block_runs_in_the_suite_or_says_it_is_a_fragment() -> None
 def test_ci_runs_the_readme_test_command() -> None:
     # The README's two commands (set up, then test) are what CI runs on a fresh machine.
     readme = (ROOT / "README.md").read_text()
-    setup, test = 'python3 -m pip install -e ".[test]"', "python3 -m pytest"
+    setup, test = 'python3 -m pip install -e ".[test]"', "python3 -m pytest -n auto"
     assert f"```\n{setup}\n{test}\n```" in readme
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert setup in ci and test in ci
