@@ -16,6 +16,7 @@ from agdist_helpers import StartWorker, http_get, wait_for_workers, wait_until
 from asyncgraph import Parameter, RemoteConnectionError, RemoteTimeoutError, backward
 from asyncgraph.distributed import open_redis_executor
 from asyncgraph.distributed._redis_server import RedisServer, free_port
+from asyncgraph.distributed.wire import _keys as keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -75,6 +76,42 @@ async def test_stalled_worker_task_runs_twice_and_is_joined_once(
         assert ex.stats.completed == 1
     assert x.grad is not None and x.grad.data == 1.0
     assert len(pids(redis_url, "agdist:finished:stall")) == 2
+
+
+async def test_a_worker_stalled_past_its_lease_counts_no_delivery_and_its_task_survives_it(
+    redis_url: str, start_worker: StartWorker
+) -> None:
+    """A stall past the lease (a loaded machine) while no other worker takes the task: the
+    stalled worker's own reclaimer must not claim it (each claim counts a delivery), so once
+    it dies the next worker reruns the task instead of dead-lettering it as delivered
+    max_attempts times (the call journal's tests failed so under load)."""
+    stalled = start_worker(redis_url, "selfclaim", *FAST, "--max-attempts", "2")
+    client = redis.Redis.from_url(redis_url)
+    client.set("agdist:hold:selfclaim", 1)
+    stream = keys.task_stream("selfclaim")
+
+    def pending() -> tuple[int, int]:  # (idle ms, deliveries) of the one task
+        (row,) = client.xpending_range(stream, keys.GROUP, "-", "+", 1)
+        return int(row["time_since_delivered"]), int(row["times_delivered"])
+
+    x = Parameter(1.5, role="x")
+    async with open_redis_executor(redis_url, queue="selfclaim", timeout_s=120) as ex:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(backward, F.Held.apply(x, "selfclaim"), executor=ex))
+            await wait_until(lambda: pids(redis_url, "agdist:started:selfclaim"))
+            for _ in range(3):
+                stalled.signal(signal.SIGSTOP)
+                await wait_until(lambda: pending()[0] > 1500)  # its lease of 1 s has passed
+                stalled.signal(signal.SIGCONT)
+                await wait_until(lambda: pending()[0] < 1000)  # it took its task back
+            assert pending()[1] == 1  # never delivered again: it never changed hands
+            stalled.kill()
+            start_worker(redis_url, "selfclaim", *FAST, "--max-attempts", "2")
+            client.delete("agdist:hold:selfclaim")
+        assert ex.stats.completed == 1
+    client.close()
+    assert x.grad is not None and x.grad.data == 1.0
+    assert len(pids(redis_url, "agdist:started:selfclaim")) == 2  # rerun, not dead-lettered
 
 
 async def test_redis_restart_mid_pass_is_a_clear_error_then_workers_recover(

@@ -23,7 +23,7 @@ from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._admission import MAX_FIELDS, Admitted, batch_clients
 from asyncgraph.distributed.worker._context import WorkerContext
-from asyncgraph.distributed.worker._membership import ensure_group
+from asyncgraph.distributed.worker._membership import ensure_group, renewal
 from asyncgraph.distributed.worker._outcomes import Held
 from asyncgraph.distributed.worker._reply_writer import ReplyWriter
 from asyncgraph.distributed.worker._tasks import Tasks
@@ -268,19 +268,23 @@ class Intake:
     async def _reclaim(
         self, cursor: bytes | str, count: int
     ) -> tuple[bytes | str, list[tuple[bytes, Any, int]]]:
-        """One XAUTOCLAIM: the next cursor, and the claimed entries with their delivery counts."""
-        reply = await self._pool.execute(
-            "XAUTOCLAIM",
-            self._stream,
-            keys.GROUP,
-            self.consumer,
-            self.config.lease_ms,
-            cursor,
-            "COUNT",
-            count,
+        """One XAUTOCLAIM: the next cursor, and the claimed entries with their delivery counts.
+
+        The leases of the tasks this worker holds are renewed in the same round trip, just
+        before: after a stall past the lease (a busy machine, a blocked event loop) the
+        claim would otherwise take this worker's own tasks too, and each such claim counts
+        a delivery, so a task that never changed hands would reach ``max_attempts`` and be
+        dead-lettered when the next worker reclaims it."""
+        held = list(self._slots.held)
+        autoclaim: list[bytes | str | int] = ["XAUTOCLAIM", self._stream, keys.GROUP]
+        autoclaim += [self.consumer, self.config.lease_ms, cursor, "COUNT", count]
+        *_, reply = await self._pool.pipeline(
+            [*([renewal(self.config.queue, self.consumer, held)] if held else []), autoclaim],
             max_bulk=self.sizer.max_bulk,
             max_items=self.sizer.max_items(count),
         )
+        if isinstance(reply, ReplyError):
+            raise reply
         scanned_from, cursor = cursor, reply[0]
         self.sizer.note(reply[1])
         entries = [(e[0], e[1]) for e in reply[1] if e is not None]

@@ -36,12 +36,19 @@ from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.worker._context import WorkerContext
 from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError
 
-__all__ = ["Membership", "ensure_group"]
+__all__ = ["Membership", "ensure_group", "renewal"]
 
 log = logging.getLogger("asyncgraph.distributed.worker")
 
 CONSUMER_IDLE_LEASES = 2  # a consumer idle this long, holding nothing, without heartbeat, goes
 STALE_BEAT_MS = 60_000
+
+
+def renewal(queue: str, consumer: str, entry_ids: list[bytes]) -> list[bytes | str | int]:
+    """The command that renews ``consumer``'s lease of ``entry_ids`` in ``queue``: XCLAIM
+    with a minimum idle time of 0 and ``JUSTID``, which resets their idle time without
+    counting a delivery."""
+    return ["XCLAIM", keys.task_stream(queue), keys.GROUP, consumer, 0, *entry_ids, "JUSTID"]
 
 
 async def ensure_group(pool: Pool, queue: str) -> None:
@@ -143,9 +150,7 @@ class Membership:
             if not ids:
                 continue
             try:
-                await self._pool.execute(
-                    "XCLAIM", self._tasks, keys.GROUP, self.consumer, 0, *ids, "JUSTID"
-                )
+                await self._pool.execute(*renewal(self.config.queue, self.consumer, ids))
             except (RedisConnectionLost, ReplyError) as exc:
                 self._health.failed("renewing leases", exc)
             else:
