@@ -41,7 +41,7 @@ import anyio
 
 from asyncgraph._exceptions import RedisConnectionLost, ReplyError
 from asyncgraph.resp._address import RedisAddress
-from asyncgraph.resp._connection import Connection
+from asyncgraph.resp._connection import Connection, call_deadline
 from asyncgraph.resp._protocol import Arg
 
 __all__ = ["ClusterConnection", "ClusterRouter", "key_slot"]
@@ -319,7 +319,7 @@ class ClusterConnection(Connection):
         try:
             if timeout_s is None:
                 return await self._route(commands, max_bulk, max_items)
-            with anyio.fail_after(timeout_s):
+            with call_deadline(timeout_s):
                 return await self._route(commands, max_bulk, max_items)
         except BaseException as exc:
             if isinstance(exc, RedisConnectionLost):

@@ -7,8 +7,10 @@ event loop anyio runs on; but plain sockets on asyncio, which get the one stream
 own (``_asyncio_stream``: the one per-loop branch kept for speed, chosen in ``_connect``
 and listed in docs/guide/architecture.md).
 
-Every call has a deadline (``timeout_s``); a connection that saw a timeout, a
-cancellation or a protocol error mid-command is closed, never reused. Through
+Every call has a deadline (``timeout_s``, ``call_deadline``): how long Redis may stay
+silent, not how long a reply that keeps arriving may take to read (a big one, parsed on a
+loaded machine, takes longer to read than Redis takes to send). A connection that saw a
+timeout, a cancellation or a protocol error mid-command is closed, never reused. Through
 sentinels (``redis+sentinel://``), a connection goes to the master they name. A Redis
 Cluster is not one node: ``Pool`` opens its connections (``_cluster``).
 """
@@ -18,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +36,35 @@ from asyncgraph.resp._asyncio_stream import open_asyncio_stream
 from asyncgraph.resp._hiredis_protocol import new_reader, pack
 from asyncgraph.resp._protocol import MORE, RECV, Arg
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "call_deadline"]
+
+# The deadlines of the Redis calls this task is in (``call_deadline``), innermost last.
+_CALLS: ContextVar[tuple[tuple[anyio.CancelScope, float], ...]] = ContextVar(
+    "asyncgraph_resp_calls", default=()
+)
+
+
+@contextmanager
+def call_deadline(timeout_s: float, *, shield: bool = False) -> Iterator[anyio.CancelScope]:
+    """``anyio.fail_after(timeout_s)`` around one Redis call, pushed back while its reply
+    arrives: each part of a reply that is not whole yet gives the rest ``timeout_s`` again.
+    So ``TimeoutError`` means Redis stayed silent for ``timeout_s``, never that the client
+    was slow to parse what it sent (a worker reading an entry of 400,000 fields on a loaded
+    machine would otherwise cut that read every time, and never get past the entry)."""
+    with anyio.fail_after(timeout_s, shield=shield) as scope:
+        token = _CALLS.set((*_CALLS.get(), (scope, timeout_s)))
+        try:
+            yield scope
+        finally:
+            _CALLS.reset(token)
+
+
+def _heard_from_redis() -> None:
+    """Part of a reply came and the rest is awaited: the calls' deadlines start again."""
+    now = anyio.current_time()
+    for scope, timeout_s in _CALLS.get():
+        if not scope.cancel_called and scope.deadline < now + timeout_s:
+            scope.deadline = now + timeout_s
 
 
 async def _master_of(address: RedisAddress) -> tuple[str, int]:
@@ -217,11 +249,12 @@ class Connection:
         ``max_bulk``: bulk strings longer than this come back as ``Oversize`` (unread),
         arrays longer than this raise ``RedisConnectionLost``. ``max_items``: arrays of
         more items come back as ``Wide`` (unread). ``timeout_s``: ``TimeoutError`` when
-        the replies are not all in by then (the connection is closed).
+        Redis stays silent that long before the replies are all in (``call_deadline``;
+        the connection is closed).
         """
         if timeout_s is None:
             return await self._pipeline(commands, max_bulk, max_items)
-        with anyio.fail_after(timeout_s):
+        with call_deadline(timeout_s):
             return await self._pipeline(commands, max_bulk, max_items)
 
     async def _pipeline(
@@ -267,11 +300,15 @@ class Connection:
     async def _read(self, cap: int | None, max_items: int | None) -> Any:
         reader = self._reader
         reader.cap, reader.max_items = cap, max_items
+        heard = False
         while True:
             value = reader.next_reply()
             if value is not MORE:
                 return value
+            if heard:  # a reply too big for one read: not silence (see call_deadline)
+                _heard_from_redis()
             reader.feed(await self._stream.receive(RECV))
+            heard = True
 
     async def aclose(self) -> None:
         self.broken = True

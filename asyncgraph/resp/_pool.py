@@ -18,7 +18,7 @@ import anyio
 from asyncgraph._exceptions import RedisConnectionLost, ReplyError
 from asyncgraph.resp._address import RedisAddress
 from asyncgraph.resp._cluster import ClusterRouter
-from asyncgraph.resp._connection import Connection
+from asyncgraph.resp._connection import Connection, call_deadline
 from asyncgraph.resp._idempotence import unsafe_command
 from asyncgraph.resp._protocol import Arg
 
@@ -144,7 +144,7 @@ class Pool:
             finally:
                 await self._put_back(conn)
         try:
-            with anyio.fail_after(limit, shield=shield):
+            with call_deadline(limit, shield=shield):
                 async with self.connection() as conn:
                     return await conn.pipeline(commands, max_bulk=max_bulk, max_items=max_items)
         except TimeoutError:

@@ -1,6 +1,7 @@
 """A TCP proxy that can silently black-hole its established connections (a lost NAT entry),
-lose the reply to a request (the connection drops after Redis ran the command), or stall
-(forward nothing either way for a while, then everything held back: a congested link)."""
+lose the reply to a request (the connection drops after Redis ran the command), stall
+(forward nothing either way for a while, then everything held back: a congested link), or
+hand replies on in small pieces (a slow link, or a reply that takes long to read)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class BlackholeProxy:
     ``after`` (any request by default) is thrown away and its connection closed both ways:
     Redis ran the command, the client lost its reply. ``pause()`` stalls every connection,
     open or new (nothing is read from either side, so nothing is lost) until ``resume()``.
-    ``accepted`` counts the connections made through the proxy."""
+    ``throttle(piece, every_s)``: what Redis sends goes on ``piece`` bytes at a time, with
+    a pause of ``every_s`` after each piece. ``accepted`` counts the connections made through the proxy."""
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
@@ -29,6 +31,7 @@ class BlackholeProxy:
         self.accepted = 0
         self._stop = threading.Event()
         self._paused = threading.Event()
+        self._throttle: tuple[int, float] | None = None
         self._threads: list[threading.Thread] = []
         self._accepting = threading.Thread(target=self._accept, daemon=True)
         self._accepting.start()
@@ -41,6 +44,9 @@ class BlackholeProxy:
 
     def resume(self) -> None:
         self._paused.clear()
+
+    def throttle(self, piece: int, every_s: float) -> None:
+        self._throttle = (piece, every_s)
 
     def drop_next_reply(self, after: bytes = b"") -> None:
         with self._lock:
@@ -87,7 +93,14 @@ class BlackholeProxy:
                         armed = self._arm(data)
                     elif sock is b and armed:
                         return  # closes both: the client sees its connection lost
-                    if self._generation == generation:  # else: swallowed, silently
+                    if self._generation != generation:
+                        continue  # swallowed, silently
+                    if sock is b and self._throttle is not None:
+                        piece, every_s = self._throttle
+                        for i in range(0, len(data), piece):
+                            a.sendall(data[i : i + piece])
+                            time.sleep(every_s)
+                    else:
                         peers[sock].sendall(data)
         except OSError:
             return

@@ -281,6 +281,38 @@ async def test_pooled_connections_the_network_dropped_silently_are_replaced_at_o
         proxy.close()
 
 
+@pytest.mark.slow
+async def test_a_reply_that_keeps_arriving_is_read_past_the_deadline_and_a_silence_is_not(
+    redis_url: str,
+) -> None:
+    """Issue #38: the deadline bounds how long Redis stays silent, not how long a reply takes
+    to read. A worker that parsed an entry of 400,000 fields on a loaded machine for longer
+    than its 5 s cut that read each time, and never got past the entry."""
+    from blackhole import BlackholeProxy
+
+    address = parse_redis_url(redis_url)
+    direct = Pool(address, timeout_s=5)
+    proxy = BlackholeProxy(address.host, address.port)
+    pool = Pool(parse_redis_url(f"redis://127.0.0.1:{proxy.port}/0"), timeout_s=2)
+    try:
+        big = b"x" * (2 * 1024 * 1024)
+        await direct.execute("SET", "big", big)
+        assert await pool.execute("PING") == b"PONG"  # a pooled connection, and a new one:
+        proxy.throttle(32 * 1024, 0.05)  # 64 pieces: 3.2 s at least, none 2 s after the last
+        started = anyio.current_time()
+        assert await pool.execute("GET", "big") == big
+        assert await pool.pipeline([["GET", "big"], ["PING"]]) == [big, b"PONG"]
+        assert anyio.current_time() - started > 2 * 3.2  # the premise: each call took longer
+        assert proxy.accepted == 1  # neither was cut (and sent again on a new connection)
+        proxy.throttle(32 * 1024, 3.0)  # a silence of 3 s within the reply
+        with pytest.raises(RedisConnectionLost, match="did not answer within 2s"):
+            await pool.execute("GET", "big")
+    finally:
+        await pool.aclose()
+        await direct.aclose()
+        proxy.close()
+
+
 def test_a_sentinel_url_names_its_sentinels_service_db_and_hides_its_passwords() -> None:
     address = parse_redis_url(
         "redis+sentinel://user:pw@10.0.0.1:26379,sentinel-b:26380/mymaster/2?sentinel_password=sp"
