@@ -141,7 +141,8 @@ async def test_a_task_past_its_signed_expiry_is_dead_lettered_unrun(
     client = redis.Redis.from_url(redis_url)
     client.xgroup_create(keys.task_stream("late"), keys.GROUP, id="0", mkstream=True)
     # Expired long ago (its signed expiry, whatever the entry's id says): past its grace too.
-    packed, sig = task(Signer(None), queue="late", ttl_ms=1, expiry_ms=1)
+    # Its client's wait of 60 s keeps the reply 61 s, however slowly a loaded machine reads.
+    packed, sig = task(Signer(None), queue="late", ttl_ms=60_000, expiry_ms=1)
     client.xadd(keys.task_stream("late"), {keys.F_MESSAGE: packed, keys.F_SIGNATURE: sig})
     port = free_port()
     start_worker(redis_url, "late", "--health-port", str(port), "--health-host", "127.0.0.1")
@@ -151,6 +152,8 @@ async def test_a_task_past_its_signed_expiry_is_dead_lettered_unrun(
             return str(response.read().decode())
 
     await wait_until(lambda: 'asyncgraph_worker_tasks_total{outcome="expired"} 1' in metrics())
+    # Counted when settled, written a moment later (the dead letter with the reply).
+    await wait_until(lambda: client.xlen(keys.reply_stream("late", CLIENT)))
     ((_, dead),) = client.xrange(keys.dead_stream("late"))
     assert dead[keys.F_REASON] == b"expired"
     # Its client is not known to be gone (the entry says nothing of a heartbeat): a short
