@@ -338,10 +338,18 @@ def _two_processes(redis_url: str, server: OpenAITestServer, names: tuple[str, s
         for worker, name in zip(("w0", "w1"), names, strict=True)
     ]
     errors = []
-    for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode != 0:
-            errors.append(err)
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                errors.append(err)
+    finally:
+        # Never one left running: its Popen, collected during a later test, would fail
+        # that test with a ResourceWarning (as the old form of this test did on a failure).
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                proc.communicate()
     return errors
 
 
