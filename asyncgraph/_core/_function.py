@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -31,6 +31,10 @@ class FunctionCtx:
     ``ctx.mark_dirty(x)`` declares an input that forward changed in place.
     Any other attribute may be set freely.
 
+    ``function_name``, ``marked_dirty``, ``marked_non_differentiable`` and ``raw_saved``
+    are for executors that move a ctx to another process (the fleet) and for tools that
+    show a graph; a forward or a backward needs none of them.
+
     Example::
 
         class Square(Function):
@@ -45,13 +49,13 @@ class FunctionCtx:
                 return Variable(2 * x.data * grad.data)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, function_name: str = "") -> None:
         self._saved: tuple[Any, ...] | None = ()
         self._non_differentiable: tuple[Variable, ...] = ()
         self._dirty: tuple[Variable, ...] = ()
         # Each saved variable's version when the node was recorded (see mark_dirty).
         self._saved_versions: tuple[int | None, ...] = ()
-        self._function_name = ""
+        self._function_name = function_name
         self._seq: Seq = ()
         self.needs_input_grad: tuple[bool, ...] = ()
         self._recorded = False
@@ -141,6 +145,45 @@ class FunctionCtx:
         nothing can be run again after a backward without retain_graph)."""
         if self._saved:
             self._saved = None
+
+    # -- For executors that move a ctx to another process, and tools that show a graph:
+    # the ctx's state out and back in, under names the import contracts can see.
+
+    @property
+    def function_name(self) -> str:
+        """The name of the Function this ctx belongs to ("" for a ctx made by hand): for
+        messages."""
+        return self._function_name
+
+    @property
+    def marked_dirty(self) -> tuple[Variable, ...]:
+        """The Variables forward passed to ``mark_dirty`` (PyTorch's ``ctx.dirty_tensors``)."""
+        return self._dirty
+
+    @property
+    def marked_non_differentiable(self) -> tuple[Variable, ...]:
+        """The outputs forward passed to ``mark_non_differentiable`` (PyTorch's
+        ``ctx.non_differentiable``)."""
+        return self._non_differentiable
+
+    @property
+    def raw_saved(self) -> tuple[Any, ...] | None:
+        """What ``save_for_backward`` kept, as it is: None once a backward freed it, and
+        unchecked (``saved_variables`` raises instead, and checks versions).
+
+        Setting it restores saved variables sent from another process (each a Variable or
+        None, or None for a ctx freed there), with no version to check against.
+        """
+        return self._saved
+
+    @raw_saved.setter
+    def raw_saved(self, saved: tuple[Any, ...] | None) -> None:
+        if saved is not None:
+            saved = tuple(saved)
+            if not all(v is None or isinstance(v, Variable) for v in saved):
+                raise TypeError(f"raw_saved holds Variables or None, got {saved!r:.80}")
+        self._saved = saved
+        self._saved_versions = ()
 
 
 class Function:
@@ -362,6 +405,16 @@ class Function:
                 f"{cls.__name__} dispatch = 'local' to run it here"
             )
         return _on_executor(executor, cls, args, kwargs, _GRAD_ENABLED.get(), next_seq())
+
+    @classmethod
+    def application(
+        cls, args: tuple[Any, ...], kwargs: dict[str, Any], *, recorded: bool | None = None
+    ) -> Application:
+        """This Function applied to ``args`` and ``kwargs``, in the steps ``apply`` takes at
+        once, for an executor that runs the forward in another process (see
+        ``Application``). ``recorded``: the caller's decision, on the process that runs
+        the forward (None: grad mode and the inputs decide, as in ``apply``)."""
+        return Application(cls, args, kwargs, recorded)
 
     @classmethod
     def _prepare(cls, inputs: tuple[Any, ...]) -> tuple[FunctionCtx, bool]:
@@ -660,3 +713,50 @@ class DelayedError(Function):
             f"data, so its gradients have no history to differentiate. Write that backward "
             f"with Functions (and drop @once_differentiable) to take a second derivative"
         )
+
+
+class Application:
+    """One application of a Function whose forward runs in another process (an executor's
+    worker), in the steps ``apply`` takes at once.
+
+    ``MyFunction.application(args, kwargs)`` holds what ``apply`` reads at call time:
+    ``inputs`` (the arguments in forward's signature order), a fresh ``ctx`` (its
+    ``needs_input_grad`` and ``function_name`` set) and ``recorded`` (whether the node
+    is recorded). On the process that runs the forward, ``run_forward`` runs forward (and
+    ``setup_context``) on ``ctx``; on the caller's, once ``ctx`` is restored from there,
+    ``finish(output)`` records the node with the output computed there and returns what
+    ``apply`` would have.
+    """
+
+    __slots__ = ("args", "ctx", "function", "inputs", "kwargs", "recorded")
+
+    def __init__(
+        self,
+        function: type[Function],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        recorded: bool | None,
+    ) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.inputs = function._inputs(args, kwargs)
+        self.ctx, record = function._prepare(self.inputs)
+        if recorded is not None:
+            record = self.ctx._recorded = recorded
+        self.recorded = record
+
+    async def run_forward(self, call: Callable[..., Awaitable[Any]]) -> Any:
+        """Forward's output, each method run by ``call(method, *args, **kwargs)`` (which
+        awaits it, or runs it where the executor runs synchronous methods)."""
+        fn = self.function
+        if fn._uses_setup_context:
+            output = await call(fn.forward, *self.args, **self.kwargs)
+            await call(fn.setup_context, self.ctx, self.inputs, output)
+            return output
+        return await call(fn.forward, self.ctx, *self.args, **self.kwargs)
+
+    def finish(self, output: Any) -> Any:
+        """Record the node with ``output`` (a Variable, raw data, or a tuple of them, as
+        forward returns) and return it as ``apply`` would."""
+        return self.function._record(self.ctx, self.inputs, output, self.recorded)

@@ -216,7 +216,7 @@ class _Builder:
                     self.parents[id(child[0])] = self.parents.get(id(child[0]), 0) + 1
                     stack.append(child[0])
                 # Values of upstream outputs that this node saved for its backward.
-                saved = vertex.ctx._saved or ()
+                saved = vertex.ctx.raw_saved or ()
                 for var in saved:
                     if isinstance(var, Variable) and var.grad_fn is not None:
                         self.values.setdefault((id(var.grad_fn), var.output_nr), var)

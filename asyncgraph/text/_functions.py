@@ -140,9 +140,7 @@ async def _llm_forward(
             value: Any = output
         else:
             output, value = await _structured_reply(ctx, options, messages, schema)
-    # Model objects passed in: the node keeps them alive (the registry holds them
-    # weakly), off the wire (underscored ctx attributes are not sent to workers).
-    ctx._model_objects = options.local_models()
+    options.keep_local_models(ctx)  # model objects passed in live with the node
     ctx.options = options
     ctx.system_prompt = system_prompt
     ctx.user_prompt = user_prompt
@@ -170,7 +168,7 @@ async def _structured_reply(
         if attempt == attempts:
             path = errors[0].split(":", 1)[0]
             raise StructuredOutputError(
-                f"{ctx._function_name}: the model's reply did not follow the response_format "
+                f"{ctx.function_name}: the model's reply did not follow the response_format "
                 f"schema {schema.get('title', '')!r} after {attempts} attempt(s); at {path}: "
                 f"{errors[0].split(': ', 1)[-1]} ({len(errors)} error(s) in all). Last reply: "
                 f"{output[:200]!r}. Raise format_attempts, simplify the schema, or use a "
@@ -256,7 +254,7 @@ async def _fitted_budget(
             "the variable": max((str(slot["value"]) for slot in asked), key=len),
         }
         raise fit.too_long(
-            f"the feedback request of {ctx._function_name}",
+            f"the feedback request of {ctx.function_name}",
             {k: v for k, v in parts.items() if v},
             reply,
         )

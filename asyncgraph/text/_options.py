@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any, ClassVar, Self, TypedDict
@@ -147,7 +148,7 @@ class _CtxRecord:
     def of(cls, ctx: Any) -> Self:
         """``ctx.options``, the record the forward stored; ``AttributeError`` when the ctx
         has none, ``TypeError`` when it holds something else."""
-        name = getattr(ctx, "_function_name", "") or "this Function"  # for the message only
+        name = getattr(ctx, "function_name", "") or "this Function"  # for the message only
         try:
             options = ctx.options
         except AttributeError:
@@ -169,12 +170,20 @@ class _CtxRecord:
         return {name: ref for name, ref in refs.items() if ref is not None}
 
     def local_models(self) -> list[ChatModel]:
-        """The model objects named here that only this process knows (``portable`` False).
-
-        The registry holds them weakly: the node keeps this list (an underscored ctx
-        attribute, not sent) so they live as long as it does.
-        """
+        """The model objects named here that only this process knows (``portable`` False)."""
         return [ref.resolve() for ref in self.model_refs().values() if not ref.portable]
+
+    def keep_local_models(self, ctx: Any) -> None:
+        """Keep ``local_models()`` alive as long as ``ctx`` (its node) lives: the registry
+        holds them weakly, and the ctx cannot carry them (its attributes travel to
+        workers)."""
+        models = self.local_models()
+        if models:
+            _KEPT_MODELS[ctx] = models
+
+
+# Each ctx's local model objects, dropped with the ctx (see keep_local_models).
+_KEPT_MODELS: weakref.WeakKeyDictionary[Any, list[ChatModel]] = weakref.WeakKeyDictionary()
 
 
 def _check_ref(value: Any, name: str, where: str) -> None:

@@ -151,8 +151,7 @@ class PythonCall(_TextFunction):
             result = result.data
         out = Variable(result, role=options.role)
 
-        # The node keeps model objects alive (the registry holds them weakly), off the wire.
-        ctx._model_objects = options.local_models()
+        options.keep_local_models(ctx)  # model objects passed in live with the node
         ctx.options = options
         ctx.inputs = inputs
         ctx.slots = slots
@@ -195,7 +194,7 @@ class PythonCall(_TextFunction):
                 "its output": ctx.output,
                 "its inputs": "\n".join(str(i) for i in ctx.inputs),
             },
-            f"the feedback request of {ctx._function_name}",
+            f"the feedback request of {ctx.function_name}",
             FEEDBACK_TOKENS,
         )
         feedback, note = await feedback_within_budget(
