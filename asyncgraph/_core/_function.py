@@ -180,8 +180,9 @@ class FunctionCtx:
     def raw_saved(self, saved: tuple[Any, ...] | None) -> None:
         if saved is not None:
             saved = tuple(saved)
-            if not all(v is None or isinstance(v, Variable) for v in saved):
-                raise TypeError(f"raw_saved holds Variables or None, got {saved!r:.80}")
+            for v in saved:
+                if v is not None and not isinstance(v, Variable):
+                    raise TypeError(f"raw_saved holds Variables or None, got {v!r:.80}")
         self._saved = saved
         self._saved_versions = ()
 

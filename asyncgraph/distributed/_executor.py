@@ -35,13 +35,13 @@ from asyncgraph.distributed.wire import _keys as keys
 from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
     backward_payload,
-    ctx_from_state,
     diagnose_unpackable,
     fingerprint,
     forward_payload,
-    grads_from_entries,
+    read_backward_result,
+    read_forward_result,
     remote_name,
-    var_from_entry,
+    restore_ctx,
 )
 from asyncgraph.distributed.wire._schema import TaskMessage, encode
 from asyncgraph.distributed.wire._signing import Signer, secret_from_env
@@ -167,7 +167,7 @@ class RedisExecutor:
         )
         pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
         result = await self._result(pending, fn, node, node.input_roles)
-        return grads_from_entries(result, f"gradients returned by {fn.__name__}.backward")
+        return read_backward_result(result)
 
     async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
         return await self.run_backward_batched(node, grad_outputs, _nothing_more)
@@ -182,11 +182,12 @@ class RedisExecutor:
         """
         if not (isinstance(fn, type) and issubclass(fn, Function)) or fn.dispatch != "remote":
             raise TypeError(f"apply expects a Function subclass with dispatch='remote', got {fn!r}")
-        inputs = fn._inputs(args, kwargs)  # signature order, as fn.apply records them
-        ctx, record = fn._prepare(inputs)
+        application = fn.application(args, kwargs)  # what fn.apply reads at call time
+        ctx = application.ctx
         # "needs" on the wire: the gradients a recorded node will be asked for (all False
         # when not recorded); the worker reads each input's requires_grad from its entry.
-        needs = ctx.needs_input_grad if record else (False,) * len(inputs)
+        inputs = application.inputs  # signature order, as fn.apply records them
+        needs = ctx.needs_input_grad if application.recorded else (False,) * len(inputs)
         payload = forward_payload(args, kwargs, needs)
         roles = tuple(v.role if isinstance(v, Variable) else "" for v in inputs)
         task_id, name, packed, signature = self._encode(
@@ -195,23 +196,21 @@ class RedisExecutor:
         pending = await self.channel.send_and_wait(task_id, name, packed, signature, _nothing_more)
         result = await self._result(pending, fn, None, roles)
         try:
-            outputs, state, non_diff, is_tuple, raw = _forward_result(result, fn)
-            remote_ctx = ctx_from_state(state, fn)
+            returned = read_forward_result(result)
+            restore_ctx(ctx, returned.ctx, fn)
         except WireError as exc:
             raise RemoteError(
                 f"{fn.__name__}.forward on queue {self.queue!r} returned a malformed result: {exc}",
                 function=fn.__name__,
                 input_roles=roles,
             ) from None
-        ctx._saved = remote_ctx._saved
-        for key, value in vars(remote_ctx).items():
-            if not key.startswith("_") and key != "needs_input_grad":
-                setattr(ctx, key, value)
-        if non_diff:
-            ctx.mark_non_differentiable(*(outputs[i] for i in non_diff))
-        # What forward returned raw goes to _record raw, as in-process (no zero for it).
-        returned = [out.data if i in raw else out for i, out in enumerate(outputs)]
-        return fn._record(ctx, inputs, tuple(returned) if is_tuple else returned[0], record)
+        outputs = returned.outputs
+        if returned.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[i] for i in returned.non_differentiable))
+        # What forward returned raw goes to be recorded raw, as in-process (no zero for it).
+        raw = returned.raw or ()
+        output = [out.data if i in raw else out for i, out in enumerate(outputs)]
+        return application.finish(tuple(output) if returned.is_tuple else output[0])
 
     # -- submitting and waiting -------------------------------------------------------
     def _encode(
@@ -324,32 +323,6 @@ class RedisExecutor:
             f"RedisExecutor(url={self._pool.address.display!r}, queue={self.queue!r}, "
             f"timeout_s={self.timeout_s!r})"
         )
-
-
-def _forward_result(
-    result: Any, fn: type[Function]
-) -> tuple[list[Variable], Any, list[int], bool, set[int]]:
-    if not isinstance(result, dict):
-        raise WireError("forward result must be a map")
-    outs, nd, is_tuple = result.get("out"), result.get("nd"), result.get("tuple")
-    if not isinstance(outs, list) or not outs or not isinstance(is_tuple, bool):
-        raise WireError("forward result needs a non-empty 'out' list and a 'tuple' flag")
-    outputs = []
-    for i, entry in enumerate(outs):
-        var = var_from_entry(entry, f"output {i}")
-        if var is None:
-            raise WireError(f"output {i} is nil")
-        outputs.append(var)
-    if not isinstance(nd, list) or not all(
-        isinstance(i, int) and 0 <= i < len(outputs) for i in nd
-    ):
-        raise WireError("forward result 'nd' must list output indices")
-    raw = result.get("raw", [])  # absent from an older worker's reply
-    if not isinstance(raw, list) or not all(
-        isinstance(i, int) and 0 <= i < len(outputs) for i in raw
-    ):
-        raise WireError("forward result 'raw' must list output indices")
-    return outputs, result.get("ctx"), nd, is_tuple, set(raw)
 
 
 def _task_metadata() -> dict[str, Any] | None:

@@ -23,8 +23,12 @@ Types (``FieldType``), and what ``bound`` means for each:
   opaque (one entry per task hook);
 - ``list of task ids``: each item a ``task id`` of at most ``bound`` characters (a
   tuple in the record);
+- ``list of bools``: each item True or False (a tuple in the record);
+- ``list of indices``: each item an int from 0 (a tuple in the record);
 - ``any``: whatever the codec accepts;
-- a record class: a map of that record's own fields (a reply's ``err``).
+- a record class: a map of that record's own fields (a reply's ``err``);
+- a ``Shape``: a type declared beside its records, with its own check and conversion
+  (the payload's Variables, in ``_payload``).
 
 ``choices``, when given, are the only values accepted. A field that is not ``required`` is left out of the map when it is None or empty
 and is None when absent; one with ``when=(attribute, value)`` is present only
@@ -47,7 +51,9 @@ from asyncgraph.distributed.wire._keys import is_client_id
 __all__ = [
     "Field",
     "FieldType",
+    "Shape",
     "check",
+    "check_of",
     "fields_of",
     "from_map",
     "row",
@@ -65,11 +71,29 @@ FieldType = Literal[
     "map",
     "names map",
     "list of task ids",
+    "list of bools",
+    "list of indices",
     "any",
 ]
 _WIRE = "asyncgraph.wire"  # the metadata key a dataclass field's Field is stored under
 _MAX_META_NAME = 32
 R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+    """A field type declared beside the records that use it (not one of ``FieldType``).
+
+    ``name`` and ``bound`` are its type and bound in the protocol table; ``read(name)``
+    makes the check of one value of the field ``name`` (raising ``WireError`` naming
+    it; it returns the value as the record holds it); ``write`` turns the record's value
+    into what travels (None: as it is).
+    """
+
+    name: str
+    bound: str
+    read: Callable[[str], Check]
+    write: Callable[[Any], Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -85,7 +109,7 @@ class Field:
     """
 
     key: str
-    type: FieldType | type
+    type: FieldType | type | Shape
     bound: int | None = None
     required: bool = True
     doc: str = ""
@@ -97,7 +121,7 @@ class Field:
 
 def wire(
     key: str,
-    type: FieldType | type,
+    type: FieldType | type | Shape,
     bound: int | None = None,
     *,
     required: bool = True,
@@ -114,7 +138,8 @@ def fields_of(cls: type) -> tuple[Field, ...]:
 
     Raises ``TypeError`` for a declaration that cannot work: a dataclass field without
     ``wire`` metadata, an optional field without a None default, a ``when`` naming a
-    later attribute, or a key used twice.
+    later attribute or without a default (the value when it is absent), or a key used
+    twice.
     """
     return _fields_of(cls)
 
@@ -130,6 +155,8 @@ def _fields_of(cls: type) -> tuple[Field, ...]:
             raise TypeError(f"{cls.__name__}.{dc_field.name} is optional: its default must be None")
         if declared.when is not None and declared.when[0] not in {f.attr for f in table}:
             raise TypeError(f"{cls.__name__}.{dc_field.name}: when= must name an earlier field")
+        if declared.when is not None and dc_field.default is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{dc_field.name}: a when= field needs a default")
         if declared.key in {f.key for f in table}:
             raise TypeError(f"{cls.__name__}.{dc_field.name}: key {declared.key!r} is taken")
         table.append(dataclasses.replace(declared, attr=dc_field.name, init=dc_field.init))
@@ -138,32 +165,14 @@ def _fields_of(cls: type) -> tuple[Field, ...]:
 
 def to_map(record: Any, m: dict[str, Any] | None = None) -> dict[str, Any]:
     """The msgpack map of ``record``: its declared fields in order, after those of ``m``."""
-    m = {} if m is None else m
     record_type: type = type(record)  # (functools.cache wants a plain type, for mypy)
-    for key, attr, when, optional, convert in _writer(record_type):
-        if when is not None and getattr(record, when[0]) != when[1]:
-            continue
-        value = getattr(record, attr)
-        if optional and (value is None or (not value and isinstance(value, _SIZED))):
-            continue
-        m[key] = value if convert is None else convert(value)
-    return m
+    return _writer(record_type)(record, {} if m is None else m)
 
 
 def from_map(cls: type[R], m: Mapping[Any, Any], where: str = "") -> R:
     """The ``cls`` record that ``m`` holds; ``WireError`` names the first bad field."""
     record_type: type = cls  # (functools.cache wants a plain type, for mypy)
-    values: dict[str, Any] = {}
-    for key, attr, when, required, checker in _reader(record_type, where):
-        if when is not None and values[when[0]] != when[1]:
-            continue
-        if key in m:
-            values[attr] = checker(m[key])
-        elif required:
-            raise WireError(f"field {where + key!r} is missing")
-    for attr in _derived(record_type):
-        values.pop(attr, None)
-    return cls(**values)
+    return _reader(record_type, where)(m)  # type: ignore[no-any-return]
 
 
 def check(f: Field, value: Any, where: str = "") -> Any:
@@ -171,40 +180,104 @@ def check(f: Field, value: Any, where: str = "") -> Any:
     return _checker(f, where)(value)
 
 
-# What reading and writing a record does per field, worked out once per class rather
-# than per message: every task is written and read once on each side.
+def check_of(f: Field, where: str = "") -> Check:
+    """The check ``check`` runs, made once: for a field read on every task."""
+    return _checker(f, where)
+
+
+# NOTE [Compiled records]
+# Every task is written and read once on each side, its payload inside it: the writer and
+# the reader of a record class are compiled once from its declaration into a function of
+# plain statements, one or two per field (as ``dataclasses`` compiles ``__init__``), which
+# costs what a hand-written encoder costs, not a loop over the table per message. The
+# source holds only the declaration's keys (as literals) and attribute names; every value
+# (a check, a conversion, a ``when`` value) is passed in by name.
 @functools.cache
-def _writer(cls: type) -> tuple[tuple[str, str, Any, bool, Callable[[Any], Any] | None], ...]:
-    def convert(f: Field) -> Callable[[Any], Any] | None:
-        if isinstance(f.type, type):
-            return to_map
-        # a tuple would travel as the codec's tuple extension, not as an array
-        return list if f.type == "list of task ids" else None
+def _writer(cls: type) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    env: dict[str, Any] = {"SIZED": _SIZED}
+    lines = ["def write(record, m):"]
+    for i, f in enumerate(fields_of(cls)):
+        indent = "    "
+        if f.when is not None:
+            env[f"when{i}"] = f.when[1]
+            lines.append(f"{indent}if record.{f.when[0]} == when{i}:")
+            indent += "    "
+        value = f"record.{f.attr}"
+        if not f.required:
+            lines.append(f"{indent}v = {value}")
+            lines.append(f"{indent}if not (v is None or (not v and isinstance(v, SIZED))):")
+            value, indent = "v", indent + "    "
+        if isinstance(f.type, type):  # a record: its own writer, into a map of its own
+            env[f"write{i}"] = _writer(f.type)
+            value = f"write{i}({value}, {{}})"
+        elif (convert := _write_conversion(f)) is not None:
+            env[f"convert{i}"] = convert
+            value = f"convert{i}({value})"
+        lines.append(f"{indent}m[{f.key!r}] = {value}")
+    lines.append("    return m")
+    return _compiled(lines, env, "write")  # type: ignore[no-any-return]
 
-    return tuple((f.key, f.attr, f.when, not f.required, convert(f)) for f in fields_of(cls))
+
+def _write_conversion(f: Field) -> Callable[[Any], Any] | None:
+    if isinstance(f.type, Shape):
+        return f.type.write
+    # a tuple would travel as the codec's tuple extension, not as an array
+    return list if f.type in _TUPLES else None
 
 
 @functools.cache
-def _reader(cls: type, where: str) -> tuple[tuple[str, str, Any, bool, Callable[[Any], Any]], ...]:
-    return tuple((f.key, f.attr, f.when, f.required, _checker(f, where)) for f in fields_of(cls))
+def _reader(cls: type, where: str) -> Callable[[Mapping[Any, Any]], Any]:
+    env: dict[str, Any] = {"cls": cls, "ABSENT": _ABSENT, "WireError": WireError}
+    lines = ["def read(m):"]
+    fields = fields_of(cls)
+    local = {f.attr: f"v{i}" for i, f in enumerate(fields)}  # each field's value
+    declared = {f.name: f for f in dataclasses.fields(cls)}
+    for i, f in enumerate(fields):
+        v, indent = local[f.attr], "    "
+        if f.when is not None:
+            env[f"default{i}"] = declared[f.attr].default
+            env[f"when{i}"] = f.when[1]
+            lines.append(f"{indent}{v} = default{i}")
+            lines.append(f"{indent}if {local[f.when[0]]} == when{i}:")
+            indent += "    "
+        env[f"check{i}"] = _checker(f, where)
+        lines.append(f"{indent}{v} = m.get({f.key!r}, ABSENT)")
+        lines.append(f"{indent}if {v} is not ABSENT:")
+        lines.append(f"{indent}    {v} = check{i}({v})")
+        lines.append(f"{indent}else:")
+        if f.required:
+            env[f"missing{i}"] = f"field {where + f.key!r} is missing"
+            lines.append(f"{indent}    raise WireError(missing{i})")
+        else:
+            lines.append(f"{indent}    {v} = None")
+    passed = [f for f in fields if f.init]  # in order; the keyword-only ones by name, last
+    arguments = [local[f.attr] for f in passed if not declared[f.attr].kw_only]
+    arguments += [f"{f.attr}={local[f.attr]}" for f in passed if declared[f.attr].kw_only]
+    lines.append(f"    return cls({', '.join(arguments)})")
+    return _compiled(lines, env, "read")  # type: ignore[no-any-return]
 
 
-@functools.cache
-def _derived(cls: type) -> frozenset[str]:
-    """Attributes read from the wire but not passed to the constructor (``init=False``)."""
-    return frozenset(f.attr for f in fields_of(cls) if not f.init)
+def _compiled(lines: list[str], env: dict[str, Any], name: str) -> Any:
+    exec("\n".join(lines), env)  # see NOTE [Compiled records]
+    return env[name]
+
+
+_ABSENT = object()  # a key not in the map (None is a value)
 
 
 @functools.cache
 def _checker(f: Field, where: str) -> Check:
     name = where + f.key
     record = f.type
+    if isinstance(record, Shape):
+        return record.read(name)
     if isinstance(record, type):
+        read = _reader(record, f"{name}.")
 
         def check_record(value: Any) -> Any:
             if not isinstance(value, dict):
                 raise _type_error(name, "a map", value)
-            return from_map(record, value, f"{name}.")
+            return read(value)
 
         return check_record
     check_type = _CHECKS[record](name, f.bound, f.choices)
@@ -338,6 +411,32 @@ def _task_ids(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
     return check_task_ids
 
 
+def _bools(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
+    def check_bools(value: Any) -> tuple[bool, ...]:
+        if type(value) is not list:
+            raise _type_error(name, "a list of bools", value)
+        for item in value:
+            if item is not True and item is not False:
+                raise WireError(f"field {name!r} must be a list of bools, got an item {item!r:.40}")
+        return tuple(value)
+
+    return check_bools
+
+
+def _indices(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
+    def check_indices(value: Any) -> tuple[int, ...]:
+        if type(value) is not list:
+            raise _type_error(name, "a list of ints from 0", value)
+        for item in value:
+            if type(item) is not int or item < 0:
+                raise WireError(
+                    f"field {name!r} must be a list of ints from 0, got an item {item!r:.40}"
+                )
+        return tuple(value)
+
+    return check_indices
+
+
 def _any(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
     return _identity
 
@@ -355,8 +454,11 @@ _CHECKS: dict[str, Callable[[str, int | None, tuple[Any, ...]], Check]] = {
     "map": _map,
     "names map": _names_map,
     "list of task ids": _task_ids,
+    "list of bools": _bools,
+    "list of indices": _indices,
     "any": _any,
 }
+_TUPLES = ("list of task ids", "list of bools", "list of indices")  # lists on the wire
 _SIZED = (str, bytes, list, tuple, dict)
 
 
@@ -389,30 +491,40 @@ def row(
         presence = f"when `{where}{key}` is {str(f.when[1]).lower()}"
     else:
         presence = "required" if f.required else "optional"
-    kind = "map" if isinstance(f.type, type) else f.type
-    return (message, f"`{where}{f.key}`", kind, _bound_text(f), presence, f.doc)
+    kind = (
+        "map" if isinstance(f.type, type) else f.type.name if isinstance(f.type, Shape) else f.type
+    )
+    return (message, f"`{where}{f.key}`", kind, _bound_text(f, where), presence, f.doc)
 
 
-def _bound_text(f: Field) -> str:
+def _bound_text(f: Field, where: str) -> str:
     if len(f.choices) == 1:
         return f"`{f.choices[0]}`"
     if f.choices:
         return "one of " + ", ".join(f"`{c}`" for c in f.choices)
     if isinstance(f.type, type):
-        return f"fields `{f.key}.*` below"
-    bound = f.bound
-    if f.type == "str":
-        return f"at most {bound} characters" if bound else "the codec's `max_str_len`"
-    if f.type == "task id":
-        return f"1 to {bound} characters"
-    if f.type == "client id":
-        return "32 lowercase hex digits"
-    if f.type == "positive int":
-        return f"1 to {bound}" if bound else "at least 1"
-    if f.type == "map":
-        return f"at most {bound} entries" if bound else "the codec's `Limits`"
-    if f.type == "names map":
-        return f"at most {bound} entries, names of 1 to {_MAX_META_NAME} characters"
-    if f.type == "list of task ids":
-        return f"each 1 to {bound} characters"
-    return "the codec's `Limits`" if f.type == "any" else ""
+        return f"fields `{where}{f.key}.*` below"
+    if isinstance(f.type, Shape):
+        return f.type.bound
+    if f.bound and f.type in _BOUNDED:
+        return _BOUNDED[f.type].format(bound=f.bound)
+    return _UNBOUNDED.get(f.type, "")
+
+
+# What the protocol table says of a type's bound: when the field has one, and when not.
+_BOUNDED = {
+    "str": "at most {bound} characters",
+    "task id": "1 to {bound} characters",
+    "positive int": "1 to {bound}",
+    "map": "at most {bound} entries",
+    "names map": f"at most {{bound}} entries, names of 1 to {_MAX_META_NAME} characters",
+    "list of task ids": "each 1 to {bound} characters",
+}
+_UNBOUNDED = {
+    "str": "the codec's `max_str_len`",
+    "client id": "32 lowercase hex digits",
+    "positive int": "at least 1",
+    "map": "the codec's `Limits`",
+    "list of indices": "each from 0",
+    "any": "the codec's `Limits`",
+}

@@ -15,8 +15,9 @@ equal). Adding a field is one line on its class, plus its test.
 
 Every message names its queue and kind inside the signed bytes (``_signing``), so
 a signed message cannot be replayed into another queue or as another kind; a task
-also carries its signed expiry (``exp``), so it cannot be replayed after its deadline. The
-payload's inner structure is checked by ``asyncgraph.distributed.wire._payload``.
+also carries its signed expiry (``exp``), so it cannot be replayed after its deadline. What
+a task's payload (``p``) and a reply's result (``r``) hold is declared the same way, in
+``_payload`` (``PAYLOADS``), and shown in the same table.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from asyncgraph.distributed.wire._fields import (
     wire,
 )
 from asyncgraph.distributed.wire._keys import MAX_TTL_MS, PROTOCOL_VERSION
+from asyncgraph.distributed.wire._payload import BACKWARD_RESULT, PAYLOADS
 from asyncgraph.distributed.wire._signing import Signer
 
 __all__ = [
@@ -165,7 +167,7 @@ class TaskMessage(_Message):
         ),
     )
     payload: dict[str, Any] = field(
-        metadata=wire("p", "map", doc="ctx state and gradients, or arguments (`_payload`)")
+        metadata=wire("p", "map", doc="what the op needs: fields `p.*` below, by `op`")
     )
     meta: dict[str, Any] | None = field(
         default=None,
@@ -205,7 +207,8 @@ class ReplyMessage(_Message):
         ),
     )
     result: Any = field(
-        default=None, metadata=wire("r", "any", when=("ok", True), doc="the op's result")
+        default=None,
+        metadata=wire("r", "any", when=("ok", True), doc="the op's result: `r` below, by `op`"),
     )
     error: ErrorInfo | None = field(
         default=None, metadata=wire("err", ErrorInfo, when=("ok", False), doc="why it failed")
@@ -345,6 +348,9 @@ def protocol_table() -> str:
     common = {f.attr for f in fields_of(_Message)}
     for kind, cls in MESSAGE_KINDS.items():
         rows += table_rows(cls, kind, skip=common)
+    for message, where, record in PAYLOADS:
+        rows += table_rows(record, message, where)
+    rows.append(row(BACKWARD_RESULT, "reply: backward"))
     header = ("message", "key", "type", "bound", "presence", "meaning")
     lines = [header, ("---",) * len(header), *rows]
     return "".join("| " + " | ".join(line) + " |\n" for line in lines)

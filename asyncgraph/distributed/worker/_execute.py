@@ -12,13 +12,16 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from asyncgraph import FunctionCtx, Variable, no_grad
+from asyncgraph import Variable, no_grad
+from asyncgraph.distributed.wire._fields import to_map
 from asyncgraph.distributed.wire._payload import (
+    BackwardTask,
+    ForwardResult,
+    ForwardTask,
+    backward_result,
     ctx_from_state,
     ctx_state,
-    forward_args,
-    grads_from_entries,
-    result_entries,
+    read_payload,
 )
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.worker._registry import RegisteredFunction
@@ -107,29 +110,26 @@ def _call_soon_threadsafe() -> Callable[[Callable[[], object]], object]:
 
 
 async def execute(registered: RegisteredFunction, message: TaskMessage, threads: Threads) -> Any:
-    """The task's result as wire entries (the caller catches what the Function raises)."""
+    """The task's result as it travels (the caller catches what the Function raises)."""
     fn = registered.function
-    payload = message.payload
     if message.op == "backward":
-        ctx = ctx_from_state(payload.get("ctx"), fn)
-        grads = grads_from_entries(payload.get("g"), "grad_outputs")
+        task = read_payload(BackwardTask, message.payload, "p")
+        ctx = ctx_from_state(task.ctx, fn)
         with no_grad():
-            result = await _call(threads, registered.async_backward, fn.backward, ctx, *grads)
-        return result_entries(result)
-    args, kwargs, needs = forward_args(payload)
-    ctx = FunctionCtx()
-    ctx._function_name = fn.__name__
-    inputs = fn._inputs(args, kwargs)  # signature order, as the client recorded them
-    # As in-process: each input's requires_grad, and whether the client records the node.
-    ctx.needs_input_grad = tuple(isinstance(v, Variable) and v.requires_grad for v in inputs)
-    ctx._recorded = any(needs)
+            result = await _call(threads, registered.async_backward, fn.backward, ctx, *task.grads)
+        return backward_result(result)
+    forward = read_payload(ForwardTask, message.payload, "p")
+    # As in-process: each input's requires_grad (read from its entry) in the ctx, and
+    # whether the client records the node.
+    application = fn.application(forward.args, forward.kwargs, recorded=any(forward.needs))
+
+    def call(method: Any, *args: Any, **kwargs: Any) -> Any:
+        return _call(threads, _is_async(method), method, *args, **kwargs)
+
     with no_grad():
-        if fn._uses_setup_context:
-            output = await _call(threads, _is_async(fn.forward), fn.forward, *args, **kwargs)
-            await _call(threads, _is_async(fn.setup_context), fn.setup_context, ctx, inputs, output)
-        else:
-            output = await _call(threads, _is_async(fn.forward), fn.forward, ctx, *args, **kwargs)
-    if ctx._dirty:
+        output = await application.run_forward(call)
+    ctx = application.ctx
+    if ctx.marked_dirty:
         raise TypeError(
             f"{fn.__name__}.forward called ctx.mark_dirty(...) on a worker, where it works on "
             f"copies of the inputs: the caller's Variables cannot change in place. Return "
@@ -137,16 +137,17 @@ async def execute(registered: RegisteredFunction, message: TaskMessage, threads:
         )
     is_tuple = isinstance(output, tuple)
     outputs = output if is_tuple else (output,)
-    non_diff = ctx._non_differentiable
-    return {
-        "out": result_entries(tuple(outputs)),
-        "tuple": is_tuple,
-        "ctx": ctx_state(ctx, fn),
-        "nd": [i for i, o in enumerate(outputs) if any(o is n for n in non_diff)],
+    non_diff = ctx.marked_non_differentiable
+    result = ForwardResult(
+        outputs,
+        is_tuple,
+        ctx_state(ctx, fn),
+        tuple(i for i, o in enumerate(outputs) if any(o is n for n in non_diff)),
         # Raw values forward returned (not Variables): the client records them as raw
         # too, so that they get no materialized zero (as in-process).
-        "raw": [i for i, o in enumerate(outputs) if not isinstance(o, Variable)],
-    }
+        tuple(i for i, o in enumerate(outputs) if not isinstance(o, Variable)),
+    )
+    return to_map(result)
 
 
 _is_async = inspect.iscoroutinefunction
