@@ -200,11 +200,16 @@ def run(args: argparse.Namespace) -> int:
         problem = existing_run_problem(out, resume=args.resume, overwrite=args.overwrite, job=job)
         if problem is not None:
             raise CheckpointError(problem)
-        from ._runner import run_job  # the optimizers and models load with the run
+        from ._runner import finished_run, run_job  # the optimizers and models load here
 
+        # A finished run resumed has nothing to do: no fleet is started for it.
+        finished = finished_run(job, out) if args.resume else None
         try:
-            async with open_fleet(args, module.__name__) as executor:
-                result = await run_job(job, out, executor=executor, **run_job_options(args))
+            if finished is not None:
+                result = finished
+            else:
+                async with open_fleet(args, module.__name__) as executor:
+                    result = await run_job(job, out, executor=executor, **run_job_options(args))
         except JobFileError as exc:  # the job file's Functions cannot be served
             return usage_error(str(exc))
         summary(result, overwrite=args.overwrite)

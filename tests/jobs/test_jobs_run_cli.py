@@ -624,3 +624,23 @@ def test_a_bad_log_level_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("asyncgraph demo: error: argument --log-level: invalid choice")
     assert "'LOUD'" in proc.stderr and "(see 'asyncgraph demo --help')" in proc.stderr
+
+
+def test_resuming_a_finished_job_on_workers_starts_no_fleet(
+    tmp_path: Path,
+    fast_example: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``run --workers N --resume`` of a finished run says so at once: no redis-server and
+    no worker is started for nothing (here none could be: PATH holds no server)."""
+    out = tmp_path / "o"
+    assert _main("run", fast_example, "--out", str(out), "--no-progress") == 0
+    capsys.readouterr()
+    monkeypatch.setenv("ASYNCGRAPH_REDIS_SERVER", "redis-server")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    args = ["run", fast_example, "--out", str(out), "--no-progress"]
+    assert _main(*args, "--workers", "2", "--resume") == 0
+    captured = capsys.readouterr()
+    assert "already finished (12 step(s)); nothing to do" in captured.out, captured
+    assert "no redis-server found" not in captured.err
