@@ -1,4 +1,4 @@
-"""The layer map of DESIGN.md holds in the imports.
+"""The layer map of docs/guide/architecture.md holds in the imports.
 
 ``lint-imports`` (import-linter, contracts in pyproject.toml) checks which package may
 import which, in .ci/run. These tests check what it cannot say: that no package reaches
