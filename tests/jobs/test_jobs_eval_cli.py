@@ -103,3 +103,22 @@ def test_a_best_json_whose_validation_was_not_measured_is_shown_so(
     unmeasured.write_text(json.dumps(best))
     assert cli("eval", JOB, "--params", str(unmeasured)) == 0
     assert "(step 3, validation not measured)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_eval_wall_time_counts_the_whole_command(run_dir: Path, tmp_path: Path) -> None:
+    """The wall time eval prints is the command's, from the process's start: here a
+    process that spends 1.5 s before the CLI starts prints at least that (it printed the
+    evaluation's few milliseconds, "wall time: 0.0s", for a 1.1 s command)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time; time.sleep(1.5); from asyncgraph.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    argv = [sys.executable, "-c", code, "eval", JOB, "--params", str(run_dir / "best.json")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("wall time: "))
+    assert float(line.split()[2].rstrip("s")) >= 1.5, line
