@@ -232,7 +232,8 @@ def _table(result: JobResult, info: dict[str, Any], wall_s: float, where: str) -
         print(WORKERS_NOTE)
 
 
-# What the summary of a fleet run of the simulated demo says (README: "When --workers pays").
+# What the summary of a fleet run of the simulated demo says (docs/cli/demo.md: "When
+# `--workers` pays").
 WORKERS_NOTE = (
     "note: on one machine the simulated demo runs faster in-process: its calls only wait, "
     "so worker processes add their start and Redis round trips and save nothing. Workers "
