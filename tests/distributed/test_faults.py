@@ -210,7 +210,8 @@ async def test_abandoned_calls_are_counted_until_they_return_and_never_before_th
 
     from asyncgraph.distributed.worker._execute import Threads
 
-    threads = Threads(1)
+    ended = anyio.Event()
+    threads = Threads(1, on_ended=ended.set)
     release = threading.Event()
     ran: list[str] = []
 
@@ -219,8 +220,6 @@ async def test_abandoned_calls_are_counted_until_they_return_and_never_before_th
         release.wait(10)
         return name
 
-    ended = anyio.Event()
-    threads.on_ended = ended.set
     async with anyio.create_task_group() as tg:
         tg.start_soon(threads.run, blocking, "first")  # holds the only thread
         await wait_until(lambda: ran == ["first"])

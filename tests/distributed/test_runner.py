@@ -143,7 +143,8 @@ async def test_a_task_that_raises_stops_the_block_and_the_error_comes_out() -> N
 
 
 async def test_a_threaded_call_stopped_while_it_runs_is_abandoned_not_awaited() -> None:
-    threads = Threads(2)
+    told = anyio.Event()
+    threads = Threads(2, on_ended=told.set)
     release = threading.Event()
     h = held()
     ended: list[str] = []
@@ -162,8 +163,6 @@ async def test_a_threaded_call_stopped_while_it_runs_is_abandoned_not_awaited() 
             runner.stop(h, "cancelled")
     assert ended == ["cancelled"]
     assert threads.abandoned == 1
-    told = anyio.Event()
-    threads.on_ended = told.set
     release.set()
     with anyio.fail_after(5):  # the call returns: the loop is told, its slot given back
         await told.wait()

@@ -41,11 +41,17 @@ class Threads:
     the process at exit forever.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        on_abandoned: Callable[[], None] = lambda: None,
+        on_ended: Callable[[], None] = lambda: None,
+    ) -> None:
         self.limiter = anyio.CapacityLimiter(limit)
         self.abandoned = 0
-        self.on_abandoned: Callable[[], None] = lambda: None  # a call was abandoned
-        self.on_ended: Callable[[], None] = lambda: None  # an abandoned call returned
+        self.on_abandoned = on_abandoned  # a call was abandoned
+        self.on_ended = on_ended  # an abandoned call returned
 
     async def run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         soon = _call_soon_threadsafe()  # this call's loop (a Threads may outlive one)

@@ -48,9 +48,9 @@ class Slots:
         self.max_abandoned = max_abandoned or concurrency
         # Threads for the tasks held plus the abandoned calls allowed: on trio an
         # abandoned call keeps its thread's limiter token until it returns.
-        self.threads = Threads(concurrency + self.max_abandoned)
-        self.threads.on_ended = self.changed
-        self.threads.on_abandoned = self._abandoned
+        self.threads = Threads(
+            concurrency + self.max_abandoned, on_abandoned=self._abandoned, on_ended=self.changed
+        )
         self._too_many_abandoned = too_many_abandoned
         self.runner = Runner()
         self.held: dict[bytes, Held] = {}
