@@ -394,47 +394,39 @@ def _names_map(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
     return check_names_map
 
 
-def _task_ids(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
-    limit = bound or 0
+def _list_of(
+    items: str, ok: Callable[[Any, int], bool], bounded: str = ""
+) -> Callable[[str, int | None, tuple[Any, ...]], Check]:
+    """The factory of a ``list of ...`` check: a list whose every item is ``ok(item,
+    bound)``, a tuple in the record. ``bounded``: what the error adds of the bound."""
 
-    def check_task_ids(value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            raise _type_error(name, "a list of task ids", value)
-        for item in value:
-            if not isinstance(item, str) or not 0 < len(item) <= limit:
-                raise WireError(
-                    f"field {name!r} must be a list of task ids of 1 to {bound} characters, "
-                    f"got an item {item!r:.40}"
-                )
-        return tuple(value)
+    def factory(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
+        limit = bound or 0
+        what = f"a list of {items}"
 
-    return check_task_ids
+        def check_list(value: Any) -> tuple[Any, ...]:
+            if not isinstance(value, list):
+                raise _type_error(name, what, value)
+            for item in value:
+                if not ok(item, limit):
+                    raise WireError(
+                        f"field {name!r} must be {what}{bounded.format(bound=bound)}, "
+                        f"got an item {item!r:.40}"
+                    )
+            return tuple(value)
 
+        return check_list
 
-def _bools(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
-    def check_bools(value: Any) -> tuple[bool, ...]:
-        if type(value) is not list:
-            raise _type_error(name, "a list of bools", value)
-        for item in value:
-            if item is not True and item is not False:
-                raise WireError(f"field {name!r} must be a list of bools, got an item {item!r:.40}")
-        return tuple(value)
-
-    return check_bools
+    return factory
 
 
-def _indices(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:
-    def check_indices(value: Any) -> tuple[int, ...]:
-        if type(value) is not list:
-            raise _type_error(name, "a list of ints from 0", value)
-        for item in value:
-            if type(item) is not int or item < 0:
-                raise WireError(
-                    f"field {name!r} must be a list of ints from 0, got an item {item!r:.40}"
-                )
-        return tuple(value)
-
-    return check_indices
+_task_ids = _list_of(
+    "task ids",
+    lambda item, limit: isinstance(item, str) and 0 < len(item) <= limit,
+    " of 1 to {bound} characters",
+)
+_bools = _list_of("bools", lambda item, limit: item is True or item is False)
+_indices = _list_of("ints from 0", lambda item, limit: type(item) is int and item >= 0)
 
 
 def _any(name: str, bound: int | None, choices: tuple[Any, ...]) -> Check:

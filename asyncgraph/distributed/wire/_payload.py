@@ -5,10 +5,13 @@ itself, else ``"module:QualName"``) and a *fingerprint* of its code, so a
 worker running other code for the same name is detected instead of silently
 used. A backward task carries the ctx state (saved variables, ``needs_input_grad``,
 the user's public ctx attributes) and the incoming gradients; the reply carries
-one gradient per forward input. Variables travel as ``[data, role]`` (plus
-``requires_grad`` for saved variables and arguments); None as nil. A ctx attribute
-the Function declares in ``ctx_types`` travels as its record's ``to_data()`` and is
-rebuilt with the declared class's ``from_data``: the class is the registered
+one gradient per forward input. A forward task carries the arguments; its reply, the
+outputs and the ctx forward filled. Each of these is a record declared field by field
+as the messages are (``_fields``; ``PAYLOADS`` lists them for the protocol table), and
+both sides write and read it through that declaration. Variables travel as ``[data,
+role]`` (plus ``requires_grad`` for saved variables and arguments); None as nil. A ctx
+attribute the Function declares in ``ctx_types`` travels as its record's ``to_data()``
+and is rebuilt with the declared class's ``from_data``: the class is the registered
 Function's, never a name read from the message.
 """
 
@@ -252,7 +255,9 @@ NAMED_ARGUMENTS = Shape(
 
 # -- the payload's records -------------------------------------------------------------
 # Declared as the messages are (``_fields``): the encoder, the decoder and the rows of the
-# protocol table under ``p`` and ``r`` all follow from these fields.
+# protocol table under ``p`` and ``r`` all follow from these fields. Not frozen, unlike
+# the messages: two are built on each side of every task, and a frozen dataclass's
+# constructor costs three times as much.
 @dataclass(slots=True)
 class CtxState:
     """A ctx as it travels: ``ctx_state`` makes one, ``ctx_from_state`` and
@@ -422,10 +427,12 @@ def _check_ctx_name(key: Any) -> None:
         or key in _CTX_RESERVED
     ):
         raise WireError(f"ctx attribute name {key!r:.60} is not allowed")
-    if len(_CTX_NAMES_SEEN) < 4096:  # the few names Functions use, checked once each
+    if len(_CTX_NAMES_SEEN) < 4096:
         _CTX_NAMES_SEEN.add(key)
 
 
+# The names checked and allowed so far: the few that Functions use, each checked once
+# rather than for every task (bounded, whatever the messages say).
 _CTX_NAMES_SEEN: set[str] = set()
 
 
