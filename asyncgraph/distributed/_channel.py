@@ -135,6 +135,7 @@ class TaskChannel:
         timeout_s: float,
         limits: Limits,
         run_id: bytes | None,
+        on_report: Callable[[dict[str, Any]], None] = lambda meta: None,
     ) -> None:
         self.queue = queue
         self.client_id = uuid.uuid4().hex
@@ -154,7 +155,7 @@ class TaskChannel:
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}
         self._reporting: dict[str, _Pending] = {}  # cancelled, waiting for their workers' reports
-        self.on_report: Callable[[dict[str, Any]], None] = lambda meta: None
+        self.on_report = on_report
         """Takes the metadata a cancelled task's worker reported, in its caller's context."""
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []

@@ -113,11 +113,16 @@ class RedisExecutor:
         limits: Limits,
         run_id: bytes | None,
     ) -> None:
-        self.channel = TaskChannel(
-            pool, queue, signer=signer, timeout_s=timeout_s, limits=limits, run_id=run_id
-        )
         # A cancelled task's worker reports what it spent (e.g. model usage): for the hooks.
-        self.channel.on_report = _on_reply_metadata
+        self.channel = TaskChannel(
+            pool,
+            queue,
+            signer=signer,
+            timeout_s=timeout_s,
+            limits=limits,
+            run_id=run_id,
+            on_report=_on_reply_metadata,
+        )
         self.queue = queue
         self.client_id = self.channel.client_id
         self.timeout_s = timeout_s
