@@ -268,6 +268,13 @@ class Function:
                     f"{cls.__name__}.ctx_types maps ctx attribute names to classes with "
                     f"to_data() and a from_data(data) classmethod; {name!r}: {kind!r} is not one"
                 )
+        options = cls.option_keywords
+        if isinstance(options, str) or not all(isinstance(n, str) for n in options):
+            raise TypeError(
+                f"{cls.__name__}.option_keywords names keyword arguments: a set of str, "
+                f"e.g. frozenset({{'model'}}); got {options!r:.80}"
+            )
+        cls.option_keywords = frozenset(options)  # a tuple or list given: one set
         cls._uses_setup_context = cls.setup_context is not Function.setup_context
         cls._forward_is_async = inspect.iscoroutinefunction(cls.forward)
         cls._setup_is_async = inspect.iscoroutinefunction(cls.setup_context)

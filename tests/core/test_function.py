@@ -1015,3 +1015,24 @@ def test_a_variable_given_to_an_option_keyword_is_a_type_error() -> None:
     x = Variable(1.0, requires_grad=True)
     with pytest.raises(TypeError, match=r"Tagged: option label= must be plain data, got a Var"):
         Tagged.apply(x, label=Variable("sum", requires_grad=True))
+
+
+def test_option_keywords_given_as_a_tuple_are_one_set_and_a_string_is_refused() -> None:
+    from typing import Any as _Any
+
+    from asyncgraph import Function as _Function
+    from asyncgraph import Variable as _Variable
+
+    class Scaled(_Function):
+        option_keywords = ("scale",)  # type: ignore[assignment]
+
+        @staticmethod
+        def forward(ctx: _Any, x: _Variable, *, scale: float) -> _Variable:
+            return _Variable(x.data * scale)
+
+    assert Scaled.option_keywords == frozenset({"scale"})
+    assert Scaled.apply(_Variable(2.0, requires_grad=True), scale=3.0).data == 6.0
+    with pytest.raises(TypeError, match="option_keywords names keyword arguments"):
+
+        class Bad(_Function):
+            option_keywords = "scale"  # type: ignore[assignment]
