@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import signal
-import time
 
 import agdist_functions as F
 import anyio
@@ -132,11 +131,10 @@ async def test_abandoned_synchronous_calls_hold_their_slots_and_drain_still_exit
 
     shown = format_status(await fleet_status(redis_url, "hung"))
     assert "2 abandoned synchronous call(s) holding slots" in shown, shown
-    started = time.monotonic()
     worker.signal(signal.SIGTERM)
+    # The drain deadline (1 s) is honoured: the exit does not wait for the hung threads
+    # (300 s, past this wait's deadline).
     assert await anyio.to_thread.run_sync(worker.proc.wait, 120) == 0
-    # The drain deadline (1 s) is honoured: the exit does not wait for the hung threads (300 s).
-    assert time.monotonic() - started < 60
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -99,10 +99,8 @@ async def test_a_client_whose_connection_stalls_while_its_tasks_finish_gets_thei
             await anyio.sleep(max(0.0, stall_s - (time.monotonic() - stalled_at)))
             assert client.xlen(replies) == 6  # still there, unread (they expired after 2 s)
             proxy.resume()
-            resumed_at = time.monotonic()
-        took_s = time.monotonic() - resumed_at
-        print(f"stall {stall_s:g} s: the pass completed {took_s:.2f} s after it ended")
-        assert took_s < 30, took_s  # the reply, not the 60 s timeout
+        # Completed by the replies, nothing sent again: lost replies would have failed the
+        # pass at its 60 s timeout (RemoteTimeoutError), or been sent again.
         assert ex.stats.completed == 6 and ex.stats.resent == 0
     assert [p.grad.data for p in leaves] == [1.0] * 6  # type: ignore[union-attr]
     assert runs(redis_url, tag) == 6  # each once
@@ -134,11 +132,9 @@ async def test_tasks_queued_behind_busy_slots_while_the_client_stalls_are_sent_a
             stalled_at = time.monotonic()
             await wait_until(lambda: time.monotonic() - stalled_at >= stall_s)
             proxy.resume()
-            resumed_at = time.monotonic()
-        took_s = time.monotonic() - resumed_at
-        print(f"stall {stall_s:g} s: completed {took_s:.2f} s after it, resent {ex.stats.resent}")
-        # Well within the 120 s timeout: the skipped tasks went again and ran (2.5 s each).
-        assert took_s < 60, took_s
+        # Completed: the skipped tasks went again and ran (else the pass would have failed
+        # at its 120 s timeout with RemoteTimeoutError).
+        print(f"stall {stall_s:g} s: completed, resent {ex.stats.resent}")
     assert [p.grad.data for p in leaves] == [1.0] * 4  # type: ignore[union-attr]
     client.close()
 
@@ -207,8 +203,7 @@ async def test_a_task_skipped_just_after_its_lapsed_client_looked_is_sent_again(
             (first, _), *_ = client.xrange(stream)
             client.xdel(stream, first)
             start_worker(redis_url, queue, wait=False)
-            resumed_at = time.monotonic()
-        assert time.monotonic() - resumed_at < 60  # a worker's start, not the 120 s timeout
+        # Completed once a worker started (the 120 s timeout would have raised instead).
         assert ex.stats.resent == 1 and ex.stats.completed == 3
     assert [p.grad.data for p in leaves] == [1.0] * 3  # type: ignore[union-attr]
     assert "skipped after this client's heartbeat came back" in caplog.text

@@ -132,13 +132,11 @@ async def test_redis_restart_mid_pass_is_a_clear_error_then_workers_recover(
                     await anyio.to_thread.run_sync(server.start)
 
                 tg.start_soon(restart)
-                started = time.monotonic()
+                # The lost connection: the 120 s timeout would raise RemoteTimeoutError.
                 with pytest.raises(RemoteConnectionError) as info:
                     await backward(y, executor=ex)
-                elapsed = time.monotonic() - started
             assert isinstance(info.value, ConnectionError)
             assert "Sleep" in str(info.value) and "restart" in str(info.value)
-            assert elapsed < 60  # the lost connection, not the 120 s timeout
             assert x.grad is None
             # The worker reconnects and serves the same queue again.
             wait_for_workers(server.url, "restart", 1)

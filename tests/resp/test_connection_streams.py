@@ -93,10 +93,8 @@ async def test_a_command_past_its_timeout_raises_timeout_error_and_closes_the_co
     pool = Pool(parse_redis_url(redis_url), timeout_s=5)
     try:
         conn = await pool.connect()
-        started = anyio.current_time()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError):  # its timeout (the BLPOP's 120 s answers nil)
             await conn.execute("BLPOP", "nothing:here", 120, timeout_s=0.1)
-        assert anyio.current_time() - started < 60  # its timeout, not the BLPOP's 120 s
         assert conn.broken
         assert await pool.execute("PING", timeout_s=1) == b"PONG"
     finally:
