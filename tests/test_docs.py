@@ -708,6 +708,55 @@ def test_every_asyncgraph_name_and_path_written_in_docs_and_docstrings_exists() 
     assert missing == []
 
 
+# A bare name in double backticks: a class (``Retry``) or a call (``run_job()``).
+_BARE_NAME = re.compile(r"(?<![\w.`])``([A-Z][a-z]+[A-Z]?\w*|[a-z]\w*\(\))``")
+# Names of other projects, and words that look like names, that a text may write bare.
+_FOREIGN_NAMES = {
+    "Authorization": "an HTTP header",
+    "Bearer": "an HTTP authorization scheme",
+    "Cookie": "an HTTP header",
+    "NaN": "a float value",
+    "BackwardHook": "PyTorch's hook class",
+    "CloneBackward": "PyTorch's grad_fn name",
+    "CopyBackwards": "PyTorch's grad_fn name",
+    "ModelResponse": "LiteLLM's reply class",
+    "RunFinishedError": "trio's error",
+    "StringBasedFunction": "TextGrad's class",
+    "build_job()": "the function a job file defines",
+}
+
+
+def _names_asyncgraph_defines() -> set[str]:
+    import builtins
+
+    defined = set(dir(builtins))
+    for path in ROOT.glob("asyncgraph/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name):
+                defined.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                defined.add(node.attr)
+            elif isinstance(node, ast.alias):
+                defined.add(node.asname or node.name.rpartition(".")[2])
+    return defined
+
+
+def test_a_bare_name_written_in_double_backticks_exists() -> None:
+    """``Supervisor`` or ``prefix_key()`` written bare in a page or a docstring names a
+    class, function or attribute asyncgraph defines (or a builtin); another project's
+    name is on ``_FOREIGN_NAMES`` with what it is. Names left behind by renames fail."""
+    defined = _names_asyncgraph_defines()
+    missing = []
+    for path in _written_files():
+        for written in sorted(set(_BARE_NAME.findall(path.read_text()))):
+            name = written.removesuffix("()")
+            if name not in defined and written not in _FOREIGN_NAMES:
+                missing.append(f"{path.relative_to(ROOT)}: {written}")
+    assert missing == []
+
+
 def test_a_packages_docstring_lists_only_names_the_package_exports() -> None:
     """A package's ``__init__`` is its interface: a :class: or :func: its docstring
     lists is one of its names (``PythonCallOptions`` was listed, never exported)."""

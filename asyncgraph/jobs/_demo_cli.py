@@ -278,12 +278,18 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         # The model is built now (no request is made): a bad spec (with the library's
         # suggestion, e.g. 'openai:gpt-4o-mini' for 'gpt-4o-mini'), a missing API key or a
         # bad base URL is reported before any step, not at the first call.
-        from ..models import parse_model_spec
+        from ..models import BaseChatModel, parse_model_spec
 
         try:
-            parse_model_spec(args.model, base_url=args.base_url)
+            model = parse_model_spec(args.model, base_url=args.base_url)
         except (ValueError, ImportError) as exc:
             return str(exc)  # the library's words, which name the spec and lead with the fix
+        keys = model.missing_api_keys() if isinstance(model, BaseChatModel) else []
+        if keys:  # LiteLLM reads the provider's variables itself, at the first call
+            return (
+                f"{' or '.join(keys)} is not set: LiteLLM needs it to call {args.model!r}. "
+                "Set it, or give --base-url for a server that needs no key"
+            )
     if args.workers and len(os.environ.get(SECRET_ENV, "").strip().encode()) in range(1, 16):
         return (
             f"{SECRET_ENV} must be at least 16 bytes long (the demo's workers sign with it); "

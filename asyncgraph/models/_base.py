@@ -233,6 +233,13 @@ class BaseChatModel(ABC):
         """Where requests go, part of the cache key (the same request elsewhere is another)."""
         return self.name
 
+    def missing_api_keys(self) -> list[str]:
+        """The environment variables holding an API key that this model needs and that
+        are not set (``[]``: none). A client that reads its key when built refuses to be
+        built without it, so this is for clients whose library reads it at the call
+        (LiteLLM's): a command checks it before a run's first call."""
+        return []
+
     # -- limits (NOTE [Requests a server can serve]) ---------------------------------------
     async def _discover(self) -> tuple[int | None, int | None]:
         """``(context_tokens, max_concurrency)`` as the server says them (None: it does

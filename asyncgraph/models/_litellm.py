@@ -40,13 +40,17 @@ _INSTALL = install_hint("litellm")
 
 def _litellm() -> Any:
     try:
-        return importlib.import_module("litellm")
+        litellm = importlib.import_module("litellm")
     except ImportError as exc:
         raise ModelConfigError(
             f"LiteLLMChat needs the litellm package, which is not installed: {_INSTALL}",
             variable="litellm",
             value="",
         ) from exc
+    # LiteLLM prints a "Give Feedback / Get Help" block to stdout with each exception it
+    # raises; asyncgraph reports the error itself (``_model_error``), once.
+    litellm.suppress_debug_info = True
+    return litellm
 
 
 def litellm_pricing(litellm: Any, model: str) -> Pricing | None:
@@ -186,6 +190,22 @@ class LiteLLMChat(BaseChatModel):
             register_secret(api_key)  # masked in every output of the process from now on
         self.timeout_s = timeout_s
         self.default_params = dict(default_params or {})
+
+    def missing_api_keys(self) -> list[str]:
+        """The API-key variables LiteLLM says the model's provider needs and the
+        environment lacks (``OPENAI_API_KEY`` for ``gpt-4o-mini``), or ``[]``: none is
+        needed when a key, a ``base_url`` or an offline ``mock_response`` is given. Cloud
+        credentials (``AWS_*``, ``VERTEXAI_*``) are not counted: a role or profile may
+        stand in for them. The model itself is built without a key (as a worker builds it
+        from a task): LiteLLM reads it at the call."""
+        if self._api_key or self.base_url or "mock_response" in self.default_params:
+            return []
+        try:
+            found = self._litellm.validate_environment(model=self.model)
+        except Exception:  # a model LiteLLM cannot place: left to the call's own error
+            return []
+        missing = found.get("missing_keys") or []
+        return [str(name) for name in missing if str(name).endswith("_API_KEY")]
 
     @property
     def cache_endpoint(self) -> str:

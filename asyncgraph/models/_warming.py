@@ -12,10 +12,11 @@ request that fails releases the others at once (they go, uncached, rather than w
 others wait at most the model's ``timeout_s``: one request's latency is what warming adds
 to a step.
 
-What is cacheable (``prefix_key``): Anthropic caches up to a ``cache_control`` mark whose
-prefix is at least 1,024 tokens (2,048 for Haiku models); OpenAI caches any prompt's
-prefix of 1,024 tokens or more. The key is a hash of that prefix (the model's name in it),
-so requests that share it wait for one another and no others do.
+What is cacheable (``marked_prefix_key``, ``leading_prefix_key``): Anthropic caches up to
+a ``cache_control`` mark whose prefix is at least 1,024 tokens (2,048 for Haiku models);
+OpenAI caches any prompt's prefix of 1,024 tokens or more. The key is a hash of that
+prefix (the model's name in it), so requests that share it wait for one another and no
+others do.
 """
 
 from __future__ import annotations

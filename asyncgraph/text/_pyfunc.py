@@ -45,7 +45,12 @@ __all__ = [
 _PY_OPTIONS = PythonCallOptions.KEYWORDS
 
 
-def _text(value: Any) -> str:
+def _shown(value: Any) -> str:
+    """How an input or output of the Python function is shown in its feedback request.
+
+    Unlike a model call's text (``_functions._text``, which refuses a list: its Variables
+    would leave the graph), a Python function takes any value, a list included, and
+    gets it as it is; only its description is a string here."""
     data = value.data if isinstance(value, Variable) else value
     return data if isinstance(data, str) else str(data)
 
@@ -138,9 +143,9 @@ class PythonCall(_TextFunction):
             if index == 0:
                 continue
             item_role = describe(value.role if isinstance(value, Variable) else "", label)
-            inputs.append({"role": item_role, "value": _text(value)})
+            inputs.append({"role": item_role, "value": _shown(value)})
             if first[index]:
-                slots.append({"index": index, "role": item_role, "value": _text(value)})
+                slots.append({"index": index, "role": item_role, "value": _shown(value)})
 
         result = await _call(
             fn,
@@ -155,7 +160,7 @@ class PythonCall(_TextFunction):
         ctx.options = options
         ctx.inputs = inputs
         ctx.slots = slots
-        ctx.output = _text(out)
+        ctx.output = _shown(out)
         return out
 
     @staticmethod

@@ -100,7 +100,7 @@ async def test_fires_while_the_rest_of_the_pass_still_runs() -> None:
     x.register_post_accumulate_grad_hook(open_gate)
     y.register_post_accumulate_grad_hook(lambda leaf, g: y_hooked.append(g.data))
     loss = Add.apply(x, Gate.apply(y, gate))
-    with anyio.fail_after(5):
+    with anyio.fail_after(60):
         await loss.backward()
     assert gate.is_set() and y_hooked == [1.0]
     assert x.grad is not None and y.grad is not None
@@ -119,7 +119,7 @@ async def test_a_failed_pass_commits_nothing_and_cancels_running_hooks() -> None
 
     x.register_post_accumulate_grad_hook(slow)
     loss = Add.apply(x, Boom.apply(y, started))
-    with anyio.fail_after(5), pytest.raises(BackwardError, match="boom"):
+    with anyio.fail_after(60), pytest.raises(BackwardError, match="boom"):
         await loss.backward()
     assert finished == []  # cancelled with the pass
     assert x.grad is None and y.grad is None

@@ -79,6 +79,39 @@ def test_asyncgraph_imports_without_litellm() -> None:
     assert "pip install 'asyncgraph[litellm]'" in out.stdout, out.stderr
 
 
+@needs_litellm
+def test_a_missing_api_key_is_named_before_the_first_call(
+    litellm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LiteLLM reads the provider's key itself at the call: ``missing_api_keys`` names the
+    variable beforehand (the demo checks it before its banner), and nothing is missing
+    when a key, a base URL or an offline mock answer is given."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert parse_model_spec("litellm:gpt-4o-mini").missing_api_keys() == ["OPENAI_API_KEY"]
+    assert parse_model_spec("litellm:gpt-4o-mini", api_key="sk-x").missing_api_keys() == []
+    assert mocked("litellm:gpt-4o-mini", "hi").missing_api_keys() == []
+    local = parse_model_spec("litellm:openai/m", base_url="http://127.0.0.1:9/v1")
+    assert local.missing_api_keys() == []
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    assert parse_model_spec("litellm:gpt-4o-mini").missing_api_keys() == []
+
+
+@needs_litellm
+def test_the_demo_with_a_litellm_model_and_no_key_is_one_line_before_anything(
+    litellm: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncgraph.cli import main
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["demo", "--model", "litellm:gpt-4o-mini"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "", captured.out  # no banner, no LiteLLM help block
+    assert captured.err.count("\n") == 1, captured.err
+    assert "OPENAI_API_KEY is not set: LiteLLM needs it to call 'litellm:gpt-4o-mini'" in (
+        captured.err
+    )
+
+
 HELLO = [{"role": "user", "content": "hello there"}]
 
 

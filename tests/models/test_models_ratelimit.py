@@ -278,7 +278,7 @@ async def test_unreachable_redis_raises_backend_error_quickly() -> None:
         requests_per_minute=60, redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_s=0.5
     )
     model = SimulatedModel(latency_s=0, rate_limit=limit)
-    with anyio.fail_after(5), pytest.raises(ModelBackendError, match="rate limit 'simulated'"):
+    with anyio.fail_after(20), pytest.raises(ModelBackendError, match="rate limit 'simulated'"):
         await model.complete([{"role": "user", "content": "x"}])
     await model.aclose()
 

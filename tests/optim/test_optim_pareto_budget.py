@@ -102,7 +102,7 @@ async def test_a_model_calling_a_model_takes_one_slot() -> None:
         return (await inner.complete(messages)).text  # a wrapper model's call
 
     outer = SimulatedModel(latency_s=0.0, responder=outer_reply, tag_replies=False)
-    with anyio.fail_after(5), limit_calls(anyio.Semaphore(1)):
+    with anyio.fail_after(60), limit_calls(anyio.Semaphore(1)):
         answer = await outer.complete([{"role": "user", "content": "hi"}])
     assert answer.text == "inner"
 

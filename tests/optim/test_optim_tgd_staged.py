@@ -69,7 +69,7 @@ async def test_updates_start_while_backward_runs_and_step_applies_them() -> None
     params = three()
     tgd = TGD(params, model=script.model, staged=True)
     loss = pipeline(params, [p3_asked, None, None])
-    with anyio.fail_after(5):
+    with anyio.fail_after(60):
         await loss.backward()
     assert len(script.requests) == 3  # every update already ran, inside the backward
     assert [p.data for p in params] == ["v1", "v2", "v3"]  # staged, not applied

@@ -88,7 +88,7 @@ async def test_all_inputs_feedback_requests_are_sent_concurrently() -> None:
     model = SimulatedModel(latency_s=0.0, responder=responder, tag_replies=False)
     a, b = Parameter("a", role="first"), Parameter("b", role="second")
     out = await llm_call(a, b, model=model)
-    with anyio.fail_after(5):
+    with anyio.fail_after(60):
         await out.backward("better")
     assert a.grad is not None and b.grad is not None
 
