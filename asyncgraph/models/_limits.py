@@ -95,6 +95,13 @@ def current_reply_tokens(context_tokens: int | None = None) -> int | None:
     if suggested is None:
         return None
     tokens, whole = suggested
+    return reply_share(tokens, context_tokens, whole=whole)
+
+
+def reply_share(tokens: int, context_tokens: int | None, *, whole: bool = False) -> int:
+    """The ``max_tokens`` a suggested reply of ``tokens`` is sent with: at most its share
+    of a known window (``SHARE_OF_WINDOW``, at least 64), unless ``whole``. What a request
+    keeps room for is computed with this too (``asyncgraph.text._fit``)."""
     if context_tokens is None or whole:
         return tokens
     return min(tokens, max(64, context_tokens // SHARE_OF_WINDOW))
@@ -198,6 +205,14 @@ class ModelLimits:
         ``TokenEstimator.count``)."""
         chars = request_chars(messages)
         return math.ceil(chars / self.chars_per_token) + _PER_MESSAGE * len(messages) + _PER_REQUEST
+
+    def reply_tokens(self, suggested: int, *, whole: bool = False) -> int:
+        """The ``max_tokens`` a request whose asking code suggests a reply of
+        ``suggested`` tokens is sent with: the model's own ``max_tokens`` when it has one,
+        else the suggestion within its share of the window (``reply_share``)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return reply_share(suggested, self.context_tokens, whole=whole)
 
 
 # vLLM: "This model's maximum context length is 2048 tokens. However, you requested 2100

@@ -40,7 +40,7 @@ _INSTALL = install_hint("litellm")
 
 def _litellm() -> Any:
     try:
-        litellm = importlib.import_module("litellm")
+        litellm: Any = importlib.import_module("litellm")
     except ImportError as exc:
         raise ModelConfigError(
             f"LiteLLMChat needs the litellm package, which is not installed: {_INSTALL}",

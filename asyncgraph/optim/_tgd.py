@@ -534,7 +534,7 @@ class TGD(Optimizer):
         fit = await fit_for(model)
         if fit is None:
             return budget, None
-        reply = fit.limits.max_tokens or update_tokens(p.data)
+        reply = update_tokens(p.data)
         examples = group.get("in_context_examples", self.in_context_examples)
         probe = update_messages(
             role=role,
@@ -547,7 +547,7 @@ class TGD(Optimizer):
             system_prompt=self.system_prompt,
             examples=examples,
         )
-        room = fit.room(probe, reply) // (1 + 2 * history)
+        room = fit.room(probe, reply, whole=True) // (1 + 2 * history)
         if room < _MIN_FEEDBACK_TOKENS:
             parts = {
                 "the value": p.data,
@@ -558,7 +558,7 @@ class TGD(Optimizer):
             raise fit.too_long(
                 f"the update request of the parameter with role {p.role!r}",
                 {k: v for k, v in parts.items() if v},
-                reply,
+                fit.reply(reply, whole=True),
             )
         return (room if budget is None else min(budget, room)), fit.condense_tokens()
 

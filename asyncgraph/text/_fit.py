@@ -7,8 +7,9 @@ a token until the server's usage shows better). ``Fit`` converts between the two
 
 - ``room(messages, reply)``: what a request built around ``messages`` (every part but the
   one being sized) leaves for that part, in ``approx_tokens``, after room for its reply
-  (``reply`` tokens, at most a quarter of the window) and a margin; a negative room is ``too_long``'s error, which names
-  the parts and their sizes and what to set;
+  (the ``max_tokens`` a suggested reply of ``reply`` tokens is sent with, at most a
+  quarter of the window) and a margin; a negative room is ``too_long``'s error, which
+  names the parts and their sizes and what to set;
 - ``condense_tokens()``: the most feedback one summary request may carry and still fit
   with its instruction and its reply (a summary of up to that size), so the map-reduce of
   ``condense_feedback`` never sends a request the window cannot take.
@@ -48,16 +49,21 @@ class Fit:
         """``model_tokens`` of this model as ``approx_tokens`` (4 characters each)."""
         return math.floor(model_tokens * self.limits.chars_per_token / 4)
 
-    def room(self, messages: Sequence[Mapping[str, Any]], reply: int) -> int:
+    def room(
+        self, messages: Sequence[Mapping[str, Any]], reply: int, *, whole: bool = False
+    ) -> int:
         """``approx_tokens`` left for one more part of a request made of ``messages`` with
-        a reply of ``reply`` model tokens (negative: it does not fit as it is)."""
-        used = self.limits.count(messages) + self.reply(reply) + _MARGIN
+        a reply of ``reply`` model tokens (negative: it does not fit as it is); ``whole``
+        as for ``reply``."""
+        used = self.limits.count(messages) + self.reply(reply, whole=whole) + _MARGIN
         return self.approx(self.context - used)
 
-    def reply(self, tokens: int) -> int:
-        """The room kept for a reply asked to be ``tokens`` long: at most a quarter of
-        the window (a longer reply is cut to what the request leaves, by the model)."""
-        return min(tokens, self.context // 4)
+    def reply(self, tokens: int, *, whole: bool = False) -> int:
+        """The room kept for a reply suggested to be ``tokens`` long: the ``max_tokens``
+        it is sent with (``ModelLimits.reply_tokens``; ``whole`` for an optimizer's new
+        value, which is not held to a share of the window), at most a quarter of the
+        window (a longer reply is cut to what the request leaves, by the model)."""
+        return min(self.limits.reply_tokens(tokens, whole=whole), self.context // 4)
 
     def condense_tokens(self) -> int:
         """The most feedback (``approx_tokens``) one summary request may carry, so that
@@ -111,8 +117,7 @@ async def fitted_budget(
     fit = await fit_for(model)
     if fit is None or not probes:
         return budget, None
-    reply = fit.limits.max_tokens or reply
     room = min(fit.room(probe, reply) for probe in probes)
     if room < 32:
-        raise fit.too_long(what, {k: v for k, v in parts.items() if v}, reply)
+        raise fit.too_long(what, {k: v for k, v in parts.items() if v}, fit.reply(reply))
     return (room if budget is None else min(budget, room)), fit.condense_tokens()

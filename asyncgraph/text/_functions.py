@@ -195,19 +195,24 @@ async def _llm_backward(ctx: Any, grad_output: Variable | None) -> tuple[Variabl
     asked = [slot for slot in ctx.slots if needs[slot["index"]]]
     mark = bool(asked) and not images and marks_shared_prefix(ref.resolve())
 
+    quoted: set[int] = set()  # inputs shown by reference to the call's input (see below)
+
     def request(slot: dict[str, Any], feedback: str) -> list[dict[str, Any]]:
+        variable = slot["value"]
+        if slot["index"] in quoted:
+            variable = f"(the text given as {slot['role']} in LM_INPUT above)"
         return llm_feedback_messages(
             system_prompt=ctx.system_prompt,
             user_prompt=ctx.user_prompt,
             output=ctx.output,
             output_role=output_role,
-            variable=slot["value"],
+            variable=variable,
             variable_role=slot["role"],
             feedback=feedback,
             mark_shared=mark,
         )
 
-    budget, chunk = await _fitted_budget(ctx, ref, options, asked, request)
+    budget, chunk = await _fitted_budget(ctx, ref, options, asked, request, quoted)
     feedback, note = await feedback_within_budget(
         grad_output,
         budget=budget,
@@ -235,18 +240,35 @@ async def _fitted_budget(
     options: LLMOptions,
     asked: list[dict[str, Any]],
     request: Callable[[dict[str, Any], str], list[dict[str, Any]]],
+    quoted: set[int],
 ) -> tuple[int | None, int | None]:
     """The feedback budget and summary chunk size for this node's feedback model: the
     options' budget, lowered to what its context window leaves in the largest feedback
     request (see ``asyncgraph.text._fit``); ``ModelContextError`` naming the parts when
-    the request would not fit even without feedback."""
+    the request would not fit even without feedback.
+
+    A request quotes its input twice when that input is also in the call's prompt (a
+    judge's answer): when it would not fit so, the input is shown once, by reference
+    (its index added to ``quoted``), before the request is given up."""
     fit = await fit_for(ref.resolve())
     if fit is None or not asked:
         return options.feedback_budget, None
-    reply = fit.limits.max_tokens or FEEDBACK_TOKENS
-    probe = max((request(slot, "") for slot in asked), key=fit.limits.count)
-    room = fit.room(probe, reply)
-    if room < _MIN_FEEDBACK_TOKENS:
+
+    def room() -> int:
+        probe = max((request(slot, "") for slot in asked), key=fit.limits.count)
+        return fit.room(probe, FEEDBACK_TOKENS)
+
+    left = room()
+    if left < _MIN_FEEDBACK_TOKENS:
+        quoted.update(
+            slot["index"]
+            for slot in asked
+            if slot["value"]
+            and slot["value"] != ctx.system_prompt
+            and slot["value"] in ctx.user_prompt
+        )
+        left = room() if quoted else left
+    if left < _MIN_FEEDBACK_TOKENS:
         parts = {
             "the system prompt": ctx.system_prompt or "",
             "the prompt (inputs)": ctx.user_prompt,
@@ -256,9 +278,9 @@ async def _fitted_budget(
         raise fit.too_long(
             f"the feedback request of {ctx.function_name}",
             {k: v for k, v in parts.items() if v},
-            reply,
+            fit.reply(FEEDBACK_TOKENS),
         )
-    budget = room if options.feedback_budget is None else min(options.feedback_budget, room)
+    budget = left if options.feedback_budget is None else min(options.feedback_budget, left)
     return budget, fit.condense_tokens()
 
 

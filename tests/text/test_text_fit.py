@@ -13,7 +13,8 @@ from asyncgraph import Parameter, Variable, backward
 from asyncgraph.models import ModelContextError, OpenAIChat
 from asyncgraph.models._testing_local import LocalModelTestServer, local_tokens
 from asyncgraph.optim import TGD
-from asyncgraph.text import TextLoss, llm_call, python_call
+from asyncgraph.text import TextLoss, fit_for, llm_call, python_call
+from asyncgraph.text._reply import FEEDBACK_TOKENS
 
 pytestmark = pytest.mark.anyio
 
@@ -107,3 +108,35 @@ async def test_a_python_calls_feedback_is_sized_to_the_window_too() -> None:
         _fits(server)
         assert any("condense" in r.body["messages"][0]["content"] for r in server.requests)
         assert text.grad is not None
+
+
+async def test_a_judges_feedback_quotes_the_answer_once_when_twice_would_not_fit() -> None:
+    """A judge's feedback request shows the answer in the judge's prompt and again as the
+    variable: where twice does not fit the window, the variable points to the prompt's
+    copy instead of the step failing (the demo on a 2,048-token llama.cpp slot)."""
+    long_answer = "The answer is 42 because each step adds seven more. " * 24  # ~1,250 chars
+    with LocalModelTestServer(n_ctx=1300) as server:
+        async with _local(server) as model:
+            answer = Variable(long_answer, role="answer", requires_grad=True)
+            loss = await TextLoss("Is the answer right? Say why.", model=model)(answer)
+            await loss.backward()
+            # The room kept for the reply is the max_tokens the request is sent with.
+            fit = await fit_for(model)
+            assert fit is not None and fit.reply(FEEDBACK_TOKENS) == 1300 // 8
+        _fits(server)
+        assert server.requests[-1].body["max_tokens"] == 1300 // 8
+        feedback = server.requests[-1].body["messages"][-1]["content"]
+        assert feedback.count(long_answer) == 1, feedback
+        assert "(the text given as the answer in LM_INPUT above)" in feedback
+    assert answer.grad is not None and answer.grad.data
+
+
+async def test_a_feedback_request_that_fits_quotes_the_variable_as_it_is() -> None:
+    with LocalModelTestServer(n_ctx=8192) as server:
+        async with _local(server) as model:
+            answer = Variable("Paris.", role="answer", requires_grad=True)
+            loss = await TextLoss("Is the answer right?", model=model)(answer)
+            await loss.backward()
+        feedback = server.requests[-1].body["messages"][-1]["content"]
+        assert "<VARIABLE>Paris.</VARIABLE>" in feedback
+        assert "LM_INPUT above" not in feedback
