@@ -155,7 +155,7 @@ async def main(url: str | None, name: str | None, slot_counts: list[int]) -> Non
             try:
                 row = await demo(url, name, slots)
             except Exception as exc:
-                print(f"  {slots:>15} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                print(f"  {slots:>15} failed: {type(exc).__name__}: {exc}")
                 continue
             print(
                 f"  {slots:>15} {row['wall_s']:>8.1f} {row['calls']:>6} "
