@@ -31,6 +31,8 @@ __all__ = ["Fit", "fit_for", "fitted_budget"]
 
 _MARGIN = 32  # model tokens kept free besides the reply: the estimate errs, servers add
 _SUMMARY_OVERHEAD = 200  # approx tokens of a summary request's instruction and framing
+MIN_FEEDBACK_TOKENS = 32  # approx tokens of feedback a request must have room for
+SHORT_REPLY_TOKENS = 128  # a feedback reply's tokens when its share of the window leaves none
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,26 @@ class Fit:
         window = self.approx(self.context - _MARGIN)
         return max(16, int((window - _SUMMARY_OVERHEAD) / 2.5))
 
-    def too_long(self, what: str, parts: Mapping[str, str], reply: int) -> ModelContextError:
-        """The error for a request (``what``) whose fixed ``parts`` leave no room."""
+    def too_long(
+        self,
+        what: str,
+        parts: Mapping[str, str],
+        reply: int,
+        *,
+        request: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ModelContextError:
+        """The error for a request (``what``) whose fixed ``parts`` leave no room; with
+        the ``request`` as it would be sent, what its instructions and framing take
+        besides the parts is listed too."""
         sizes = sorted(
             ((name, self.limits.tokens(text)) for name, text in parts.items()),
             key=lambda item: -item[1],
         )
         listed = ", ".join(f"{name} about {size:,}" for name, size in sizes)
+        if request is not None:
+            rest = self.limits.count(request) - sum(size for _, size in sizes)
+            if rest > 0:
+                listed += f", and the instructions and framing about {rest:,}"
         source = {"given": "context_tokens=", "server": "the server", "table": "the table"}
         return ModelContextError(
             f"{self.model!r}: {what} does not fit the context window of {self.context:,} "
@@ -113,11 +128,17 @@ async def fitted_budget(
     """``budget`` lowered to what ``model``'s window leaves for feedback in the largest of
     ``probes`` (the requests built without their feedback) with a reply of ``reply``
     tokens, and the summary chunk size (``(budget, None)`` when the window is unknown);
-    ``ModelContextError`` naming ``parts`` when there is no room for 32 tokens of it."""
+    ``ModelContextError`` naming ``parts`` when there is no room for
+    ``MIN_FEEDBACK_TOKENS`` of it, even with a reply of ``SHORT_REPLY_TOKENS``."""
     fit = await fit_for(model)
     if fit is None or not probes:
         return budget, None
     room = min(fit.room(probe, reply) for probe in probes)
-    if room < 32:
-        raise fit.too_long(what, {k: v for k, v in parts.items() if v}, fit.reply(reply))
+    if room < MIN_FEEDBACK_TOKENS and fit.limits.max_tokens is None:
+        reply = min(reply, SHORT_REPLY_TOKENS)  # the model sends what is left as max_tokens
+        room = min(fit.room(probe, reply) for probe in probes)
+    if room < MIN_FEEDBACK_TOKENS:
+        longest = max(probes, key=fit.limits.count)
+        parts = {k: v for k, v in parts.items() if v}
+        raise fit.too_long(what, parts, fit.reply(reply), request=longest)
     return (room if budget is None else min(budget, room)), fit.condense_tokens()

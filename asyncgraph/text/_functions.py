@@ -32,7 +32,7 @@ from asyncgraph.models import reply_tokens
 from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
-from asyncgraph.text._fit import fit_for
+from asyncgraph.text._fit import MIN_FEEDBACK_TOKENS, SHORT_REPLY_TOKENS, fit_for
 from asyncgraph.text._options import OUTPUT_ROLE, LLMKeywords, LLMOptions, check_keywords
 from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
 from asyncgraph.text._registry import ModelRef
@@ -61,7 +61,6 @@ __all__ = [
 ]
 
 _LLM_CTX_TYPES: Mapping[str, type[Any]] = MappingProxyType({"options": LLMOptions})
-_MIN_FEEDBACK_TOKENS = 32  # approx tokens of feedback a request must have room for
 
 
 class _TextFunction(Function):
@@ -247,19 +246,24 @@ async def _fitted_budget(
     request (see ``asyncgraph.text._fit``); ``ModelContextError`` naming the parts when
     the request would not fit even without feedback.
 
-    A request quotes its input twice when that input is also in the call's prompt (a
-    judge's answer): when it would not fit so, the input is shown once, by reference
-    (its index added to ``quoted``), before the request is given up."""
+    Before the request is given up, two things make room, in turn: an input quoted
+    twice because it is also in the call's prompt (a judge's answer) is shown once, by
+    reference (its index added to ``quoted``); then the reply is given
+    ``SHORT_REPLY_TOKENS`` instead of its share of the window (the model sends the
+    room that is left as its ``max_tokens``). Counts err high (the lowest characters per
+    token the server has shown), so these matter most on a small window."""
     fit = await fit_for(ref.resolve())
     if fit is None or not asked:
         return options.feedback_budget, None
 
-    def room() -> int:
-        probe = max((request(slot, "") for slot in asked), key=fit.limits.count)
-        return fit.room(probe, FEEDBACK_TOKENS)
+    def probe() -> list[dict[str, Any]]:
+        return max((request(slot, "") for slot in asked), key=fit.limits.count)
+
+    def room(reply: int = FEEDBACK_TOKENS) -> int:
+        return fit.room(probe(), reply)
 
     left = room()
-    if left < _MIN_FEEDBACK_TOKENS:
+    if left < MIN_FEEDBACK_TOKENS:
         quoted.update(
             slot["index"]
             for slot in asked
@@ -268,17 +272,26 @@ async def _fitted_budget(
             and slot["value"] in ctx.user_prompt
         )
         left = room() if quoted else left
-    if left < _MIN_FEEDBACK_TOKENS:
+    reply = FEEDBACK_TOKENS
+    if left < MIN_FEEDBACK_TOKENS and fit.limits.max_tokens is None:
+        reply = min(FEEDBACK_TOKENS, SHORT_REPLY_TOKENS)
+        left = room(reply)
+    if left < MIN_FEEDBACK_TOKENS:
         parts = {
             "the system prompt": ctx.system_prompt or "",
             "the prompt (inputs)": ctx.user_prompt,
             "the output": ctx.output,
-            "the variable": max((str(slot["value"]) for slot in asked), key=len),
+            "the variable": max(
+                (str(slot["value"]) for slot in asked if slot["index"] not in quoted),
+                key=len,
+                default="",
+            ),
         }
         raise fit.too_long(
             f"the feedback request of {ctx.function_name}",
             {k: v for k, v in parts.items() if v},
-            fit.reply(FEEDBACK_TOKENS),
+            fit.reply(reply),
+            request=probe(),
         )
     budget = left if options.feedback_budget is None else min(options.feedback_budget, left)
     return budget, fit.condense_tokens()

@@ -140,3 +140,30 @@ async def test_a_feedback_request_that_fits_quotes_the_variable_as_it_is() -> No
         feedback = server.requests[-1].body["messages"][-1]["content"]
         assert "<VARIABLE>Paris.</VARIABLE>" in feedback
         assert "LM_INPUT above" not in feedback
+
+
+async def test_a_feedback_reply_is_given_less_room_before_the_request_is_given_up() -> None:
+    """Quoted once, the answer still leaves too little room beside the reply's share of
+    the window (256 of 2,048 tokens): the feedback is asked for in what is left (at least
+    128 tokens) rather than the step failing; with more, the error lists every part,
+    the feedback instructions included."""
+    answer_text = "The answer is 42 because each step adds seven more. " * 78
+    with LocalModelTestServer(n_ctx=2048) as server:
+        async with _local(server) as model:
+            answer = Variable(answer_text, role="answer", requires_grad=True)
+            await (await TextLoss("Is the answer right? Say why.", model=model)(answer)).backward()
+            assert answer.grad is not None
+            longer = answer_text + "Each step adds seven more. " * 30
+            too_long = Variable(longer, role="answer", requires_grad=True)
+            loss = await TextLoss("Is the answer right? Say why.", model=model)(too_long)
+            with pytest.raises(Exception) as info:
+                await loss.backward()
+        _fits(server)
+        feedback_request = server.requests[1].body
+        assert feedback_request["messages"][-1]["content"].count(answer_text) == 1
+        assert 128 <= feedback_request["max_tokens"] < 2048 // 8
+    error = info.value.__cause__ or info.value
+    assert isinstance(error, ModelContextError)
+    assert "with a reply of 128" in str(error) and "the prompt (inputs) about" in str(error)
+    assert "and the instructions and framing about" in str(error)
+    assert "the variable" not in str(error)  # shown by reference, not a part of its own
