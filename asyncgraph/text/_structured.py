@@ -362,30 +362,37 @@ async def ask_json(
     With ``response_format`` (``uses_structured``): ``messages`` as they are. Without:
     ``fallback`` (default: ``messages`` with the schema in the last one). A server that
     refuses ``response_format`` (HTTP 400 / 422) under ``structured="auto"`` is asked
-    again without it, once, and the model's ``structured_outputs`` becomes False (a
-    warning on the ``asyncgraph.text`` logger says so). ``usable(text)``: only replies it
+    again without it, once; when that is answered, the model's ``structured_outputs``
+    becomes False (a warning on the ``asyncgraph.text`` logger says so), and when it is
+    refused too, its error is raised and the model keeps its structured outputs. ``usable(text)``: only replies it
     accepts enter a ``BaseChatModel``'s response cache.
     """
-    if uses_structured(model, structured):
-        with_format = {**params, "response_format": response_format_param(schema, strict=strict)}
-        try:
-            return await _send(model, messages, with_format, usable), True
-        except ModelRequestError as exc:
-            if structured != "auto" or exc.status_code not in (400, 422):
-                raise
-            logger.warning(
-                "%s refused response_format (%s); asking with the format in the prompt from now on",
-                getattr(model, "name", model),
-                exc.server_message or exc,
-            )
-            try:
-                model.structured_outputs = False  # type: ignore[attr-defined]
-            except AttributeError:  # an object that does not take attributes
-                pass
     plain = (
         fallback if fallback is not None else with_instruction(messages, schema_instruction(schema))
     )
-    return await _send(model, plain, params, usable), False
+    if not uses_structured(model, structured):
+        return await _send(model, plain, params, usable), False
+    with_format = {**params, "response_format": response_format_param(schema, strict=strict)}
+    try:
+        return await _send(model, messages, with_format, usable), True
+    except ModelRequestError as exc:
+        if structured != "auto" or exc.status_code not in (400, 422):
+            raise
+        refusal = exc
+    # The same request without response_format: if the server takes it, the refusal was
+    # of response_format, and the model is asked without it from now on; if not, the 400
+    # was about something else, and the model keeps its structured outputs.
+    completion = await _send(model, plain, params, usable)
+    logger.warning(
+        "%s refused response_format (%s); asking with the format in the prompt from now on",
+        getattr(model, "name", model),
+        refusal.server_message or refusal,
+    )
+    try:
+        model.structured_outputs = False  # type: ignore[attr-defined]
+    except AttributeError:  # an object that does not take attributes
+        pass
+    return completion, False
 
 
 async def _send(

@@ -69,6 +69,24 @@ async def test_openai_requests_wait_for_the_first_answer_then_read_the_cache() -
     assert total.cache_read_tokens / total.prompt_tokens >= 0.85
 
 
+async def test_warming_turned_off_sends_every_request_at_once() -> None:
+    """``warm_cache = False``: a step's requests leave together (none waits for the first
+    answer), as before warming; the cost is the cache the late ones miss."""
+    latency = 0.5
+    with TimedAnthropicTestServer(latency_s=latency, ready_s=0.05) as server:
+        async with AnthropicChat(
+            "claude-sonnet-4-20250514",
+            base_url=server.url,
+            api_key="anthropic-test-key",
+            cache_prompt=True,
+        ) as model:
+            model.warm_cache = False
+            await _fan_out(model, n=4)
+        arrivals = sorted(r.arrived_s for r in server.requests)
+    # All four arrived before the first answer was back: nothing held them.
+    assert len(arrivals) == 4 and arrivals[-1] < arrivals[0] + latency
+
+
 async def test_a_failed_first_request_releases_the_others() -> None:
     with TimedAnthropicTestServer(latency_s=0.05) as server:
         server.script(Reply(status=400, error="bad request"))

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from asyncgraph import Parameter, Variable
-from asyncgraph.models import OpenAIChat, SimulatedModel
+from asyncgraph.models import ModelRequestError, OpenAIChat, SimulatedModel
+from asyncgraph.models._testing import OpenAITestServer, Reply
 from asyncgraph.models._testing_local import LocalModelTestServer
 from asyncgraph.optim import TGD, ReplySkippedWarning, UpdateParseError
 from asyncgraph.optim._tgd import UPDATE_FIELD
 from asyncgraph.text import TextLoss, llm_call, update_tokens, use_models
+from asyncgraph.text._structured import ask_json
 
 pytestmark = pytest.mark.anyio
 
@@ -127,3 +129,22 @@ async def test_a_placeholder_for_a_value_is_not_taken_as_one() -> None:
     assert p.data == "Answer in one word."  # the copied "..." was retried as empty
     assert '"improved_variable" was empty' in seen[1][-1]["content"]
     assert "..." not in seen[0][-1]["content"]  # no placeholder in the request to copy
+
+
+async def test_a_400_about_something_else_leaves_the_models_structured_outputs_on() -> None:
+    """Under "auto", a 400 to a request with response_format is tried once without it;
+    refused again, the 400 was not about response_format: its error is raised and the
+    model still gets structured outputs (it was turned off for good before)."""
+    bad = Reply(status=400, error="'temperature' must be at most 2")
+    with OpenAITestServer() as server:
+        server.script(bad, bad)
+        async with OpenAIChat("m", base_url=server.url, api_key="k") as model:
+            schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+            messages = [{"role": "user", "content": "x"}]
+            with pytest.raises(ModelRequestError, match="temperature"):
+                await ask_json(model, messages, {"temperature": 9}, schema)
+            assert model.structured_outputs is True
+            sent = [r.body for r in server.requests]
+            assert ["response_format" in body for body in sent] == [True, False]
+            await ask_json(model, messages, {}, schema)  # the next request: with it
+            assert "response_format" in server.requests[-1].body
