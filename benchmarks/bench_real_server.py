@@ -112,6 +112,9 @@ async def demo(url: str, name: str, slots: int) -> dict[str, Any]:
         "tokens_per_s": calls.completion_tokens / wall if wall else 0.0,
         "timeouts": calls.count("ModelTimeoutError"),
         "context_refusals": calls.count("ModelContextError"),
+        # the longest call, queueing on the client and every attempt included: against
+        # the models' default timeout_s of 60 (the runs here allow 300)
+        "longest_call_s": max((c.latency_s for c in calls.calls), default=0.0),
         "skipped_updates": result.skipped_updates,
         "steps": result.steps_done,
         "prompt": prompt.data,
@@ -162,6 +165,7 @@ async def main(url: str | None, name: str | None, slot_counts: list[int]) -> Non
                 f"{row['tokens_per_s']:>7.1f} {row['timeouts']:>8} "
                 f"{row['context_refusals']:>11} {row['skipped_updates']:>7}"
             )
+            print(f"  {'':>15} longest call: {row['longest_call_s']:.1f} s")
             print(f"  {'':>15} final prompt: {row['prompt'][:100]!r}")
 
 
