@@ -337,3 +337,51 @@ async def test_the_searched_module_is_untouched_until_the_end() -> None:
     assert program.prompt.data == BASE and program.prompt.grad is None
     search.finish()
     assert program.prompt.data == search.best.values["prompt"] != BASE
+
+
+async def test_an_unreadable_rewrite_is_a_skipped_update_of_the_step() -> None:
+    """A model that answers updates in prose (no tags, no structured outputs): the
+    rewrite makes no child, and the step records it as TGD does (``search.skipped``, the
+    history row's ``skipped_updates``); the module keeps its value."""
+
+    def prose_updates(messages: list[dict[str, Any]]) -> str:
+        if "IMPROVED_VARIABLE" in json.dumps(messages):
+            return "Sure! Here is a better version of the prompt, in my own words."
+        return str(respond(messages))
+
+    model = SimulatedModel(latency_s=0.0, responder=prose_updates, tag_replies=False)
+    program = SkillProgram(model)
+    tgd_options = {"structured": False, "max_retries": 0}
+    search = search_for(program, model, max_rounds=2, tgd_options=tgd_options)
+    await search.step()  # the seed's evaluation
+    assert search.skipped == [] and "skipped_updates" not in search.history[-1]
+    await search.step()  # a greedy rewrite, unreadable
+    assert [(s.role, s.attempts, s.structured) for s in search.skipped] == [
+        ("system prompt", 1, False)
+    ]
+    assert search.skipped[0].reply.startswith("Sure! Here is a better version")
+    (row,) = search.history[-1]["skipped_updates"]
+    assert row["role"] == "system prompt" and row["attempts"] == 1
+    assert "rewrite unreadable" in json.dumps(search.history[-1]["work"])
+    assert program.prompt.data == BASE
+
+
+async def test_an_unreadable_merge_is_a_skipped_update_too() -> None:
+    def prose_merges(messages: list[dict[str, Any]]) -> str:
+        if "VARIABLE_A" in json.dumps(messages):
+            return "Both versions are good; I would keep them both."
+        return str(respond(messages))
+
+    model = SimulatedModel(latency_s=0.0, responder=prose_merges, tag_replies=False)
+    search = search_for(SkillProgram(model), model, tgd_options={"structured": False})
+    seed = Candidate(0, {"prompt": BASE}, (), "seed", 0, [0.0] * len(VAL))
+    a = Candidate(1, {"prompt": with_instructions([INSTRUCTIONS["a"]])}, (0,), "proposal", 1, [])
+    b = Candidate(2, {"prompt": with_instructions([INSTRUCTIONS["b"]])}, (0,), "proposal", 1, [])
+    search.pool = [seed, a, b]
+    search._limiter = anyio.CapacityLimiter(4)
+    outcome = await search._merge(1, 2)
+    assert outcome.child is None and outcome.note == "merge of 'prompt' unreadable"
+    assert [(s.role, s.attempts, s.structured) for s in search.skipped] == [
+        ("system prompt", 1, False)
+    ]
+    assert search.skipped[0].reply == "Both versions are good; I would keep them both."

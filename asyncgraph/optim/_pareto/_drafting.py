@@ -15,13 +15,13 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import Executor, backward, enable_grad, no_grad
 from asyncgraph._exceptions import NoFeedbackWarning, UpdateParseError
 from asyncgraph.models import ChatModel
-from asyncgraph.optim._tgd import TGD
+from asyncgraph.optim._tgd import TGD, SkippedUpdate
 
 from ._outcome import Outcome
 from ._validation import Evaluator
@@ -52,6 +52,8 @@ class Drafter:
     perfect_score: float
     tgd_options: Mapping[str, Any]
     executor: Executor | None
+    skipped: list[SkippedUpdate] = field(default_factory=list)
+    """The rewrites that could not be read (the search's ``skipped``)."""
 
     def minibatch(self, rng: random.Random) -> list[int]:
         """Positions of a minibatch of the training set, drawn by ``rng``."""
@@ -82,6 +84,7 @@ class Drafter:
         except UpdateParseError as exc:  # tgd_options={"strict": True}
             outcome.note = f"rewrite unreadable: {exc.role!r}"
             return None
+        self.skipped.extend(tgd.skipped)
         outcome.stages.append("rewrite")
         child = program.state_dict()
         if child == values:

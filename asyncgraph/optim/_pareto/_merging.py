@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import Module
 from asyncgraph.models import BaseChatModel, ChatModel, reply_tokens
 from asyncgraph.optim._frontier import Candidate, ancestors, by_id
 from asyncgraph.optim._prompts import ValueForm, merge_messages
-from asyncgraph.optim._tgd import DEFAULT_TAGS, parse_value
+from asyncgraph.optim._tgd import DEFAULT_TAGS, SkippedUpdate, parse_value
 from asyncgraph.text import (
     ask_json,
     current_models,
@@ -67,6 +67,8 @@ class Merger:
     module: Module
     model: Callable[[], ChatModel]
     tgd_options: Mapping[str, Any]
+    skipped: list[SkippedUpdate] = field(default_factory=list)
+    """The merges that could not be read (the search's ``skipped``)."""
 
     async def child(
         self, pool: Sequence[Candidate], a: Candidate, b: Candidate, outcome: Outcome
@@ -145,12 +147,18 @@ class Merger:
                     strict=True,
                     usable=lambda text: bool(parse_value(text, form)),
                 )
-                return parse_value(completion.text, form if sent else tags) or None
-            messages = request(tags)
-            if isinstance(model, BaseChatModel):
-                reply = await model.complete(
-                    messages, cache_if=lambda c: bool(parse_value(c.text, tags)), **params
-                )
+                text = completion.text
+                value = parse_value(text, form if sent else tags)
             else:
-                reply = await model.complete(messages, **params)
-        return parse_value(reply.text, tags) or None
+                messages = request(tags)
+                if isinstance(model, BaseChatModel):
+                    reply = await model.complete(
+                        messages, cache_if=lambda c: bool(parse_value(c.text, tags)), **params
+                    )
+                else:
+                    reply = await model.complete(messages, **params)
+                text, sent = reply.text, False
+                value = parse_value(text, tags)
+        if not value:
+            self.skipped.append(SkippedUpdate(role, attempts=1, reply=text, structured=sent))
+        return value or None

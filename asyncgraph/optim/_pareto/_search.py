@@ -20,6 +20,7 @@ import anyio
 from asyncgraph import Executor, Module
 from asyncgraph.models import ChatModel, limit_calls, track_usage
 from asyncgraph.optim._frontier import Candidate, merge_pairs
+from asyncgraph.optim._tgd import SkippedUpdate
 
 from ._budget import Budget, item_cost
 from ._drafting import Drafter
@@ -96,8 +97,10 @@ class ParetoSearch:
     the search makes in this process, whichever object makes it (forwards, feedback,
     rewrites, merges: ``asyncgraph.models.limit_calls`` around each round; calls made
     on a remote ``executor``'s workers are bounded there). ``history`` holds one row per round:
-    what ran, what was kept, the calls and tokens so far, and each work item's
-    ``stages`` (the sequence of model-call phases it went through).
+    what ran, what was kept, the calls and tokens so far, each work item's ``stages``
+    (the sequence of model-call phases it went through) and, when a rewrite or a merge
+    could not be read, ``skipped_updates`` (as ``search.skipped`` after the step: the
+    parameter's role, the replies tried, the last one; no child was made of it).
 
     Example::
 
@@ -210,6 +213,9 @@ class ParetoSearch:
         self._limiter: anyio.CapacityLimiter | None = None
         self.round_walls: list[float] = []
         """Wall time of each round run by this object (not part of the state)."""
+        self.skipped: list[SkippedUpdate] = []
+        """The last ``step()``'s rewrites and merges whose reply could not be read, as
+        ``TGD.skipped`` (their children were not made; the round's notes say so too)."""
 
     # -- state -----------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
@@ -270,6 +276,7 @@ class ParetoSearch:
             perfect_score=self.perfect_score,
             tgd_options=self.tgd_options,
             executor=self.executor,
+            skipped=self.skipped,
         )
         item = item_cost(
             self.state,
@@ -287,6 +294,7 @@ class ParetoSearch:
             self.module,
             model=functools.partial(feedback_model, self.model, self.base_url),
             tgd_options=self.tgd_options,
+            skipped=self.skipped,
         )
         return WideRound(
             *self._parts(),
@@ -312,13 +320,17 @@ class ParetoSearch:
         if self.pool and self.exhausted() and self.tip is None:
             return False
         started = time.perf_counter()
+        self.skipped = []
         self._limiter = anyio.CapacityLimiter(self.max_concurrency)
         with track_usage() as usage, limit_calls(anyio.Semaphore(self.max_concurrency)):
             outcomes = await self._round()
         spent = usage.snapshot()
         self.state.spend(spent)
         self._budget.check_priced(spent)
-        self.history.append(self.state.row(outcomes, self.max_frontier))
+        row = self.state.row(outcomes, self.max_frontier)
+        if self.skipped:
+            row["skipped_updates"] = [skipped.to_data() for skipped in self.skipped]
+        self.history.append(row)
         self.round_walls.append(time.perf_counter() - started)
         self.round += 1
         return True
