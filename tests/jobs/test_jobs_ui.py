@@ -429,6 +429,18 @@ def test_a_port_out_of_range_or_in_use_is_one_line(
     )
 
 
+def _ctrl_c(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C to ``asyncgraph ui`` and its stderr once it has exited; killed (and the
+    test failed) if it has not within a minute, so that no process or pipe outlives it."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 @pytest.mark.slow
 def test_the_ui_command_serves_the_runs_of_a_folder_of_runs(tmp_path: Path) -> None:
     root = tmp_path / "runs"
@@ -448,8 +460,7 @@ def test_the_ui_command_serves_the_runs_of_a_folder_of_runs(tmp_path: Path) -> N
         steps = [json.loads(get(at(url[0], f"api/run/{i}"))[1])["recorded_steps"] for i in range(4)]
         assert steps == [list(range(n + 1)) for n in (1, 2, 10, 11)]
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        err = _ctrl_c(proc)
     assert proc.returncode == 0, err
 
 
@@ -639,8 +650,7 @@ def test_the_ui_command_prints_its_token_and_opens_the_browser_on_a_private_file
         assert get(at(url[0], "api/run/0"))[0] == 200
         assert get(url[0].partition("?")[0] + "api/run/0")[0] == 403
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        err = _ctrl_c(proc)
     assert proc.returncode == 0, err
     redirect = re.search(r"'file://([^']+)'", argv)
     assert redirect and not Path(redirect[1]).exists()  # removed when the server stops
