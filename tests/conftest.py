@@ -46,6 +46,19 @@ def _spawn_audit(event: str, args: tuple[object, ...]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     sys.addaudithook(_spawn_audit)  # cannot be removed: it only records during a fast test
     _choose_test_server()
+    _default_ctrl_c()
+
+
+def _default_ctrl_c() -> None:
+    """Ctrl-C as an interactive shell gives it, whatever started the tests: a shell
+    script that runs ``pytest &`` starts it with SIGINT ignored, every process a test
+    starts inherits that, and the tests that stop a command with Ctrl-C (``asyncgraph
+    ui``, the demo) then wait on a process that never hears it. Which ones did depended
+    on the order (a test that opened a SIGINT receiver on asyncio put the handler back)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _choose_test_server() -> None:

@@ -643,15 +643,6 @@ def _runs_given(run_dirs: Sequence[str]) -> list[Path]:
     return [run for d in run_dirs for run in found[d]]
 
 
-def _wait_for_ctrl_c() -> None:
-    """Block until Ctrl-C (KeyboardInterrupt). In short waits: a SIGINT that the kernel
-    hands to one of the server's threads sets Python's flag without waking a main thread
-    blocked in one long wait, and the flag is read only when that thread runs again."""
-    forever = threading.Event()
-    while not forever.wait(0.25):
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         run_dirs = _runs_given(args.run_dirs)
@@ -679,7 +670,7 @@ def run(args: argparse.Namespace) -> int:
         with nullcontext() if args.no_browser else _redirect_file(url) as page:
             if page is not None:
                 webbrowser.open(page.as_uri())
-            _wait_for_ctrl_c()
+            threading.Event().wait()
     except KeyboardInterrupt:
         pass
     finally:
