@@ -37,15 +37,20 @@ async def _fan_out(model: Any, n: int = 16, prefix: str = PREFIX) -> list[Any]:
     return results
 
 
+def _claude(server: TimedAnthropicTestServer) -> AnthropicChat:
+    """A model of ``server`` that marks its prompts for Anthropic's cache."""
+    return AnthropicChat(
+        "claude-sonnet-4-20250514",
+        base_url=server.url,
+        api_key="anthropic-test-key",
+        cache_prompt=True,
+    )
+
+
 async def test_anthropic_requests_wait_for_the_first_answer_then_read_the_cache() -> None:
     latency = 0.2
     with TimedAnthropicTestServer(latency_s=latency, ready_s=0.05) as server:
-        async with AnthropicChat(
-            "claude-sonnet-4-20250514",
-            base_url=server.url,
-            api_key="anthropic-test-key",
-            cache_prompt=True,
-        ) as model:
+        async with _claude(server) as model:
             with track_usage() as usage:
                 await _fan_out(model)
         arrivals = sorted(r.arrived_s for r in server.requests)
@@ -72,14 +77,9 @@ async def test_openai_requests_wait_for_the_first_answer_then_read_the_cache() -
 async def test_warming_turned_off_sends_every_request_at_once() -> None:
     """``warm_cache = False``: a step's requests leave together (none waits for the first
     answer), as before warming; the cost is the cache the late ones miss."""
-    latency = 0.5
+    latency = 3.0  # warming would hold the others this long; a busy machine sends sooner
     with TimedAnthropicTestServer(latency_s=latency, ready_s=0.05) as server:
-        async with AnthropicChat(
-            "claude-sonnet-4-20250514",
-            base_url=server.url,
-            api_key="anthropic-test-key",
-            cache_prompt=True,
-        ) as model:
+        async with _claude(server) as model:
             model.warm_cache = False
             await _fan_out(model, n=4)
         arrivals = sorted(r.arrived_s for r in server.requests)
@@ -90,12 +90,7 @@ async def test_warming_turned_off_sends_every_request_at_once() -> None:
 async def test_a_failed_first_request_releases_the_others() -> None:
     with TimedAnthropicTestServer(latency_s=0.05) as server:
         server.script(Reply(status=400, error="bad request"))
-        async with AnthropicChat(
-            "claude-sonnet-4-20250514",
-            base_url=server.url,
-            api_key="anthropic-test-key",
-            cache_prompt=True,
-        ) as model:
+        async with _claude(server) as model:
             results = await _fan_out(model, n=6)
     failed = [r for r in results if isinstance(r, Exception)]
     assert len(failed) == 1 and server.statuses().count(200) == 5
