@@ -60,6 +60,19 @@ class Fit:
         used = self.limits.count(messages) + self.reply(reply, whole=whole) + _MARGIN
         return self.approx(self.context - used)
 
+    def feedback_room(
+        self, probes: Sequence[Sequence[Mapping[str, Any]]], reply: int
+    ) -> tuple[int, int]:
+        """``(room, reply)`` for feedback in the largest of ``probes`` (the requests built
+        without it): with a reply of ``reply`` tokens, or, when that leaves less than
+        ``MIN_FEEDBACK_TOKENS`` and the model has no ``max_tokens`` of its own, with
+        ``SHORT_REPLY_TOKENS`` (the model then sends what is left as its ``max_tokens``)."""
+        room = min(self.room(probe, reply) for probe in probes)
+        if room < MIN_FEEDBACK_TOKENS and self.limits.max_tokens is None:
+            reply = min(reply, SHORT_REPLY_TOKENS)
+            room = min(self.room(probe, reply) for probe in probes)
+        return room, reply
+
     def reply(self, tokens: int, *, whole: bool = False) -> int:
         """The room kept for a reply suggested to be ``tokens`` long: the ``max_tokens``
         it is sent with (``ModelLimits.reply_tokens``; ``whole`` for an optimizer's new
@@ -133,10 +146,7 @@ async def fitted_budget(
     fit = await fit_for(model)
     if fit is None or not probes:
         return budget, None
-    room = min(fit.room(probe, reply) for probe in probes)
-    if room < MIN_FEEDBACK_TOKENS and fit.limits.max_tokens is None:
-        reply = min(reply, SHORT_REPLY_TOKENS)  # the model sends what is left as max_tokens
-        room = min(fit.room(probe, reply) for probe in probes)
+    room, reply = fit.feedback_room(probes, reply)
     if room < MIN_FEEDBACK_TOKENS:
         longest = max(probes, key=fit.limits.count)
         parts = {k: v for k, v in parts.items() if v}

@@ -32,7 +32,7 @@ from asyncgraph.models import reply_tokens
 from asyncgraph.text._budget import feedback_within_budget
 from asyncgraph.text._concurrency import run_all
 from asyncgraph.text._content import describe_content, is_image, wire_image, with_images
-from asyncgraph.text._fit import MIN_FEEDBACK_TOKENS, SHORT_REPLY_TOKENS, fit_for
+from asyncgraph.text._fit import MIN_FEEDBACK_TOKENS, fit_for
 from asyncgraph.text._options import OUTPUT_ROLE, LLMKeywords, LLMOptions, check_keywords
 from asyncgraph.text._prompts import describe, llm_feedback_messages, marks_shared_prefix
 from asyncgraph.text._registry import ModelRef
@@ -248,10 +248,9 @@ async def _fitted_budget(
 
     Before the request is given up, two things make room, in turn: an input quoted
     twice because it is also in the call's prompt (a judge's answer) is shown once, by
-    reference (its index added to ``quoted``); then the reply is given
-    ``SHORT_REPLY_TOKENS`` instead of its share of the window (the model sends the
-    room that is left as its ``max_tokens``). Counts err high (the lowest characters per
-    token the server has shown), so these matter most on a small window."""
+    reference (its index added to ``quoted``); then the reply is given fewer tokens
+    than its share of the window (``Fit.feedback_room``). Counts err high (the lowest
+    characters per token the server has shown), so these matter most on a small window."""
     fit = await fit_for(ref.resolve())
     if fit is None or not asked:
         return options.feedback_budget, None
@@ -259,11 +258,7 @@ async def _fitted_budget(
     def probe() -> list[dict[str, Any]]:
         return max((request(slot, "") for slot in asked), key=fit.limits.count)
 
-    def room(reply: int = FEEDBACK_TOKENS) -> int:
-        return fit.room(probe(), reply)
-
-    left = room()
-    if left < MIN_FEEDBACK_TOKENS:
+    if fit.room(probe(), FEEDBACK_TOKENS) < MIN_FEEDBACK_TOKENS:
         quoted.update(
             slot["index"]
             for slot in asked
@@ -271,11 +266,7 @@ async def _fitted_budget(
             and slot["value"] != ctx.system_prompt
             and slot["value"] in ctx.user_prompt
         )
-        left = room() if quoted else left
-    reply = FEEDBACK_TOKENS
-    if left < MIN_FEEDBACK_TOKENS and fit.limits.max_tokens is None:
-        reply = min(FEEDBACK_TOKENS, SHORT_REPLY_TOKENS)
-        left = room(reply)
+    left, reply = fit.feedback_room([probe()], FEEDBACK_TOKENS)
     if left < MIN_FEEDBACK_TOKENS:
         parts = {
             "the system prompt": ctx.system_prompt or "",

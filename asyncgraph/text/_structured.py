@@ -364,8 +364,8 @@ async def ask_json(
     refuses ``response_format`` (HTTP 400 / 422) under ``structured="auto"`` is asked
     again without it, once; when that is answered, the model's ``structured_outputs``
     becomes False (a warning on the ``asyncgraph.text`` logger says so), and when it is
-    refused too, its error is raised and the model keeps its structured outputs. ``usable(text)``: only replies it
-    accepts enter a ``BaseChatModel``'s response cache.
+    refused too, its error is raised and the model keeps its structured outputs.
+    ``usable(text)``: only replies it accepts enter a ``BaseChatModel``'s response cache.
     """
     plain = (
         fallback if fallback is not None else with_instruction(messages, schema_instruction(schema))
