@@ -22,21 +22,27 @@ against the documented wire format:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from asyncgraph._exceptions import ModelConfigError
+from asyncgraph._exceptions import ModelConfigError, ModelResponseError, ModelStatusError
 from asyncgraph.models._cache import Cache
-from asyncgraph.models._http import HttpChatModel, checked_http_url, join_url
+from asyncgraph.models._http import (
+    HttpChatModel,
+    checked_http_url,
+    join_url,
+    status_error_kind,
+)
 from asyncgraph.models._prices import context_window
 from asyncgraph.models._ratelimit import RateLimit, RateLimiter
 from asyncgraph.models._retry import Retry
 from asyncgraph.models._types import Completion
 from asyncgraph.models._usage import Pricing, UsageMeter
-from asyncgraph.models._warming import marked_prefix_key
+from asyncgraph.models._warming import answer_begins, marked_prefix_key
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -83,6 +89,20 @@ _STOP_REASONS = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
     "refusal": "content_filter",
+}
+# The HTTP status each of Anthropic's error types stands for (an error event in a stream
+# carries only its type).
+_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
 }
 _WRAPPED = "value"  # the property a non-object schema is wrapped in (a tool takes objects)
 _EPHEMERAL = {"type": "ephemeral"}
@@ -258,6 +278,87 @@ def messages_completion(data: Any, model: str, response_format: Any = None) -> C
     )
 
 
+class StreamedMessage:
+    """A Messages API answer put together from its event stream, as Anthropic documents
+    streaming: ``message_start`` carries the message (usage so far, no content), each
+    content block comes as ``content_block_start``, its deltas (``text_delta``,
+    ``input_json_delta`` for a tool's input, ``thinking_delta``, ``signature_delta``,
+    ``citations_delta``) and ``content_block_stop``; ``message_delta`` gives the stop
+    reason and the final usage; ``message_stop`` ends it. An ``error`` event raises the
+    ``ModelStatusError`` its type stands for (``overloaded_error`` is a retried 529);
+    ``ping`` and event types not known here are skipped, as the docs ask. ``begun()`` is
+    called at ``message_start``: the answer has begun."""
+
+    def __init__(self, model: str, where: str, begun: Callable[[], None]) -> None:
+        self.model, self.where, self.begun = model, where, begun
+        self._message: dict[str, Any] | None = None
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._partial: dict[int, str] = {}
+        self._stopped = False
+
+    def __call__(self, name: str, data: Any) -> None:
+        kind = data.get("type", name)
+        if kind == "message_start":
+            self._message = dict(data["message"])
+            self.begun()
+        elif kind == "content_block_start":
+            self._blocks[int(data["index"])] = dict(data["content_block"])
+        elif kind == "content_block_delta":
+            self._delta(int(data["index"]), data["delta"])
+        elif kind == "content_block_stop":
+            index = int(data["index"])
+            if index in self._partial:
+                self._blocks[index]["input"] = json.loads(self._partial.pop(index) or "{}")
+        elif kind == "message_delta":
+            message = self._started(kind)
+            message.update(data.get("delta") or {})
+            final = {k: v for k, v in (data.get("usage") or {}).items() if v is not None}
+            message["usage"] = {**(message.get("usage") or {}), **final}
+        elif kind == "message_stop":
+            self._stopped = True
+        elif kind == "error":
+            raise self._error(data.get("error") or {})
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self._blocks[index]
+        kind = delta["type"]
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta["text"]
+        elif kind == "input_json_delta":
+            self._partial[index] = self._partial.get(index, "") + delta["partial_json"]
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+        elif kind == "signature_delta":
+            block["signature"] = delta["signature"]
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta["citation"])
+
+    def _started(self, kind: str) -> dict[str, Any]:
+        if self._message is None:
+            raise ValueError(f"{kind} came before message_start")
+        return self._message
+
+    def _error(self, error: Mapping[str, Any]) -> ModelStatusError:
+        kind, said = str(error.get("type") or "api_error"), str(error.get("message") or "")
+        status = _ERROR_STATUS.get(kind, 500)
+        cls, what = status_error_kind(status)
+        return cls(
+            f"{self.model!r}: {kind} in the answer's event stream from {self.where}, {what}: "
+            f"{said}",
+            model=self.model,
+            status_code=status,
+            server_message=f"{kind}: {said}",
+        )
+
+    def message(self) -> dict[str, Any]:
+        """The answer as the API's one-body reply has it; ``ValueError`` if the stream
+        ended before ``message_stop``."""
+        message = self._started("the end of the stream")
+        if not self._stopped:
+            raise ValueError("the event stream ended before message_stop")
+        return {**message, "content": [self._blocks[i] for i in sorted(self._blocks)]}
+
+
 class AnthropicChat(HttpChatModel):
     """A Claude model behind Anthropic's native Messages API (``POST {base_url}/v1/messages``).
 
@@ -277,9 +378,9 @@ class AnthropicChat(HttpChatModel):
     too). The usage counts cache writes and cache reads apart (``cache_write_tokens`` /
     ``cache_read_tokens``, inside ``prompt_tokens``), priced at the ``Pricing``'s
     cache-write and cached-input rates. The requests of a step that share a marked prefix
-    of 1,024 tokens or more wait for the first of them to be answered, then read the
-    prefix from the cache (NOTE [Cache warming]; ``warm_cache=False`` on the instance
-    turns it off).
+    of 1,024 tokens or more wait until the first of them has begun its answer (that one
+    request is streamed, to see the moment), then read the prefix from the cache (NOTE
+    [Cache warming]; ``warm_cache=False`` on the instance turns it off).
 
     Errors: Anthropic's error body (``{"type": "error", "error": {"type", "message"}}``)
     is the ``server_message`` (``"overloaded_error: Overloaded"``); 400 / 401 / 403 / 404
@@ -395,3 +496,23 @@ class AnthropicChat(HttpChatModel):
     def _completion(self, data: Any, params: Mapping[str, Any]) -> Completion:
         response_format = {**self.default_params, **params}.get("response_format")
         return messages_completion(data, self.model, response_format)
+
+    async def _complete_once(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> Completion:
+        """As any HTTP model's, but the request that warms a prefix is streamed, so the
+        others are released when its answer begins (NOTE [Cache warming])."""
+        begun = answer_begins()
+        if begun is None:
+            return await super()._complete_once(messages, params)
+        stream = StreamedMessage(self.name, self._shown_url, begun)
+        await self._post_stream({**self._body(messages, params), "stream": True}, stream)
+        try:
+            completion = self._completion(stream.message(), params)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ModelResponseError(
+                f"{self.name!r}: the event stream from {self._shown_url} is not "
+                f"{self._answer_kind}: {type(exc).__name__}: {self._redact(str(exc))}",
+                model=self.name,
+            ) from exc
+        return dataclasses.replace(completion, text=self._redact(completion.text))

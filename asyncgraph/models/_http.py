@@ -18,7 +18,8 @@ import logging
 import ssl
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
@@ -283,12 +284,79 @@ class HttpChatModel(BaseChatModel):
 
     async def _post(self, body: Mapping[str, Any]) -> httpx.Response:
         """One POST of ``body`` to ``url``; a 2xx response, else a ``ModelError``."""
+        async with self._sending() as client:
+            response = await client.post(self.url, json=body)
+        if response.status_code >= 300:
+            raise self._context_error(response) or self._status_error(response)
+        return response
+
+    async def _post_stream(
+        self, body: Mapping[str, Any], on_event: Callable[[str, Any], None]
+    ) -> None:
+        """One POST of ``body`` answered with server-sent events: ``on_event(name, data)``
+        for each event as it comes (``data`` parsed from JSON; it may raise a
+        ``ModelError``, or ``ValueError`` / ``KeyError`` / ``TypeError`` for an event that
+        is not what the API sends), within ``timeout_s`` in all; an error status raises
+        as ``_post``'s does."""
+        async with self._sending() as client:
+            async with client.stream("POST", self.url, json=body) as response:
+                if response.status_code >= 300:
+                    await response.aread()
+                    raise self._context_error(response) or self._status_error(response)
+                name, data = "", []
+                failed: ModelError | None = None
+                # Read to its end even after an event failed: a stream left half read
+                # leaves httpx's generators to the garbage collector (a warning on trio).
+                async for line in response.aiter_lines():
+                    if line.startswith(":"):  # a comment (keep-alive)
+                        continue
+                    if line:
+                        field, _, value = line.partition(":")
+                        value = value.removeprefix(" ")
+                        if field == "event":
+                            name = value
+                        elif field == "data":
+                            data.append(value)
+                        continue
+                    if data and failed is None:  # a blank line ends an event
+                        failed = self._dispatch(on_event, name or "message", "\n".join(data))
+                    name, data = "", []
+                if data and failed is None:
+                    failed = self._dispatch(on_event, name or "message", "\n".join(data))
+                if failed is not None:
+                    raise failed
+
+    def _dispatch(
+        self, on_event: Callable[[str, Any], None], name: str, data: str
+    ) -> ModelError | None:
+        """``on_event`` of one event; the error it met, as a ``ModelError``, else None."""
+        try:
+            on_event(name, json.loads(data))
+        except ModelError as exc:
+            return exc
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            error = ModelResponseError(
+                f"{self.name!r}: the event stream from {self._shown_url} is not "
+                f"{self._answer_kind}: a {name!r} event ({type(exc).__name__}: "
+                f"{self._redact(str(exc))}) reads {self._redact(data[:300])!r}",
+                model=self.name,
+            )
+            error.__cause__ = exc
+            return error
+        return None
+
+    @asynccontextmanager
+    async def _sending(self) -> AsyncIterator[httpx.AsyncClient]:
+        """The event loop's HTTP client for one request, within ``timeout_s``; what the
+        transport raises becomes a ``ModelError`` (``ModelError``s pass as they are)."""
         import httpx
 
         client = await self._http()
         try:
             with anyio.fail_after(self.timeout_s):
-                response = await client.post(self.url, json=body)
+                yield client
+        except ModelError:
+            raise
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise ModelTimeoutError(
                 f"{self.name!r}: no answer from {self._shown_url} within "
@@ -318,9 +386,6 @@ class HttpChatModel(BaseChatModel):
                 "connections were reset",
                 model=self.name,
             ) from exc
-        if response.status_code >= 300:
-            raise self._context_error(response) or self._status_error(response)
-        return response
 
     def _context_error(self, response: httpx.Response) -> ModelContextError | None:
         """A 400 that refuses the request for the context window, as ``ModelContextError``

@@ -167,6 +167,9 @@ def _prefix_keys(body: Any) -> list[str]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # A provider takes a step's connections at once; socketserver's backlog of 5 resets
+    # some of a burst of new ones (seen with 15 at once).
+    request_queue_size = 128
     owner: OpenAITestServer
 
 
@@ -342,19 +345,20 @@ class OpenAITestServer:
         # Recorded before answering: once the client has its answer, the record exists.
         status = 0 if reply.drop else reply.status
         self._record(RecordedRequest(arrived, req.path, headers, body, status))
-        if reply.delay_s > 0:
+        if reply.delay_s > 0 and not self._streamed(body):
             self._stopping.wait(reply.delay_s)
         if reply.drop:
             req.close_connection = True
+            return
+        if reply.status == 200 and reply.body is None and self._streamed(body):
+            self._stream(req, reply, body, arrived)
             return
         if reply.body is not None:
             self._send(req, reply.status, reply.body, reply.headers)
         elif reply.status == 200:
             answer = self._answer(reply, req.path, body)
             # Billed once computed, as a provider does: whether its client still reads or not.
-            with self._cond:
-                self._bill.append(billed_usage(answer))
-                self._cond.notify_all()
+            self._billed(answer)
             self._send_json(req, 200, answer, reply.headers)
         else:
             message = reply.error or f"test server answered HTTP {reply.status}"
@@ -396,6 +400,21 @@ class OpenAITestServer:
             ],
             "usage": {**usage, **(reply.usage or {})},
         }
+
+    def _streamed(self, body: Any) -> bool:
+        """Whether the request asks for its answer as a stream this fake serves (OpenAI's:
+        never; ``stream`` is answered with one JSON body)."""
+        return False
+
+    def _stream(self, req: _Handler, reply: Reply, body: Any, arrived: float) -> None:
+        """Answer a streamed request (``_streamed``); a subclass that streams says how."""
+        raise NotImplementedError
+
+    def _billed(self, answer: Any) -> None:
+        """Put a computed answer on the bill (as a provider does, read or not)."""
+        with self._cond:
+            self._bill.append(billed_usage(answer))
+            self._cond.notify_all()
 
     def _cached_tokens(self, body: Any) -> int:
         """Tokens of ``body``'s prompt served from the simulated cache; remembers its prefixes."""

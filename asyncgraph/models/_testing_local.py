@@ -352,14 +352,16 @@ class TimedOpenAITestServer(OpenAITestServer):
 class TimedAnthropicTestServer(AnthropicTestServer):
     """Anthropic's prompt caching (``AnthropicTestServer``'s rule, with its
     ``min_cache_tokens``) where a marked prefix is readable only ``ready_s`` after the
-    request that wrote it arrived (the moment its answer begins, as Anthropic documents).
-    Every answer takes ``latency_s``."""
+    request that wrote it arrived (the moment its answer begins, as Anthropic documents;
+    a streamed answer's ``message_start`` goes then). Every answer takes ``latency_s``."""
 
     def __init__(
         self, *, latency_s: float = 0.2, ready_s: float = 0.05, min_cache_tokens: int = 1024
     ) -> None:
         super().__init__(
-            min_cache_tokens=min_cache_tokens, handler=lambda body: Reply(delay_s=latency_s)
+            min_cache_tokens=min_cache_tokens,
+            begins_s=ready_s,
+            handler=lambda body: Reply(delay_s=latency_s),
         )
         self.readable = _Readable(ready_s)
 

@@ -17,6 +17,13 @@ the real service refuses, with its error bodies:
   after (``cache_read_input_tokens``, up to the longest marked prefix seen before); a
   mark whose prefix is shorter than ``min_cache_tokens`` (Anthropic's minimum is 1,024
   tokens for most models; default 0 here) caches nothing; a token is a word here.
+  ``"stream": true`` is answered with Anthropic's event stream (``message_start`` with
+  the usage so far once the answer begins, ``begins_s`` after the request arrived, at
+  most its ``Reply.delay_s``; a ``ping``; then, at ``delay_s``, each content block as
+  ``content_block_start``, two deltas and ``content_block_stop``, ``message_delta``
+  with the stop reason and output tokens, ``message_stop``); a 200 ``Reply`` with an
+  ``error`` sends an ``error`` event after ``message_start`` instead, as Anthropic does
+  mid-stream (``overloaded_error`` unless ``error_type`` says otherwise).
 - ``AzureOpenAITestServer``: ``POST /openai/deployments/{name}/chat/completions
   ?api-version=V`` with ``api-key`` (or ``Authorization: Bearer`` for Entra ID);
   unknown deployments, a missing api-version and a wrong key are answered as Azure
@@ -29,11 +36,12 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from asyncgraph.models._testing import OpenAITestServer, Reply, echo_text
+from asyncgraph.models._testing import OpenAITestServer, Reply, _Handler, echo_text
 
 __all__ = ["ANTHROPIC_ERROR_TYPES", "AnthropicTestServer", "AzureOpenAITestServer"]
 
@@ -195,6 +203,48 @@ def _prompt_blocks(body: Mapping[str, Any]) -> list[Any]:
     return blocks
 
 
+def _send_events(req: _Handler, *events: tuple[str, Any]) -> None:
+    """Server-sent events, one HTTP chunk each."""
+    for name, data in events:
+        chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        req.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+
+
+def _halves(text: str) -> list[str]:
+    return [text[: len(text) // 2], text[len(text) // 2 :]]
+
+
+def _content_events(answer: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """An answer's content blocks, stop reason and output tokens, as Anthropic streams them."""
+    events: list[tuple[str, Any]] = []
+    for index, block in enumerate(answer["content"]):
+        if block["type"] == "tool_use":
+            opening = {**block, "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": part}
+                for part in _halves(json.dumps(block["input"]))
+            ]
+        else:
+            opening = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": part} for part in _halves(block["text"])]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": opening},
+            )
+        )
+        events += [
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+            for d in deltas
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": answer["stop_reason"], "stop_sequence": answer["stop_sequence"]}
+    usage = {"output_tokens": answer["usage"]["output_tokens"]}
+    events.append(("message_delta", {"type": "message_delta", "delta": delta, "usage": usage}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
 class AnthropicTestServer(OpenAITestServer):
     """See the module docstring. ``url`` is the ``base_url`` to give ``AnthropicChat``;
     ``api_key`` is the key it accepts (``None``: any key, but one is required)."""
@@ -204,11 +254,13 @@ class AnthropicTestServer(OpenAITestServer):
         *,
         api_key: str | None = "anthropic-test-key",
         min_cache_tokens: int = 0,
+        begins_s: float = 0.0,
         **options: Any,
     ) -> None:
         super().__init__(**options)
         self.api_key = api_key
         self.min_cache_tokens = min_cache_tokens
+        self.begins_s = begins_s
         self._cached_prefixes: set[str] = set()
         self._cache_lock = threading.Lock()
 
@@ -306,6 +358,44 @@ class AnthropicTestServer(OpenAITestServer):
     def _error(self, reply: Reply, message: str) -> Any:
         kind = reply.error_type or ANTHROPIC_ERROR_TYPES.get(reply.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def _streamed(self, body: Any) -> bool:
+        return isinstance(body, dict) and body.get("stream") is True
+
+    def _stream(self, req: _Handler, reply: Reply, body: Any, arrived: float) -> None:
+        self._stopping.wait(
+            max(0.0, arrived + min(self.begins_s, reply.delay_s) - time.monotonic())
+        )
+        answer = self._answer(reply, req.path, body)
+        usage = answer["usage"]
+        start = {
+            **answer,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {**usage, "output_tokens": 1},
+        }
+        try:
+            req.send_response(200)
+            req.send_header("Content-Type", "text/event-stream")
+            req.send_header("Cache-Control", "no-cache")
+            req.send_header("Transfer-Encoding", "chunked")
+            for name, value in reply.headers.items():
+                req.send_header(name, value)
+            req.end_headers()
+            _send_events(req, ("message_start", {"type": "message_start", "message": start}))
+            _send_events(req, ("ping", {"type": "ping"}))
+            if reply.error is not None:
+                kind = reply.error_type or "overloaded_error"
+                error = {"type": "error", "error": {"type": kind, "message": reply.error}}
+                _send_events(req, ("error", error))
+            else:
+                self._stopping.wait(max(0.0, arrived + reply.delay_s - time.monotonic()))
+                self._billed(answer)
+                _send_events(req, *_content_events(answer))
+            req.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            req.close_connection = True
 
     def _limited(self, retry_after_s: int) -> Reply:
         return Reply(

@@ -5,12 +5,16 @@ only once a first request with it has been worked on (Anthropic: when its answer
 OpenAI: when its answer is done, in practice). A step sends its requests at the same
 moment, so without care every one of them misses the cache (and, on Anthropic, every one
 pays to write it). So a model whose provider caches (``warm_cache``) sends the first
-request of a cacheable prefix alone and holds the others that share it until that first
-answer is back; then they read the prefix from the cache. A prefix stays warm for
-``WARM_FOR_S`` after its last use (the providers keep it about five minutes), and a first
-request that fails releases the others at once (they go, uncached, rather than wait). The
-others wait at most the model's ``timeout_s``: one request's latency is what warming adds
-to a step.
+request of a cacheable prefix alone and holds the others that share it until the
+provider can read it; then they read the prefix from the cache. While the first request
+runs, ``answer_begins()`` gives it a callback to call when its answer begins: a client
+that can see that moment (``AnthropicChat`` streams that one request and calls it at
+``message_start``) releases the others then, so warming adds the first answer's time to
+first token to a step; any other releases them when the answer is back, one request's
+latency. A prefix stays warm for ``WARM_FOR_S`` after its last use (the providers keep it
+about five minutes), and a first request that fails before its answer began releases the
+others at once (they go, uncached, rather than wait). The others wait at most the
+model's ``timeout_s``.
 
 What is cacheable (``marked_prefix_key``, ``leading_prefix_key``): Anthropic caches up to
 a ``cache_control`` mark whose prefix is at least 1,024 tokens (2,048 for Haiku models);
@@ -25,17 +29,31 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-__all__ = ["WARM_FOR_S", "Warming", "leading_prefix_key", "marked_prefix_key"]
+__all__ = ["WARM_FOR_S", "Warming", "answer_begins", "leading_prefix_key", "marked_prefix_key"]
 
 WARM_FOR_S = 300.0
 OPENAI_MIN_TOKENS = 1024
+
+
+# Set while the first request of a prefix runs (in its task): what it calls when its
+# answer begins. See NOTE [Cache warming].
+_BEGINS: ContextVar[Callable[[], None] | None] = ContextVar(
+    "asyncgraph_answer_begins", default=None
+)
+
+
+def answer_begins() -> Callable[[], None] | None:
+    """For the request that warms a prefix, what to call once its answer has begun (the
+    others sharing the prefix are released); None for any other request."""
+    return _BEGINS.get()
 
 
 @dataclass
@@ -53,8 +71,8 @@ class Warming:
     @asynccontextmanager
     async def request(self, key: str | None, wait_s: float) -> AsyncIterator[None]:
         """Around one request whose cacheable prefix is ``key`` (None: nothing to warm):
-        the first of a prefix goes at once, the others wait for its answer (at most
-        ``wait_s``), a warm one goes at once."""
+        the first of a prefix goes at once, the others wait until its answer begins or is
+        back (at most ``wait_s``), a warm one goes at once."""
         if key is None:
             yield
             return
@@ -71,16 +89,26 @@ class Warming:
             return
         first = anyio.Event()
         self._entries[key] = _Entry(first)
-        answered = False
+        readable = False
+
+        def begun() -> None:
+            nonlocal readable
+            if not readable:
+                readable = True
+                self._entries[key] = _Entry(None, time.monotonic() + WARM_FOR_S)
+                first.set()
+
+        # An async context manager's body runs in its caller's context: the request
+        # sees ``answer_begins()`` until it is done.
+        token = _BEGINS.set(begun)
         try:
             yield
-            answered = True
+            begun()  # the answer is back: readable now, at the latest
         finally:
-            if answered:
-                self._entries[key] = _Entry(None, time.monotonic() + WARM_FOR_S)
-            else:
+            _BEGINS.reset(token)
+            if not readable:
                 self._entries.pop(key, None)
-            first.set()
+                first.set()
 
 
 def _digest(model: str, prefix: Any) -> str:

@@ -18,6 +18,7 @@ from asyncgraph.models import (
     ModelConfigError,
     ModelRateLimitedError,
     ModelRequestError,
+    ModelResponseError,
     ModelRetryError,
     ModelServerError,
     ModelTimeoutError,
@@ -25,7 +26,7 @@ from asyncgraph.models import (
     RateLimit,
     Retry,
 )
-from asyncgraph.models._anthropic import messages_completion, messages_request
+from asyncgraph.models._anthropic import StreamedMessage, messages_completion, messages_request
 from asyncgraph.models._testing import Reply
 from asyncgraph.models._testing_providers import AnthropicTestServer
 from asyncgraph.text import image, llm_call
@@ -325,3 +326,188 @@ async def test_the_key_is_never_logged_shown_or_cached(
     assert "retrying" in caplog.text  # the 529 was logged
     for text in shown:
         assert KEY not in text, text
+
+
+# -- the streamed request that warms a step's cache (NOTE [Cache warming]) --------------
+
+RULES = " ".join(f"Rule {i}: answer with care." for i in range(300))  # 1,500 words
+
+
+def _warmed(server: AnthropicTestServer, **options: object) -> AnthropicChat:
+    return model_for(server, cache_prompt=True, retry=Retry(max_attempts=1), **options)
+
+
+@pytest.mark.parametrize("structured", [False, True])
+async def test_the_streamed_first_request_reads_as_the_same_answer(structured: bool) -> None:
+    """The request that warms a prefix is streamed; its ``Completion`` (text, tool input,
+    stop reason, usage with cache writes) is the one the one-body answer gives."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params: dict[str, object] = {"temperature": 0}
+    if structured:
+        params["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "count", "schema": schema},
+        }
+    reply = '{"n": 7}' if structured else "seven, said in a few words"
+    messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
+    answers = []
+    for warm in (True, False):
+        with AnthropicTestServer(api_key=KEY, min_cache_tokens=1024) as server:
+            server.script(Reply(text=reply))
+            async with _warmed(server) as model:
+                model.warm_cache = warm
+                answers.append(await model.complete(messages, **params))
+            assert ("stream" in server.requests[0].body) is warm
+    streamed, whole = answers
+    assert streamed == whole
+    assert streamed.text == reply and streamed.finish_reason == "stop"
+    # The prefix (the forced tool, counted as a token by the fake, and the rules) written.
+    assert streamed.cache_write_tokens == 1500 + structured
+    assert streamed.completion_tokens == len(reply.split())
+
+
+def test_a_stream_of_documented_events_is_put_together() -> None:
+    """Anthropic's documented stream, with a thinking block, a ping, an event type not
+    known here, and message_delta's final usage."""
+    begun: list[bool] = []
+    stream = StreamedMessage("claude-test", "http://x", lambda: begun.append(True))
+    start = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 25, "cache_read_input_tokens": 1000, "output_tokens": 1},
+    }
+    events = [
+        ("message_start", {"type": "message_start", "message": start}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "thinking", "thinking": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "thinking_delta", "thinking": "Let me"},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "signature_delta", "signature": "sig"},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("ping", {"type": "ping"}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "text_delta", "text": "Hello"},
+            },
+        ),
+        ("something_new", {"type": "something_new", "index": 1}),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "text_delta", "text": ", world"},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                "usage": {"output_tokens": 15},
+            },
+        ),
+    ]
+    for name, data in events:
+        stream(name, data)
+    assert begun == [True]
+    with pytest.raises(ValueError, match="before message_stop"):
+        stream.message()
+    stream("message_stop", {"type": "message_stop"})
+    answer = messages_completion(stream.message(), "claude-test")
+    assert (answer.text, answer.finish_reason) == ("Hello, world", "length")
+    assert (answer.prompt_tokens, answer.cache_read_tokens, answer.completion_tokens) == (
+        1025,
+        1000,
+        15,
+    )
+    assert stream.message()["content"][0] == {
+        "type": "thinking",
+        "thinking": "Let me",
+        "signature": "sig",
+    }
+
+
+async def test_an_error_in_the_stream_is_the_status_error_its_type_stands_for() -> None:
+    """Anthropic sends errors mid-stream (``overloaded_error``: a 529, retried; an
+    ``invalid_request_error``: a 400, not retried)."""
+    messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
+    with AnthropicTestServer(api_key=KEY, min_cache_tokens=1024) as server:
+        server.script(
+            Reply(error="Overloaded"), Reply(error="bad", error_type="invalid_request_error")
+        )
+        # A model each: a prefix warmed once is not warmed (nor streamed) again.
+        async with _warmed(server) as model:
+            with pytest.raises(ModelServerError) as overloaded:
+                await model.complete(messages)
+        async with _warmed(server) as model:
+            with pytest.raises(ModelRequestError) as refused:
+                await model.complete(messages)
+        assert all(r.body["stream"] for r in server.requests)
+    assert overloaded.value.status_code == 529 and overloaded.value.retryable
+    assert overloaded.value.server_message == "overloaded_error: Overloaded"
+    assert refused.value.status_code == 400 and not refused.value.retryable
+
+
+async def test_a_stream_that_ends_early_or_is_not_events_is_not_an_answer() -> None:
+    messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
+    started = json.dumps(
+        {"type": "message_start", "message": {"type": "message", "content": [], "usage": {}}}
+    )
+    with AnthropicTestServer(api_key=KEY, min_cache_tokens=1024) as server:
+        server.script(
+            Reply(body=f"event: message_start\ndata: {started}\n\n".encode()),
+            Reply(body=b"event: message_start\ndata: <html>\n\n"),
+        )
+        async with _warmed(server) as model:
+            with pytest.raises(ModelResponseError, match="before message_stop"):
+                await model.complete(messages)
+        async with _warmed(server) as model:
+            with pytest.raises(ModelResponseError, match=r"'message_start' event .* '<html>'"):
+                await model.complete(messages)
+
+
+async def test_a_slow_streamed_answer_times_out() -> None:
+    messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
+    with AnthropicTestServer(api_key=KEY, min_cache_tokens=1024, begins_s=0.05) as server:
+        server.script(Reply(delay_s=5.0))
+        async with _warmed(server, timeout_s=0.5) as model:
+            with pytest.raises(ModelTimeoutError):
+                await model.complete(messages)
+        assert server.requests[0].body["stream"] is True

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncgraph.models import AnthropicChat, OpenAIChat, track_usage
+from asyncgraph.models import AnthropicChat, OpenAIChat, Retry, track_usage
 from asyncgraph.models._testing import Reply
 from asyncgraph.models._testing_local import TimedAnthropicTestServer, TimedOpenAITestServer
 
@@ -37,28 +37,36 @@ async def _fan_out(model: Any, n: int = 16, prefix: str = PREFIX) -> list[Any]:
     return results
 
 
-def _claude(server: TimedAnthropicTestServer) -> AnthropicChat:
+def _claude(server: TimedAnthropicTestServer, **options: Any) -> AnthropicChat:
     """A model of ``server`` that marks its prompts for Anthropic's cache."""
     return AnthropicChat(
         "claude-sonnet-4-20250514",
         base_url=server.url,
         api_key="anthropic-test-key",
         cache_prompt=True,
+        **options,
     )
 
 
-async def test_anthropic_requests_wait_for_the_first_answer_then_read_the_cache() -> None:
-    latency = 0.2
-    with TimedAnthropicTestServer(latency_s=latency, ready_s=0.05) as server:
+async def test_anthropic_requests_wait_until_the_first_answer_begins_then_read_the_cache() -> None:
+    """The first request is streamed; the others leave at its ``message_start`` (the
+    moment Anthropic makes the prefix readable), not when its whole answer is back."""
+    latency, begins = 3.0, 0.05  # a long answer: being released at its start shows
+    with TimedAnthropicTestServer(latency_s=latency, ready_s=begins) as server:
         async with _claude(server) as model:
             with track_usage() as usage:
-                await _fan_out(model)
-        arrivals = sorted(r.arrived_s for r in server.requests)
-    # The others were sent once the first one's answer was back (it took `latency`).
-    assert all(t >= arrivals[0] + latency for t in arrivals[1:])
+                results = await _fan_out(model)
+        requests = sorted(server.requests, key=lambda r: r.arrived_s)
+    first, others = requests[0], requests[1:]
+    assert first.body["stream"] is True and not any("stream" in r.body for r in others)
+    assert all(first.arrived_s + begins <= r.arrived_s < first.arrived_s + latency for r in others)
+    assert [r.text for r in results] == [f"echo: Question {i}: what is {i} * 7?" for i in range(16)]
     total = usage.snapshot()
     assert total.cache_read_tokens / total.prompt_tokens >= 0.85
     assert total.cache_write_tokens == 2000  # written once, not by every request
+    # The streamed answer's usage is the one the server billed.
+    assert total.prompt_tokens == sum(b.prompt_tokens for b in server.bill)
+    assert total.completion_tokens == sum(b.completion_tokens for b in server.bill)
 
 
 async def test_openai_requests_wait_for_the_first_answer_then_read_the_cache() -> None:
@@ -85,6 +93,18 @@ async def test_warming_turned_off_sends_every_request_at_once() -> None:
         arrivals = sorted(r.arrived_s for r in server.requests)
     # All four arrived before the first answer was back: nothing held them.
     assert len(arrivals) == 4 and arrivals[-1] < arrivals[0] + latency
+
+
+async def test_a_first_answer_cut_after_it_began_keeps_the_prefix_warm() -> None:
+    """An ``overloaded_error`` in the first request's stream, after ``message_start``:
+    the others were released when it began and read the cache; the first is retried."""
+    with TimedAnthropicTestServer(latency_s=0.05) as server:
+        server.script(Reply(error="Overloaded", delay_s=0.2))
+        async with _claude(server, retry=Retry(max_attempts=2, backoff_base_s=0.01)) as model:
+            with track_usage() as usage:
+                results = await _fan_out(model, n=6)
+    assert not [r for r in results if isinstance(r, Exception)]
+    assert len(server.requests) == 7 and usage.snapshot().cache_read_tokens > 0
 
 
 async def test_a_failed_first_request_releases_the_others() -> None:
