@@ -5,12 +5,15 @@ the history, the progress line, steps.jsonl and the JobResult; strict=True ends 
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import pytest
 
 from asyncgraph import Parameter, Variable
@@ -127,3 +130,33 @@ async def test_an_unreadable_verdict_scores_its_example_zero_and_the_job_goes_on
     error = info.value
     found = error.exceptions if isinstance(error, BaseExceptionGroup) else (error,)
     assert found and all(isinstance(e, StructuredOutputError) for e in found)
+
+
+@pytest.mark.slow
+async def test_the_dashboard_shows_a_steps_skipped_updates(tmp_path: Path) -> None:
+    """The run's page (Chromium) has a card per step saying which update was skipped,
+    after how many replies, that the parameter kept its value, and the last reply."""
+    from .test_jobs_ui import CHROMIUM_FLAGS, browse, find_chromium, open_ui_server
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no Chromium to load the dashboard in (see test_jobs_ui.chromium)")
+    with LocalModelTestServer() as server:
+        async with OpenAIChat("smollm2", base_url=server.url, api_key="") as model:
+            judge = TextLoss("Is the answer right? Be terse.", model=model)
+            result = await run_job(_job(model, judge, structured=False), tmp_path, progress=False)
+    assert result.skipped_updates == 2
+    profile = tmp_path / "chromium-profile"
+    command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
+    with open_ui_server([tmp_path]) as url:
+        done = await anyio.to_thread.run_sync(
+            lambda: browse(command, "--window-size=1200,1600", "--dump-dom", f"{url}&step=2")
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    card = re.search(r'<div class="card skipped">(.*?)</div>', done.stdout, re.S)
+    assert card, done.stdout[-3000:]
+    assert "skipped in step 2" in card[1]
+    assert (
+        "update of system prompt skipped: no readable value in 2 replies; it kept its value. "
+        "Last reply: Sure! Here is a better version"
+    ) in html.unescape(card[1])
