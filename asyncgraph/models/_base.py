@@ -61,10 +61,11 @@ _DISCOVERY_TRIES = 3
 # no room refused here with ``ModelContextError``, before any wait. At most
 # ``max_concurrency`` requests are at the server at once; the rest wait in this client's
 # queue, where no timeout runs (``timeout_s`` counts from the send). A request that timed
-# out may still be running on the server: its retry waits out its backoff *holding its
-# slot*, so a server never gets more than ``max_concurrency`` requests from this model
-# because of timeouts, and the timeout says how long the request waited in the queue and
-# how long at the server. A server's refusal teaches the model the server's count and
+# out is cut (its connection closed: llama.cpp's and vLLM's servers then cancel it,
+# queued or running); on a server that works on regardless it may still be running, so
+# its retry waits out its backoff *holding its slot*, and a server never gets more than
+# ``max_concurrency`` requests from this model because of timeouts. The timeout says how
+# long the request waited in the queue and how long at the server. A server's refusal teaches the model the server's count and
 # window; one that refused only the reply's size (vLLM) is asked once more for less.
 
 SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long

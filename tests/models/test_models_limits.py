@@ -221,6 +221,25 @@ async def test_a_timeout_says_where_its_time_went() -> None:
     assert "at the server" in str(last)
 
 
+@pytest.mark.parametrize("cancels", [True, False])
+async def test_a_timed_out_request_is_not_retried_behind_itself(cancels: bool) -> None:
+    """A timed-out attempt's connection is closed, so a server that cancels a request
+    whose client went away (llama.cpp's and vLLM's do) frees its slot: the retry, after
+    its backoff, is worked on at once, never queued behind its own first attempt. A
+    server that works on regardless (``cancels=False``) queues it: what the backoff is
+    for, and why the timeout says where its time went."""
+    retry = Retry(max_attempts=2, timeout_backoff_s=0.5, rng=random.Random(0))
+    with LocalModelTestServer(slots=1, s_per_token=0.05, cancel_on_disconnect=cancels) as server:
+        async with _local(server, timeout_s=0.5, retry=retry) as model:
+            with pytest.raises(ModelRetryError):
+                await model.complete(HELLO)
+        if cancels:
+            assert await anyio.to_thread.run_sync(server.wait_for_cancelled, 2, 30.0)
+            assert server.cancelled == 2 and server.queued == 0
+        else:
+            assert server.cancelled == 0 and server.queued == 1
+
+
 def test_a_timeout_backs_off_longer_than_a_refusal() -> None:
     retry = Retry(backoff_base_s=0.5, rng=random.Random(0))
     refusal = max(retry.backoff_s(1) for _ in range(50))
