@@ -16,7 +16,7 @@ import pytest
 from asyncgraph import Parameter, Variable
 from asyncgraph.jobs import run_job
 from asyncgraph.jobs.demo import build_demo_job
-from asyncgraph.models import ModelCall, OpenAIChat, Retry, observe_calls
+from asyncgraph.models import ModelCall, OpenAIChat, observe_calls
 from asyncgraph.optim import TGD
 from asyncgraph.text import TextLoss, llm_call, register_model, unregister_model, use_models
 
@@ -31,7 +31,9 @@ pytestmark = [
 
 
 def _model() -> OpenAIChat:
-    return OpenAIChat(MODEL, base_url=URL, api_key="", timeout_s=300.0, retry=Retry(max_attempts=3))
+    """The model as a user builds it: the defaults (``timeout_s=60``, 4 attempts, the
+    server's slots and window read from it)."""
+    return OpenAIChat(MODEL, base_url=URL, api_key="")
 
 
 def _clean(calls: list[ModelCall]) -> None:
