@@ -23,7 +23,7 @@ from skills_task import (
 
 from asyncgraph import Module, Parameter, Variable
 from asyncgraph.models import ModelConfigError, Pricing, SimulatedModel
-from asyncgraph.optim import Candidate, ParetoSearch
+from asyncgraph.optim import Candidate, ParetoSearch, UpdateParseError
 from asyncgraph.text import LLMCall
 
 pytestmark = pytest.mark.anyio
@@ -364,6 +364,36 @@ async def test_an_unreadable_rewrite_is_a_skipped_update_of_the_step() -> None:
     assert row["role"] == "system prompt" and row["attempts"] == 1
     assert "rewrite unreadable" in json.dumps(search.history[-1]["work"])
     assert program.prompt.data == BASE
+
+
+async def test_strict_makes_an_unreadable_rewrite_or_merge_end_the_step() -> None:
+    """``tgd_options={"strict": True}``: as ``TGD(strict=True)``, an unreadable rewrite or
+    merge raises ``UpdateParseError`` (not a note of the round), and nothing is skipped."""
+
+    def prose(messages: list[dict[str, Any]]) -> str:
+        text = json.dumps(messages)
+        if "VARIABLE_A" in text or "IMPROVED_VARIABLE" in text:
+            return "Sure! Both look fine to me, in my own words."
+        return str(respond(messages))
+
+    model = SimulatedModel(latency_s=0.0, responder=prose, tag_replies=False)
+    strict = {"structured": False, "max_retries": 0, "strict": True}
+    program = SkillProgram(model)
+    search = search_for(program, model, max_rounds=2, tgd_options=strict)
+    await search.step()  # the seed's evaluation
+    with pytest.raises(UpdateParseError) as rewrite:
+        await search.step()
+    assert rewrite.value.role == "system prompt" and program.prompt.data == BASE
+    merging = search_for(SkillProgram(model), model, tgd_options=strict)
+    seed = Candidate(0, {"prompt": BASE}, (), "seed", 0, [0.0] * len(VAL))
+    a = Candidate(1, {"prompt": with_instructions([INSTRUCTIONS["a"]])}, (0,), "proposal", 1, [])
+    b = Candidate(2, {"prompt": with_instructions([INSTRUCTIONS["b"]])}, (0,), "proposal", 1, [])
+    merging.pool = [seed, a, b]
+    merging._limiter = anyio.CapacityLimiter(4)
+    with pytest.raises(UpdateParseError, match="could not read the merge") as merge:
+        await merging._merge(1, 2)
+    assert merge.value.reply.startswith("Sure! Both look fine")
+    assert search.skipped == [] and merging.skipped == []
 
 
 async def test_an_unreadable_merge_is_a_skipped_update_too() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import Executor, backward, enable_grad, no_grad
-from asyncgraph._exceptions import NoFeedbackWarning, UpdateParseError
+from asyncgraph._exceptions import NoFeedbackWarning
 from asyncgraph.models import ChatModel
 from asyncgraph.optim._tgd import TGD, SkippedUpdate
 
@@ -77,13 +77,11 @@ class Drafter:
         outcome.stages.append("backward")
         tgd = TGD(program.parameters(), model=self.model(), **self.tgd_options)
         tgd.warn_skipped = False
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NoFeedbackWarning)
-                await tgd.step()
-        except UpdateParseError as exc:  # tgd_options={"strict": True}
-            outcome.note = f"rewrite unreadable: {exc.role!r}"
-            return None
+        # tgd_options={"strict": True}: an unreadable rewrite raises UpdateParseError out
+        # of the search's step, as TGD's step does.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoFeedbackWarning)
+            await tgd.step()
         self.skipped.extend(tgd.skipped)
         outcome.stages.append("rewrite")
         child = program.state_dict()

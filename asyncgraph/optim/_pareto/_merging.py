@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncgraph import Module
+from asyncgraph._exceptions import UpdateParseError
 from asyncgraph.models import BaseChatModel, ChatModel, reply_tokens
 from asyncgraph.optim._frontier import Candidate, ancestors, by_id
 from asyncgraph.optim._prompts import ValueForm, merge_messages
@@ -160,5 +161,15 @@ class Merger:
                 text, sent = reply.text, False
                 value = parse_value(text, tags)
         if not value:
+            if self.tgd_options.get("strict"):  # as TGD(strict=True) does with a rewrite
+                raise UpdateParseError(
+                    f"ParetoSearch could not read the merge of the parameter with role "
+                    f"{role!r}: the model's reply has no merged value. Last reply "
+                    f"({len(text)} chars): {text[:200]!r}. Use structured outputs "
+                    f"(tgd_options={{'structured': True}}) or leave strict off to skip it.",
+                    role=role,
+                    attempts=1,
+                    reply=text,
+                )
             self.skipped.append(SkippedUpdate(role, attempts=1, reply=text, structured=sent))
         return value or None

@@ -100,7 +100,9 @@ class ParetoSearch:
     what ran, what was kept, the calls and tokens so far, each work item's ``stages``
     (the sequence of model-call phases it went through) and, when a rewrite or a merge
     could not be read, ``skipped_updates`` (as ``search.skipped`` after the step: the
-    parameter's role, the replies tried, the last one; no child was made of it).
+    parameter's role, the replies tried, the last one; no child was made of it);
+    ``tgd_options={"strict": True}`` raises ``UpdateParseError`` from the step instead,
+    as ``TGD(strict=True)`` does.
 
     Example::
 
