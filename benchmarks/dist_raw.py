@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 import uuid
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -41,6 +42,7 @@ STREAM = "raw:tasks"
 GUARDED_STREAM = "raw:guarded:tasks"  # its own stream: both workers may run at once
 GROUP = "raw"
 SECRET = b"a benchmark's shared secret, 32+ bytes long"
+SLEEP = b"sleep:"  # a task whose payload is ``sleep:<seconds>`` sleeps that long (wide pass)
 TTL_MS = 600_000  # a claim is kept for the task's ttl (the client's timeout)
 
 
@@ -54,47 +56,105 @@ def mac(*parts: bytes) -> bytes:
 
 
 async def worker(url: str, batch: int, guarded: bool = False) -> None:
-    client = aioredis.Redis.from_url(url)
+    # Its sleeping tasks reply on their own: they share 64 connections, as the client's do.
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=30)
+    client = aioredis.Redis(connection_pool=pool)
     stream = GUARDED_STREAM if guarded else STREAM
     try:
         await client.xgroup_create(stream, GROUP, id="0", mkstream=True)
     except aioredis.ResponseError:
         pass
     name = uuid.uuid4().hex[:8]
-    while True:
-        result = await client.xreadgroup(GROUP, name, {stream: ">"}, count=batch, block=1000)
+    sleepers = Sleepers(client, stream, guarded)
+    writer = asyncio.create_task(sleepers.write_replies())
+    while not writer.done():
+        if len(sleepers.running) >= batch:  # at most ``batch`` sleeping tasks held at once
+            await asyncio.wait(sleepers.running, return_when=asyncio.FIRST_COMPLETED)
+        free = batch - len(sleepers.running)
+        result = await client.xreadgroup(GROUP, name, {stream: ">"}, count=free, block=1000)
         if not result:
             continue
         entries = result[0][1]
         ids = [entry_id for entry_id, _ in entries]
         if guarded:
-            # Checked first: an entry whose HMAC does not match is acknowledged, never run.
-            verified = [
-                (entry_id, fields)
-                for entry_id, fields in entries
-                if hmac.compare_digest(
-                    mac(fields[b"id"], fields[b"reply"], fields[b"payload"]), fields[b"sig"]
-                )
-            ]
-            # Claimed before it runs: one round trip per batch.
-            claim = client.pipeline(transaction=False)
-            for entry_id, fields in verified:
-                claim.set(
-                    b"raw:ran:" + fields[b"reply"] + b":" + fields[b"id"],
-                    entry_id,
-                    nx=True,
-                    px=TTL_MS,
-                )
-            claimed = await claim.execute()
-            entries = [e for e, new in zip(verified, claimed, strict=True) if new]
+            entries = await verified_and_claimed(client, entries)
+        # A sleeping task runs on its own, and replies and is acknowledged when it is done
+        # (the wide pass); the rest of the batch (and what was refused) at once.
+        later = {entry_id for entry_id, fields in entries if sleepers.start(entry_id, fields)}
+        entries = [e for e in entries if e[0] not in later]
+        ids = [entry_id for entry_id in ids if entry_id not in later]
+        if not ids:
+            continue
         pipe = client.pipeline(transaction=False)
         for _, fields in entries:
-            reply = {b"id": fields[b"id"], b"result": fields[b"payload"]}
-            if guarded:
-                reply[b"sig"] = mac(fields[b"id"], fields[b"payload"])
-            pipe.xadd(fields[b"reply"], reply)
+            pipe.xadd(fields[b"reply"], reply_fields(fields, guarded))
         pipe.xack(stream, GROUP, *ids)
         await pipe.execute()
+    writer.result()
+
+
+async def verified_and_claimed(client: aioredis.Redis, entries: list[Any]) -> list[Any]:
+    """The entries whose HMAC checks out (checked first: the others are acknowledged,
+    never run) and whose claim is new (one pipelined round trip per batch)."""
+    verified = [
+        (entry_id, fields)
+        for entry_id, fields in entries
+        if hmac.compare_digest(
+            mac(fields[b"id"], fields[b"reply"], fields[b"payload"]), fields[b"sig"]
+        )
+    ]
+    claim = client.pipeline(transaction=False)
+    for entry_id, fields in verified:
+        claim.set(
+            b"raw:ran:" + fields[b"reply"] + b":" + fields[b"id"], entry_id, nx=True, px=TTL_MS
+        )
+    claimed = await claim.execute()
+    return [e for e, new in zip(verified, claimed, strict=True) if new]
+
+
+class Sleepers:
+    """A worker's sleeping tasks (the wide pass): each sleeps on its own; the replies of
+    those done meanwhile, and their acks, go in one pipelined round trip (tasks that
+    finish together reply together)."""
+
+    def __init__(self, client: aioredis.Redis, stream: str, guarded: bool) -> None:
+        self.client, self.stream, self.guarded = client, stream, guarded
+        self.running: set[asyncio.Task[None]] = set()
+        self.done: list[tuple[bytes, dict[bytes, bytes]]] = []
+        self.some_done = asyncio.Event()
+
+    def start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> bool:
+        """Start a sleeping task; False if this task is not one."""
+        if not fields[b"payload"].startswith(SLEEP):
+            return False
+        task = asyncio.create_task(self.sleep(entry_id, fields))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        return True
+
+    async def sleep(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        await asyncio.sleep(float(fields[b"payload"][len(SLEEP) :]))
+        self.done.append((entry_id, fields))
+        self.some_done.set()
+
+    async def write_replies(self) -> None:
+        while True:
+            await self.some_done.wait()
+            self.some_done.clear()
+            done, self.done = self.done, []
+            pipe = self.client.pipeline(transaction=False)
+            for _, fields in done:
+                pipe.xadd(fields[b"reply"], reply_fields(fields, self.guarded))
+            pipe.xack(self.stream, GROUP, *(entry_id for entry_id, _ in done))
+            await pipe.execute()
+
+
+def reply_fields(fields: dict[bytes, bytes], guarded: bool) -> dict[bytes, bytes]:
+    """A task's reply: its id and result (its payload), signed when guarded."""
+    reply = {b"id": fields[b"id"], b"result": fields[b"payload"]}
+    if guarded:
+        reply[b"sig"] = mac(fields[b"id"], fields[b"payload"])
+    return reply
 
 
 class Client:
@@ -109,15 +169,15 @@ class Client:
         self.last = b"0-0"
         self.n = 0
 
-    def task(self, task_id: bytes) -> dict[bytes, bytes | str]:
+    def task(self, task_id: bytes, payload: bytes = b"\x91\xc0") -> dict[bytes, bytes | str]:
         """A task entry's fields (signed when guarded)."""
         fields: dict[bytes, bytes | str] = {
             b"id": task_id,
             b"reply": self.reply,
-            b"payload": b"\x91\xc0",
+            b"payload": payload,
         }
         if self.guarded:
-            fields[b"sig"] = mac(task_id, self.reply_bytes, b"\x91\xc0")
+            fields[b"sig"] = mac(task_id, self.reply_bytes, payload)
         return fields
 
     def check(self, fields: dict[bytes, bytes]) -> bytes:
@@ -202,6 +262,37 @@ class Client:
         await asyncio.gather(listen(), *calls)
         return n / (time.perf_counter() - started)
 
+    async def wide(self, n: int, seconds: float) -> float:
+        """``n`` concurrent tasks that each sleep ``seconds`` on the workers, sent and
+        joined as ``throughput``'s are: the wall time over ``seconds`` (the critical path)."""
+        futures: dict[bytes, asyncio.Future[bytes]] = {}
+        loop = asyncio.get_running_loop()
+        payload = SLEEP + str(seconds).encode()
+
+        async def listen() -> None:
+            while futures:
+                result = await self.client.xread({self.reply: self.last}, count=1024, block=5000)
+                if not result:
+                    raise TimeoutError("raw baseline: no reply within 5 s")
+                for _, fields in result[0][1]:
+                    future = futures.pop(fields[b"id"], None)
+                    if future is not None:
+                        future.set_result(self.check(fields))
+                self.last = result[0][1][-1][0]
+
+        started = time.perf_counter()
+        # All sent in one pipelined round trip (as asyncgraph's flusher sends a ready level).
+        pipe = self.client.pipeline(transaction=False)
+        for _ in range(n):
+            self.n += 1
+            task_id = str(self.n).encode()
+            futures[task_id] = loop.create_future()
+            pipe.xadd(self.stream, self.task(task_id, payload))
+        waiting = list(futures.values())
+        await pipe.execute()
+        await asyncio.gather(listen(), *waiting)
+        return (time.perf_counter() - started) / seconds
+
     async def close(self) -> None:
         await self.client.delete(self.reply)
         await self.client.aclose()
@@ -223,6 +314,16 @@ async def throughput(url: str, tasks: int, rounds: int = 3, guarded: bool = Fals
     try:
         await client.round_trips(20)
         return max([await client.throughput(tasks) for _ in range(rounds)])
+    finally:
+        await client.close()
+
+
+async def wide(url: str, n: int = 256, seconds: float = 0.2, guarded: bool = False) -> float:
+    """The wide pass (``Client.wide``), after a small warm-up one."""
+    client = Client(url, guarded)
+    try:
+        await client.wide(16, 0.01)
+        return await client.wide(n, seconds)
     finally:
         await client.close()
 
