@@ -39,7 +39,8 @@ def _model() -> OpenAIChat:
 
 
 def _clean(calls: list[ModelCall]) -> None:
-    errors = [c.error for c in calls if c.error]
+    """No attempt timed out or was refused for its size, retried or not."""
+    errors = [c.error for c in calls if c.error] + [e for c in calls for e in c.retried_after]
     assert not [e for e in errors if "ModelTimeoutError" in e], errors
     assert not [e for e in errors if "ModelContextError" in e], errors
 

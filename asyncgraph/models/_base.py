@@ -63,9 +63,10 @@ _DISCOVERY_TRIES = 3
 # queue, where no timeout runs (``timeout_s`` counts from the send). A request that timed
 # out is cut (its connection closed: llama.cpp's and vLLM's servers then cancel it,
 # queued or running); on a server that works on regardless it may still be running, so
-# its retry waits out its backoff *holding its slot*, and a server never gets more than
-# ``max_concurrency`` requests from this model because of timeouts. The timeout says how
-# long the request waited in the queue and how long at the server. A server's refusal teaches the model the server's count and
+# its retry waits out a longer backoff *holding its slot* (no other request of this model
+# joins the server's queue meanwhile; the retry itself may still wait there behind the cut
+# request). The timeout says how long the request waited in the queue and how long at
+# the server. A server's refusal teaches the model the server's count and
 # window; one that refused only the reply's size (vLLM) is asked once more for less.
 
 SEND_HOLD_S = 600.0  # a call held by ``UsageMeter.stop_sending`` raises after this long
@@ -601,22 +602,25 @@ class BaseChatModel(ABC):
         if replayed is not None:
             return replayed
         attempts = [0]
+        retried_after: list[str] = []
         try:
             async with (
                 self._warming(msgs, params),  # see NOTE [Cache warming]
                 call_slot(),  # bounded when the caller asked (limit_calls)
             ):
-                completion = await self._complete_with_retries(msgs, params, attempts)
+                completion = await self._complete_with_retries(
+                    msgs, params, attempts, retried_after
+                )
         except Exception as exc:
             self._record_usage(UsageMeter.record_error)
             if observed:
-                self._notify(msgs, params, started, attempts[0], None, exc)
+                self._notify(msgs, params, started, attempts[0], None, exc, retried_after)
             raise
         # Counted already (``_attempt``). Kept before the answer leaves: a worker that
         # dies from here on costs no new call.
         await self._journal_record(journal, call, completion)
         if observed:
-            self._notify(msgs, params, started, attempts[0], completion, None)
+            self._notify(msgs, params, started, attempts[0], completion, None, retried_after)
         if store is not None and (cache_if is None or cache_if(completion)):
             await self._cache_set(store, key, completion)
         return completion
@@ -667,6 +671,7 @@ class BaseChatModel(ABC):
         attempts: int,
         completion: Completion | None,
         error: BaseException | None,
+        retried_after: Sequence[str] = (),
     ) -> None:
         """Tell the ``observe_calls`` observers about one call (see ``ModelCall``)."""
         try:
@@ -694,6 +699,7 @@ class BaseChatModel(ABC):
                 error=None if error is None else redact(f"{type(error).__name__}: {error}"),
                 cache_read_tokens=0 if completion is None else completion.cache_read_tokens,
                 cache_write_tokens=0 if completion is None else completion.cache_write_tokens,
+                retried_after=tuple(retried_after),
             )
         )
 
@@ -702,8 +708,10 @@ class BaseChatModel(ABC):
         messages: list[dict[str, Any]],
         params: dict[str, Any],
         attempts: list[int] | None = None,
+        retried_after: list[str] | None = None,
     ) -> Completion:
-        """The attempts of one call (step 2 and 3); ``attempts[0]`` counts them as they go."""
+        """The attempts of one call (step 2 and 3); ``attempts[0]`` counts them as they go,
+        ``retried_after`` gets the error type of each attempt that failed and was retried."""
         limiter = self.rate_limiter
         tokens = self.estimate_tokens(messages, params) if limiter is not None else 0
         slots = (await self.limits()).max_concurrency
@@ -742,6 +750,8 @@ class BaseChatModel(ABC):
                     delay,
                 )
                 self._record_usage(UsageMeter.record_retry)
+                if retried_after is not None:
+                    retried_after.append(type(exc).__name__)
                 if not getattr(exc, "backoff_done", False):  # a timeout waited in its slot
                     await anyio.sleep(delay)
                 continue

@@ -41,7 +41,9 @@ class ModelCall:
     start, ``started_at`` the wall clock (``time.time()``), ``latency_s`` the whole
     call: rate-limit waits, every attempt and the backoffs between them. ``attempts``:
     1 when the first attempt answered (0 for a cache hit); ``retries`` is
-    ``attempts - 1``. ``cost_usd`` is None when the model has no ``Pricing``.
+    ``attempts - 1``, and ``retried_after`` names the error of each retried attempt, in
+    order (``("ModelTimeoutError",)``: the first attempt timed out, the second
+    answered). ``cost_usd`` is None when the model has no ``Pricing``.
     ``cache_read_tokens`` / ``cache_write_tokens``: the part of ``prompt_tokens`` the
     provider read from / wrote to its prompt cache (see ``Completion``).
 
@@ -70,6 +72,7 @@ class ModelCall:
     extra: Mapping[str, Any] = field(default_factory=dict)
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    retried_after: tuple[str, ...] = ()
 
     @property
     def retries(self) -> int:

@@ -1,9 +1,10 @@
 """A log of model calls: one JSON line per call, as it happens.
 
 Each line holds the request as sent (messages and parameters; headers never), the
-reply, tokens, latency, whether it was cached, the attempts it took, its cost (null
-when the model has no price), the node it ran in, the trace (``trace_pass``) and the
-labels (``labels``: a job's step and phase) it belongs to, and the process. Secrets
+reply, tokens, latency, whether it was cached, the attempts it took (and the error each
+retried one met), its cost (null when the model has no price), the node it ran in, the
+trace (``trace_pass``) and the labels (``labels``: a job's step and phase) it belongs
+to, and the process. Secrets
 never reach the file: requests carry no headers, and every line is written through the
 one private write (``asyncgraph._files.PrivateLines``), which redacts each of its
 strings (NOTE [Redaction] in ``asyncgraph._redact``: URL credentials, the environment's
@@ -56,6 +57,7 @@ def call_record(call: ModelCall) -> dict[str, Any]:
         "cached": call.cached,
         "attempts": call.attempts,
         "retries": call.retries,
+        "retried_after": list(call.retried_after),
         "node": node_info(),
         "trace_id": None if timeline is None else timeline.trace_id,
         "labels": dict(current_labels()),

@@ -12,11 +12,13 @@ import pytest
 
 from asyncgraph.models import (
     AnthropicChat,
+    ModelCall,
     ModelContextError,
     ModelRetryError,
     ModelTimeoutError,
     OpenAIChat,
     Retry,
+    observe_calls,
     reply_tokens,
 )
 from asyncgraph.models._limits import TokenEstimator, context_refusal
@@ -229,10 +231,12 @@ async def test_a_timed_out_request_is_not_retried_behind_itself(cancels: bool) -
     server that works on regardless (``cancels=False``) queues it: what the backoff is
     for, and why the timeout says where its time went."""
     retry = Retry(max_attempts=2, timeout_backoff_s=0.5, rng=random.Random(0))
+    calls: list[ModelCall] = []
     with LocalModelTestServer(slots=1, s_per_token=0.05, cancel_on_disconnect=cancels) as server:
         async with _local(server, timeout_s=0.5, retry=retry) as model:
-            with pytest.raises(ModelRetryError):
+            with pytest.raises(ModelRetryError), observe_calls(calls.append):
                 await model.complete(HELLO)
+        assert calls[0].retried_after == ("ModelTimeoutError",)  # the call log says why
         if cancels:
             assert await anyio.to_thread.run_sync(server.wait_for_cancelled, 2, 30.0)
             assert server.cancelled == 2 and server.queued == 0

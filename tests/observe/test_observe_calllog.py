@@ -103,10 +103,11 @@ async def test_retries_cache_hits_errors_and_unknown_prices_are_logged(
                 await model.complete([{"role": "user", "content": "other"}])
     retried, cached, failed = lines(path)
     assert retried["attempts"] == 2 and retried["retries"] == 1 and retried["reply"] == "fine"
+    assert retried["retried_after"] == ["ModelServerError"]  # why it was retried
     assert retried["cost_usd"] is None  # no price known for "my-local-model"
     assert cached["cached"] is True and cached["attempts"] == 0 and cached["reply"] == "fine"
     assert failed["reply"] is None and "bad params" in str(failed["error"])
-    assert failed["attempts"] == 1
+    assert failed["attempts"] == 1 and failed["retried_after"] == []
 
 
 async def test_calls_made_in_a_backward_name_their_node_and_trace(tmp_path: Path) -> None:
