@@ -129,10 +129,12 @@ class TGD(Optimizer):
 
     ``await tgd.step()`` sends, for every parameter with non-empty feedback
     (``render_feedback(p.grad)``; parameters without any are left alone), one
-    request to ``model`` asking for an improved value between ``tags``
-    (``<IMPROVED_VARIABLE>...</IMPROVED_VARIABLE>``), all parameters
+    request to ``model`` asking for an improved value, all parameters
     concurrently, then sets every ``p.data`` at once: if any update fails, no
-    parameter changes.
+    parameter changes. The value is asked as a JSON object with structured outputs
+    where the model takes them (``structured="auto"``, the default: OpenAI, Azure,
+    vLLM, llama.cpp, Anthropic's forced tool), else between ``tags``
+    (``<IMPROVED_VARIABLE>...</IMPROVED_VARIABLE>``); see ``structured`` below.
 
     Options per parameter group (defaults here):
 

@@ -160,3 +160,19 @@ async def test_the_dashboard_shows_a_steps_skipped_updates(tmp_path: Path) -> No
         "update of system prompt skipped: no readable value in 2 replies; it kept its value. "
         "Last reply: Sure! Here is a better version"
     ) in html.unescape(card[1])
+    # A judge whose verdict never fits its response_format: the examples it scored 0.
+    model, judge = _judge_replying("I think it is fine")
+    examples_run = tmp_path / "examples"
+    with pytest.warns(NoFeedbackWarning):
+        await run_job(_job(model, judge, structured=False), examples_run, progress=False)
+    with open_ui_server([examples_run]) as url:
+        done = await anyio.to_thread.run_sync(
+            lambda: browse(command, "--window-size=1200,1600", "--dump-dom", f"{url}&step=1")
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    card = re.search(r'<div class="card skipped">(.*?)</div>', done.stdout, re.S)
+    assert card, done.stdout[-3000:]
+    shown = html.unescape(card[1])
+    assert shown.count("scored 0: its reply never fit its response_format") == 4, shown
+    assert "training example 0 scored 0" in shown and "validation example" in shown
+    assert "Last reply: I think it is fine" in shown

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncgraph.models import AnthropicChat, OpenAIChat, Retry, track_usage
+from asyncgraph.models import AnthropicChat, AzureOpenAIChat, OpenAIChat, Retry, track_usage
 from asyncgraph.models._testing import Reply
 from asyncgraph.models._testing_local import TimedAnthropicTestServer, TimedOpenAITestServer
 
@@ -129,3 +129,21 @@ def test_only_a_cacheable_prefix_is_warmed() -> None:
     assert hosted._cache_prefix(short, {}) is None
     local = OpenAIChat("m", base_url="http://127.0.0.1:1/v1")
     assert local._cache_prefix(long, {}) is None  # another server: only when asked
+    azure = AzureOpenAIChat("d", "https://example.openai.azure.com", "k")
+    assert azure._cache_prefix(long, {}) is not None  # Azure caches as OpenAI does
+    assert azure._cache_prefix(short, {}) is None
+
+
+def test_a_haiku_model_warms_only_a_prefix_of_2048_tokens() -> None:
+    """Anthropic's minimum cacheable prompt is 1,024 tokens, 2,048 for Haiku models: a
+    prefix of about 1,500 tokens is warmed on Sonnet, not on Haiku."""
+    middle = [
+        {"role": "system", "content": "x" * 6000},  # about 1,500 tokens at 4 a character
+        {"role": "user", "content": "Hi"},
+    ]
+    sonnet = AnthropicChat("claude-sonnet-4-20250514", api_key="k", cache_prompt=True)
+    haiku = AnthropicChat("claude-3-5-haiku-20241022", api_key="k", cache_prompt=True)
+    assert sonnet._cache_prefix(middle, {}) is not None
+    assert haiku._cache_prefix(middle, {}) is None
+    longer = [{"role": "system", "content": "x" * 10_000}, {"role": "user", "content": "Hi"}]
+    assert haiku._cache_prefix(longer, {}) is not None

@@ -15,6 +15,7 @@ from asyncgraph.models._testing_local import LocalModelTestServer
 from asyncgraph.optim import TGD, ReplySkippedWarning, UpdateParseError
 from asyncgraph.optim._tgd import UPDATE_FIELD
 from asyncgraph.text import TextLoss, llm_call, update_tokens, use_models
+from asyncgraph.text._reply import ANSWER_TOKENS, FEEDBACK_TOKENS, VERDICT_TOKENS
 from asyncgraph.text._structured import ask_json
 
 pytestmark = pytest.mark.anyio
@@ -113,6 +114,31 @@ async def test_the_readme_script_completes_against_a_small_local_model() -> None
         sizes = [r.body.get("max_tokens") for r in server.requests]
         assert None not in sizes  # every request says how long a reply it wants
         assert server.refused_for_context == 0
+
+
+async def test_each_kind_of_request_asks_for_a_reply_of_its_size() -> None:
+    """With a window wide enough not to cut them: an answer asks for ``ANSWER_TOKENS``, a
+    judge's verdict ``VERDICT_TOKENS``, each feedback request ``FEEDBACK_TOKENS``, the
+    update about twice the value's length (``update_tokens``)."""
+    with LocalModelTestServer(n_ctx=32768) as server:
+        async with _local(server) as model:
+            with use_models(model):
+                prompt = Parameter("Answer the question.", role="system prompt")
+                answer = await llm_call(prompt, Variable("What is 17 * 23?", role="question"))
+                loss = await TextLoss("Is the answer correct? Be terse.")(answer)
+                await loss.backward()
+                await TGD([prompt]).step()
+        sizes = [r.body["max_tokens"] for r in server.requests]
+        firsts = [r.body["messages"][0]["content"] for r in server.requests]
+    assert sizes == [
+        ANSWER_TOKENS,
+        VERDICT_TOKENS,
+        FEEDBACK_TOKENS,
+        FEEDBACK_TOKENS,
+        update_tokens("Answer the question."),
+    ]
+    assert firsts[0] == "Answer the question." and firsts[1].startswith("Is the answer")
+    assert all("feedback engine" in text for text in firsts[2:4])
 
 
 async def test_a_placeholder_for_a_value_is_not_taken_as_one() -> None:
