@@ -22,8 +22,10 @@ from skills_task import (
 )
 
 from asyncgraph import Module, Parameter, Variable
-from asyncgraph.models import ModelConfigError, Pricing, SimulatedModel
+from asyncgraph.models import ModelConfigError, OpenAIChat, Pricing, SimulatedModel
+from asyncgraph.models._testing_local import LocalModelTestServer
 from asyncgraph.optim import Candidate, ParetoSearch, UpdateParseError
+from asyncgraph.optim._pareto._merging import Merger
 from asyncgraph.text import LLMCall
 
 pytestmark = pytest.mark.anyio
@@ -394,6 +396,29 @@ async def test_strict_makes_an_unreadable_rewrite_or_merge_end_the_step() -> Non
         await merging._merge(1, 2)
     assert merge.value.reply.startswith("Sure! Both look fine")
     assert search.skipped == [] and merging.skipped == []
+
+
+@pytest.mark.parametrize("json_schema", [True, False])
+async def test_a_merge_is_asked_with_structured_outputs_where_the_server_takes_them(
+    json_schema: bool,
+) -> None:
+    """A merge asked of a small local model (the llama.cpp fake: prose, no tags, JSON where
+    a schema binds it) with ``structured="auto"``: the merged value comes back in
+    ``merged_variable``; a server that refuses ``response_format`` is asked with the tags,
+    which a small model ignores: the merge is a skipped update."""
+    first = with_instructions([INSTRUCTIONS["a"]])
+    second = with_instructions([INSTRUCTIONS["b"]])
+    with LocalModelTestServer(json_schema=json_schema) as server:
+        async with OpenAIChat("smollm2", base_url=server.url, api_key="") as model:
+            merger = Merger(SkillProgram(model), lambda: model, {"structured": "auto"})
+            merged = await merger.merge_text(model, "system prompt", first, second, BASE)
+        formats = [r.body.get("response_format") for r in server.requests]
+    assert formats[0]["json_schema"]["schema"]["required"] == ["merged_variable"]
+    if json_schema:
+        assert merged == f"{first} Be precise." and merger.skipped == []  # a's, improved
+    else:
+        assert formats[1:] == [None]  # asked once more, with the tags
+        assert merged is None and [s.structured for s in merger.skipped] == [False]
 
 
 async def test_an_unreadable_merge_is_a_skipped_update_too() -> None:
