@@ -132,6 +132,29 @@ async def test_an_unreadable_verdict_scores_its_example_zero_and_the_job_goes_on
     assert found and all(isinstance(e, StructuredOutputError) for e in found)
 
 
+async def test_a_small_models_unreadable_verdict_over_http_is_a_skipped_example(
+    tmp_path: Path,
+) -> None:
+    """The judge is a small model behind a server that refuses ``response_format`` (the
+    llama.cpp fake, ``json_schema=False``): asked with the format in the prompt, it
+    answers in prose; each such example scores 0 and the job completes."""
+    with LocalModelTestServer(json_schema=False) as server:
+        async with OpenAIChat("smollm2", base_url=server.url, api_key="") as model:
+
+            async def judge(answer: Variable) -> Variable:
+                return await llm_call(
+                    "Grade the answer.", answer, model=model, response_format=Verdict
+                )
+
+            with pytest.warns(NoFeedbackWarning):
+                result = await run_job(_job(model, judge, structured=False), tmp_path)
+    assert result.steps_done == 2 and result.skipped_examples == 4 + 4 + 2
+    row = result.history[0]["skipped_examples"][0]
+    assert row["reply"].startswith("Sure! I would be happy to help")
+    # Refused for the first judges sent together (a batch of 2), then asked in the prompt.
+    assert 1 <= server.statuses().count(400) <= 2
+
+
 @pytest.mark.slow
 async def test_the_dashboard_shows_a_steps_skipped_updates(tmp_path: Path) -> None:
     """The run's page (Chromium) has a card per step saying which update was skipped,
