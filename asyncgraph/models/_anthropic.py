@@ -29,7 +29,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from asyncgraph._exceptions import ModelConfigError, ModelResponseError, ModelStatusError
+from asyncgraph._exceptions import (
+    ModelConfigError,
+    ModelConnectionError,
+    ModelResponseError,
+    ModelStatusError,
+)
 from asyncgraph.models._cache import Cache
 from asyncgraph.models._http import (
     HttpChatModel,
@@ -285,12 +290,20 @@ class StreamedMessage:
     ``input_json_delta`` for a tool's input, ``thinking_delta``, ``signature_delta``,
     ``citations_delta``) and ``content_block_stop``; ``message_delta`` gives the stop
     reason and the final usage; ``message_stop`` ends it. An ``error`` event raises the
-    ``ModelStatusError`` its type stands for (``overloaded_error`` is a retried 529);
-    ``ping`` and event types not known here are skipped, as the docs ask. ``begun()`` is
-    called at ``message_start``: the answer has begun."""
+    ``ModelStatusError`` its type stands for (``overloaded_error`` is a retried 529;
+    its message passed through ``redact``); ``ping`` and event types not known here are
+    skipped, as the docs ask. A whole answer (``type: message``, from a server that did
+    not stream) is taken as it is. ``begun()`` is called at ``message_start``: the answer
+    has begun."""
 
-    def __init__(self, model: str, where: str, begun: Callable[[], None]) -> None:
-        self.model, self.where, self.begun = model, where, begun
+    def __init__(
+        self,
+        model: str,
+        where: str,
+        begun: Callable[[], None],
+        redact: Callable[[str], str] = lambda text: text,
+    ) -> None:
+        self.model, self.where, self.begun, self.redact = model, where, begun, redact
         self._message: dict[str, Any] | None = None
         self._blocks: dict[int, dict[str, Any]] = {}
         self._partial: dict[int, str] = {}
@@ -298,7 +311,12 @@ class StreamedMessage:
 
     def __call__(self, name: str, data: Any) -> None:
         kind = data.get("type", name)
-        if kind == "message_start":
+        if kind == "message":  # the whole answer in one body
+            self._message = dict(data)
+            self._blocks = dict(enumerate(data["content"]))
+            self._stopped = True
+            self.begun()
+        elif kind == "message_start":
             self._message = dict(data["message"])
             self.begun()
         elif kind == "content_block_start":
@@ -331,7 +349,7 @@ class StreamedMessage:
         elif kind == "signature_delta":
             block["signature"] = delta["signature"]
         elif kind == "citations_delta":
-            block.setdefault("citations", []).append(delta["citation"])
+            block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
 
     def _started(self, kind: str) -> dict[str, Any]:
         if self._message is None:
@@ -339,7 +357,8 @@ class StreamedMessage:
         return self._message
 
     def _error(self, error: Mapping[str, Any]) -> ModelStatusError:
-        kind, said = str(error.get("type") or "api_error"), str(error.get("message") or "")
+        kind = str(error.get("type") or "api_error")
+        said = self.redact(str(error.get("message") or ""))
         status = _ERROR_STATUS.get(kind, 500)
         cls, what = status_error_kind(status)
         return cls(
@@ -505,10 +524,17 @@ class AnthropicChat(HttpChatModel):
         begun = answer_begins()
         if begun is None:
             return await super()._complete_once(messages, params)
-        stream = StreamedMessage(self.name, self._shown_url, begun)
+        stream = StreamedMessage(self.name, self._shown_url, begun, self._redact)
         await self._post_stream({**self._body(messages, params), "stream": True}, stream)
         try:
-            completion = self._completion(stream.message(), params)
+            message = stream.message()
+        except ValueError as exc:  # cut short (a proxy, a server that went away): retried
+            raise ModelConnectionError(
+                f"{self.name!r}: the event stream from {self._shown_url} was cut short: {exc}",
+                model=self.name,
+            ) from exc
+        try:
+            completion = self._completion(message, params)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelResponseError(
                 f"{self.name!r}: the event stream from {self._shown_url} is not "

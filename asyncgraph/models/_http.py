@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import ssl
 import threading
 import weakref
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # httpx loads with a model's first request, not with asyncgra
     import httpx
 
 __all__ = [
+    "EventStream",
     "HttpChatModel",
     "checked_http_url",
     "error_body_message",
@@ -297,32 +299,25 @@ class HttpChatModel(BaseChatModel):
         for each event as it comes (``data`` parsed from JSON; it may raise a
         ``ModelError``, or ``ValueError`` / ``KeyError`` / ``TypeError`` for an event that
         is not what the API sends), within ``timeout_s`` in all; an error status raises
-        as ``_post``'s does."""
+        as ``_post``'s does. A server that answers with one JSON body instead (a proxy
+        that does not stream) gives it as one event named ``"message"``."""
         async with self._sending() as client:
             async with client.stream("POST", self.url, json=body) as response:
                 if response.status_code >= 300:
                     await response.aread()
                     raise self._context_error(response) or self._status_error(response)
-                name, data = "", []
                 failed: ModelError | None = None
-                # Read to its end even after an event failed: a stream left half read
-                # leaves httpx's generators to the garbage collector (a warning on trio).
-                async for line in response.aiter_lines():
-                    if line.startswith(":"):  # a comment (keep-alive)
-                        continue
-                    if line:
-                        field, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if field == "event":
-                            name = value
-                        elif field == "data":
-                            data.append(value)
-                        continue
-                    if data and failed is None:  # a blank line ends an event
-                        failed = self._dispatch(on_event, name or "message", "\n".join(data))
-                    name, data = "", []
-                if data and failed is None:
-                    failed = self._dispatch(on_event, name or "message", "\n".join(data))
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    await response.aread()
+                    failed = self._dispatch(on_event, "message", response.text)
+                else:
+                    events = EventStream()
+                    # Read to its end even after an event failed: a stream left half read
+                    # leaves httpx's generators to the garbage collector (a warning on trio).
+                    async for chunk in response.aiter_bytes():
+                        for name, data in events.feed(chunk):
+                            if failed is None:
+                                failed = self._dispatch(on_event, name, data)
                 if failed is not None:
                     raise failed
 
@@ -506,6 +501,45 @@ async def _close_at_loop_end(
             _closers.get(loop, {}).pop(client, None)
         with anyio.CancelScope(shield=True):
             await client.aclose()
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class EventStream:
+    """Server-sent events read from the bytes of a stream, as the SSE specification reads
+    them: a line ends at CRLF, LF or CR (nothing else: a JSON string may hold U+2028); a
+    blank line ends an event; ``event:`` names it (``"message"`` by default), its
+    ``data:`` lines are joined with LF; comments (``:``) and other fields are skipped; an
+    event the stream ends in the middle of is dropped."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._after_cr = False  # the last chunk ended in CR: a LF first is its CRLF
+        self._name = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        """The events this chunk completes: ``(name, data)`` each."""
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
+        *lines, self._pending = _LINE_END.split(self._pending + chunk)
+        events = []
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            if not line:
+                if self._data:
+                    events.append((self._name or "message", "\n".join(self._data)))
+                self._name, self._data = "", []
+            elif not line.startswith(":"):
+                field, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if field == "event":
+                    self._name = value
+                elif field == "data":
+                    self._data.append(value)
+        return events
 
 
 def status_error_kind(status: int) -> tuple[type[ModelStatusError], str]:

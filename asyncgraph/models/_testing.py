@@ -167,8 +167,8 @@ def _prefix_keys(body: Any) -> list[str]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    # A provider takes a step's connections at once; socketserver's backlog of 5 resets
-    # some of a burst of new ones (seen with 15 at once).
+    # A provider takes a step's connections at once; with socketserver's backlog of 5,
+    # some of a burst of 15 new ones waited a second for a SYN retransmit (or were reset).
     request_queue_size = 128
     owner: OpenAITestServer
 
@@ -345,13 +345,14 @@ class OpenAITestServer:
         # Recorded before answering: once the client has its answer, the record exists.
         status = 0 if reply.drop else reply.status
         self._record(RecordedRequest(arrived, req.path, headers, body, status))
-        if reply.delay_s > 0 and not self._streamed(body):
+        streamed = reply.status == 200 and reply.body is None and not reply.drop
+        if streamed and self._streamed(body):  # it times its events itself
+            self._stream(req, reply, body, arrived)
+            return
+        if reply.delay_s > 0:
             self._stopping.wait(reply.delay_s)
         if reply.drop:
             req.close_connection = True
-            return
-        if reply.status == 200 and reply.body is None and self._streamed(body):
-            self._stream(req, reply, body, arrived)
             return
         if reply.body is not None:
             self._send(req, reply.status, reply.body, reply.headers)
@@ -471,7 +472,8 @@ class OpenAITestServer:
     def _send(self, req: _Handler, status: int, data: bytes, headers: Mapping[str, str]) -> None:
         try:
             req.send_response(status)
-            req.send_header("Content-Type", "application/json")
+            if not any(name.lower() == "content-type" for name in headers):
+                req.send_header("Content-Type", "application/json")
             req.send_header("Content-Length", str(len(data)))
             for name, value in headers.items():
                 req.send_header(name, value)

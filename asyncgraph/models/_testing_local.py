@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import select
 import socket
 import threading
 import time
@@ -226,9 +225,11 @@ class LocalModelTestServer(OpenAITestServer):
         False without ``cancel_on_disconnect``."""
         if not self.cancel_on_disconnect:
             return False
-        readable, _, _ = select.select([req.connection], [], [], 0)
-        try:
-            gone = bool(readable) and req.connection.recv(1, socket.MSG_PEEK) == b""
+        try:  # nothing to read yet: alive; end of stream: gone
+            peeked: bytes = req.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            gone = peeked == b""
+        except BlockingIOError:
+            gone = False
         except OSError:
             gone = True
         if gone:

@@ -18,8 +18,8 @@ the real service refuses, with its error bodies:
   mark whose prefix is shorter than ``min_cache_tokens`` (Anthropic's minimum is 1,024
   tokens for most models; default 0 here) caches nothing; a token is a word here.
   ``"stream": true`` is answered with Anthropic's event stream (``message_start`` with
-  the usage so far once the answer begins, ``begins_s`` after the request arrived, at
-  most its ``Reply.delay_s``; a ``ping``; then, at ``delay_s``, each content block as
+  the usage so far once the answer begins, ``begins_s`` after the request arrived; a
+  ``ping``; then, at ``Reply.delay_s`` (no sooner), each content block as
   ``content_block_start``, two deltas and ``content_block_stop``, ``message_delta``
   with the stop reason and output tokens, ``message_stop``); a 200 ``Reply`` with an
   ``error`` sends an ``error`` event after ``message_start`` instead, as Anthropic does
@@ -363,9 +363,7 @@ class AnthropicTestServer(OpenAITestServer):
         return isinstance(body, dict) and body.get("stream") is True
 
     def _stream(self, req: _Handler, reply: Reply, body: Any, arrived: float) -> None:
-        self._stopping.wait(
-            max(0.0, arrived + min(self.begins_s, reply.delay_s) - time.monotonic())
-        )
+        self._stopping.wait(max(0.0, arrived + self.begins_s - time.monotonic()))
         answer = self._answer(reply, req.path, body)
         usage = answer["usage"]
         start = {

@@ -58,7 +58,7 @@ def answer_begins() -> Callable[[], None] | None:
 
 @dataclass
 class _Entry:
-    first: anyio.Event | None  # set when the first request's answer is back; None: warm
+    first: anyio.Event | None  # set when the first request's answer begins or is back; None: warm
     warm_until: float = 0.0
 
 

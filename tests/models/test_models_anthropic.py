@@ -16,6 +16,7 @@ from asyncgraph.models import (
     LocalRateLimiter,
     MemoryCache,
     ModelConfigError,
+    ModelConnectionError,
     ModelRateLimitedError,
     ModelRequestError,
     ModelResponseError,
@@ -27,6 +28,7 @@ from asyncgraph.models import (
     Retry,
 )
 from asyncgraph.models._anthropic import StreamedMessage, messages_completion, messages_request
+from asyncgraph.models._http import EventStream
 from asyncgraph.models._testing import Reply
 from asyncgraph.models._testing_providers import AnthropicTestServer
 from asyncgraph.text import image, llm_call
@@ -485,22 +487,55 @@ async def test_an_error_in_the_stream_is_the_status_error_its_type_stands_for() 
     assert refused.value.status_code == 400 and not refused.value.retryable
 
 
-async def test_a_stream_that_ends_early_or_is_not_events_is_not_an_answer() -> None:
+async def test_a_stream_cut_short_is_retried_and_one_not_of_events_is_not_an_answer() -> None:
+    """A stream that ends before ``message_stop`` was cut (a retried connection error); an
+    event that is not JSON is not an answer (not retried); a server that answers the
+    streamed request with one JSON body (a proxy that does not stream) is read as it."""
     messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
     started = json.dumps(
         {"type": "message_start", "message": {"type": "message", "content": [], "usage": {}}}
     )
+    sse = {"content-type": "text/event-stream"}
+    whole = {
+        "type": "message",
+        "model": "claude-test",
+        "content": [{"type": "text", "text": "seven"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 3, "output_tokens": 1, "cache_creation_input_tokens": 1500},
+    }
     with AnthropicTestServer(api_key=KEY, min_cache_tokens=1024) as server:
         server.script(
-            Reply(body=f"event: message_start\ndata: {started}\n\n".encode()),
-            Reply(body=b"event: message_start\ndata: <html>\n\n"),
+            Reply(body=f"event: message_start\ndata: {started}\n\n".encode(), headers=sse),
+            Reply(body=b"event: message_start\ndata: <html>\n\n", headers=sse),
+            Reply(body=json.dumps(whole).encode()),
         )
         async with _warmed(server) as model:
-            with pytest.raises(ModelResponseError, match="before message_stop"):
+            with pytest.raises(ModelConnectionError, match=r"cut short.*before message_stop"):
                 await model.complete(messages)
+        assert ModelConnectionError.retryable
         async with _warmed(server) as model:
             with pytest.raises(ModelResponseError, match=r"'message_start' event .* '<html>'"):
                 await model.complete(messages)
+        async with _warmed(server) as model:
+            answer = await model.complete(messages)
+        assert all(r.body["stream"] for r in server.requests)
+    assert (answer.text, answer.finish_reason, answer.cache_write_tokens) == ("seven", "stop", 1500)
+
+
+def test_server_sent_events_are_read_as_the_specification_reads_them() -> None:
+    """Lines end at CRLF, LF or CR, also across chunks (not at U+2028, which JSON may hold
+    raw); data lines join with LF; comments and other fields are skipped; the name is
+    "message" by default; an event the stream ends in the middle of is dropped."""
+    events = EventStream()
+    got = events.feed(b": keep-alive\r\nevent: ping\r")
+    got += events.feed(b'\ndata: {"a":\r\ndata: 1}\r\nid: 7\r\n\r')
+    got += events.feed(b'\ndata: "line\xe2\x80\xa8sep"\n\n')
+    got += events.feed(b"event: a\rdata: x\r\rdata: cut")
+    assert got == [
+        ("ping", '{"a":\n1}'),
+        ("message", '"line\u2028sep"'),
+        ("a", "x"),
+    ]
 
 
 async def test_a_slow_streamed_answer_times_out() -> None:

@@ -97,14 +97,24 @@ async def test_warming_turned_off_sends_every_request_at_once() -> None:
 
 async def test_a_first_answer_cut_after_it_began_keeps_the_prefix_warm() -> None:
     """An ``overloaded_error`` in the first request's stream, after ``message_start``:
-    the others were released when it began and read the cache; the first is retried."""
-    with TimedAnthropicTestServer(latency_s=0.05) as server:
-        server.script(Reply(error="Overloaded", delay_s=0.2))
-        async with _claude(server, retry=Retry(max_attempts=2, backoff_base_s=0.01)) as model:
-            with track_usage() as usage:
-                results = await _fan_out(model, n=6)
+    the others were released when it began (before its retry went, a backoff of at least
+    0.5 s later) and read the prefix it wrote; the first is retried and answers too."""
+    with TimedAnthropicTestServer(latency_s=0.2, ready_s=0.05) as server:
+        server.script(Reply(error="Overloaded"))
+        retry = Retry(max_attempts=2, backoff_base_s=1.0)
+        async with _claude(server, retry=retry) as model:
+            results = await _fan_out(model, n=6)
+        requests = sorted(server.requests, key=lambda r: r.arrived_s)
+        bills = server.bill
     assert not [r for r in results if isinstance(r, Exception)]
-    assert len(server.requests) == 7 and usage.snapshot().cache_read_tokens > 0
+    (first, again), others = (
+        [r for r in requests if r.body.get("stream")],
+        [r for r in requests if not r.body.get("stream")],
+    )
+    assert len(others) == 5
+    assert all(first.arrived_s < r.arrived_s < again.arrived_s for r in others)
+    # Six answers billed (the cut one is not), each reading the 2,000-word prefix.
+    assert [b.cache_read_tokens for b in bills] == [2000] * 6
 
 
 async def test_a_failed_first_request_releases_the_others() -> None:
