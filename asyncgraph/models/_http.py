@@ -311,15 +311,31 @@ class HttpChatModel(BaseChatModel):
                     await response.aread()
                     failed = self._dispatch(on_event, "message", response.text)
                 else:
-                    events = EventStream()
-                    # Read to its end even after an event failed: a stream left half read
-                    # leaves httpx's generators to the garbage collector (a warning on trio).
-                    async for chunk in response.aiter_bytes():
-                        for name, data in events.feed(chunk):
-                            if failed is None:
-                                failed = self._dispatch(on_event, name, data)
+                    failed = await self._read_events(response, on_event)
                 if failed is not None:
                     raise failed
+
+    async def _read_events(
+        self, response: httpx.Response, on_event: Callable[[str, Any], None]
+    ) -> ModelError | None:
+        """Each event of ``response`` to ``on_event``; the error the first failing one met."""
+        events = EventStream()
+        chunks = response.aiter_bytes()
+        async for chunk in chunks:
+            for name, data in events.feed(chunk):
+                failed = self._dispatch(on_event, name, data)
+                if failed is not None:
+                    break
+            else:
+                continue
+            # The rest is read (a stream left half read leaves httpx's generators to the
+            # garbage collector: a warning on trio), but not into the request's deadline,
+            # which would turn this error into a timeout.
+            with anyio.CancelScope(deadline=anyio.current_effective_deadline() - 0.1):
+                async for _ in chunks:
+                    pass
+            return failed
+        return None
 
     def _dispatch(
         self, on_event: Callable[[str, Any], None], name: str, data: str

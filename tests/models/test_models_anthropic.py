@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -546,3 +547,30 @@ async def test_a_slow_streamed_answer_times_out() -> None:
             with pytest.raises(ModelTimeoutError):
                 await model.complete(messages)
         assert server.requests[0].body["stream"] is True
+
+
+class _BadEventThenSlow(AnthropicTestServer):
+    """Streams a message_start, an event that is not JSON, then nothing for 30 s."""
+
+    def _stream(self, req: Any, reply: Reply, body: Any, arrived: float) -> None:
+        req.send_response(200)
+        req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Transfer-Encoding", "chunked")
+        req.end_headers()
+        started = json.dumps(
+            {"type": "message_start", "message": {"type": "message", "content": [], "usage": {}}}
+        )
+        for event in (f"event: message_start\ndata: {started}\n\n", "event: ping\ndata: <\n\n"):
+            chunk = event.encode()
+            req.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        self._stopping.wait(30)
+
+
+async def test_an_event_that_fails_is_the_error_even_when_the_stream_goes_on() -> None:
+    """What follows a failed event is read only until just before the request's deadline:
+    the call raises the event's error (not retried), not a timeout (retried)."""
+    messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
+    with _BadEventThenSlow(api_key=KEY, min_cache_tokens=1024) as server:
+        async with _warmed(server, timeout_s=1.0) as model:
+            with pytest.raises(ModelResponseError, match="'ping' event"):
+                await model.complete(messages)
