@@ -571,6 +571,6 @@ async def test_an_event_that_fails_is_the_error_even_when_the_stream_goes_on() -
     the call raises the event's error (not retried), not a timeout (retried)."""
     messages = [{"role": "system", "content": RULES}, {"role": "user", "content": "7?"}]
     with _BadEventThenSlow(api_key=KEY, min_cache_tokens=1024) as server:
-        async with _warmed(server, timeout_s=1.0) as model:
+        async with _warmed(server, timeout_s=3.0) as model:
             with pytest.raises(ModelResponseError, match="'ping' event"):
                 await model.complete(messages)

@@ -98,10 +98,10 @@ async def test_warming_turned_off_sends_every_request_at_once() -> None:
 async def test_a_first_answer_cut_after_it_began_keeps_the_prefix_warm() -> None:
     """An ``overloaded_error`` in the first request's stream, after ``message_start``:
     the others were released when it began (before its retry went, a backoff of at least
-    0.5 s later) and read the prefix it wrote; the first is retried and answers too."""
+    2 s later) and read the prefix it wrote; the first is retried and answers too."""
     with TimedAnthropicTestServer(latency_s=0.2, ready_s=0.05) as server:
         server.script(Reply(error="Overloaded"))
-        retry = Retry(max_attempts=2, backoff_base_s=1.0)
+        retry = Retry(max_attempts=2, backoff_base_s=4.0)  # the retry 2 to 4 s later
         async with _claude(server, retry=retry) as model:
             results = await _fan_out(model, n=6)
         requests = sorted(server.requests, key=lambda r: r.arrived_s)

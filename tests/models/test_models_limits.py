@@ -230,7 +230,9 @@ async def test_a_timed_out_request_is_not_retried_behind_itself(cancels: bool) -
     its backoff, is worked on at once, never queued behind its own first attempt. A
     server that works on regardless (``cancels=False``) queues it: what the backoff is
     for, and why the timeout says where its time went."""
-    retry = Retry(max_attempts=2, timeout_backoff_s=0.5, rng=random.Random(0))
+    # A backoff of 1 to 2 s: time enough, on a loaded machine, for the server to see the
+    # first attempt's connection close.
+    retry = Retry(max_attempts=2, timeout_backoff_s=2.0, rng=random.Random(0))
     calls: list[ModelCall] = []
     with LocalModelTestServer(slots=1, s_per_token=0.05, cancel_on_disconnect=cancels) as server:
         async with _local(server, timeout_s=0.5, retry=retry) as model:
