@@ -23,6 +23,10 @@ _fast_test_spawns: list[str] | None = None  # set while a test of the fast tier 
 # before asyncgraph.jobs.demo registers it). A test that needs a latency sets its own,
 # and jobs_helpers.cli_env removes it for the commands the tests run.
 os.environ.setdefault("ASYNCGRAPH_DEMO_LATENCY_MS", "1")
+# MLflow's usage telemetry off: a test reaches no network, and its client, set up in a
+# thread, raced a run's start on a loaded machine (KeyError '_MLFLOW_TELEMETRY_SESSION_ID'
+# from mlflow.start_run, seen once in a loaded full run).
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
