@@ -231,21 +231,22 @@ class Client:
         await self.wait(n)
         return n / (time.perf_counter() - started)
 
+    async def listen(self, futures: dict[bytes, asyncio.Future[bytes]]) -> None:
+        """Resolve each task's future with its checked reply, until none waits."""
+        while futures:
+            result = await self.client.xread({self.reply: self.last}, count=1024, block=5000)
+            if not result:
+                raise TimeoutError("raw baseline: no reply within 5 s")
+            for _, fields in result[0][1]:
+                future = futures.pop(fields[b"id"], None)
+                if future is not None:
+                    future.set_result(self.check(fields))
+            self.last = result[0][1][-1][0]
+
     async def throughput(self, n: int) -> float:
         """``n`` concurrent submit-and-wait coroutines, resolved by one listener."""
         futures: dict[bytes, asyncio.Future[bytes]] = {}
         loop = asyncio.get_running_loop()
-
-        async def listen() -> None:
-            while futures:
-                result = await self.client.xread({self.reply: self.last}, count=1024, block=5000)
-                if not result:
-                    raise TimeoutError("raw baseline: no reply within 5 s")
-                for _, fields in result[0][1]:
-                    future = futures.pop(fields[b"id"], None)
-                    if future is not None:
-                        future.set_result(self.check(fields))
-                self.last = result[0][1][-1][0]
 
         async def call(task_id: bytes) -> bytes:
             future = futures[task_id] = loop.create_future()
@@ -259,26 +260,16 @@ class Client:
             ids.append(str(self.n).encode())
         calls = [asyncio.ensure_future(call(i)) for i in ids]
         await asyncio.sleep(0)
-        await asyncio.gather(listen(), *calls)
+        await asyncio.gather(self.listen(futures), *calls)
         return n / (time.perf_counter() - started)
 
     async def wide(self, n: int, seconds: float) -> float:
-        """``n`` concurrent tasks that each sleep ``seconds`` on the workers, sent and
-        joined as ``throughput``'s are: the wall time over ``seconds`` (the critical path)."""
+        """``n`` concurrent tasks that each sleep ``seconds`` on the workers, sent in one
+        pipeline and joined by one listener: the wall time over ``seconds`` (the critical
+        path)."""
         futures: dict[bytes, asyncio.Future[bytes]] = {}
         loop = asyncio.get_running_loop()
         payload = SLEEP + str(seconds).encode()
-
-        async def listen() -> None:
-            while futures:
-                result = await self.client.xread({self.reply: self.last}, count=1024, block=5000)
-                if not result:
-                    raise TimeoutError("raw baseline: no reply within 5 s")
-                for _, fields in result[0][1]:
-                    future = futures.pop(fields[b"id"], None)
-                    if future is not None:
-                        future.set_result(self.check(fields))
-                self.last = result[0][1][-1][0]
 
         started = time.perf_counter()
         # All sent in one pipelined round trip (as asyncgraph's flusher sends a ready level).
@@ -290,7 +281,7 @@ class Client:
             pipe.xadd(self.stream, self.task(task_id, payload))
         waiting = list(futures.values())
         await pipe.execute()
-        await asyncio.gather(listen(), *waiting)
+        await asyncio.gather(self.listen(futures), *waiting)
         return (time.perf_counter() - started) / seconds
 
     async def close(self) -> None:
