@@ -159,7 +159,7 @@ async def test_a_small_models_unreadable_verdict_over_http_is_a_skipped_example(
 async def test_the_dashboard_shows_a_steps_skipped_updates(tmp_path: Path) -> None:
     """The run's page (Chromium) has a card per step saying which update was skipped,
     after how many replies, that the parameter kept its value, and the last reply."""
-    from .test_jobs_ui import CHROMIUM_FLAGS, browse, find_chromium, open_ui_server
+    from .test_jobs_ui import CHROMIUM_FLAGS, find_chromium
 
     binary = find_chromium()
     if binary is None:
@@ -171,31 +171,32 @@ async def test_the_dashboard_shows_a_steps_skipped_updates(tmp_path: Path) -> No
     assert result.skipped_updates == 2
     profile = tmp_path / "chromium-profile"
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
-    with open_ui_server([tmp_path]) as url:
-        done = await anyio.to_thread.run_sync(
-            lambda: browse(command, "--window-size=1200,1600", "--dump-dom", f"{url}&step=2")
-        )
-    assert done.returncode == 0, done.stderr[-2000:]
-    card = re.search(r'<div class="card skipped">(.*?)</div>', done.stdout, re.S)
-    assert card, done.stdout[-3000:]
-    assert "skipped in step 2" in card[1]
+    card = await _skipped_card(command, tmp_path, step=2)
+    assert "skipped in step 2" in card
     assert (
         "update of system prompt skipped: no readable value in 2 replies; it kept its value. "
         "Last reply: Sure! Here is a better version"
-    ) in html.unescape(card[1])
+    ) in card
     # A judge whose verdict never fits its response_format: the examples it scored 0.
     model, judge = _judge_replying("I think it is fine")
     examples_run = tmp_path / "examples"
     with pytest.warns(NoFeedbackWarning):
         await run_job(_job(model, judge, structured=False), examples_run, progress=False)
-    with open_ui_server([examples_run]) as url:
+    shown = await _skipped_card(command, examples_run, step=1)
+    assert shown.count("scored 0: its reply never fit its response_format") == 4, shown
+    assert "training example 0 scored 0" in shown and "validation example" in shown
+    assert "Last reply: I think it is fine" in shown
+
+
+async def _skipped_card(command: list[str], run: Path, *, step: int) -> str:
+    """The text of the run's skipped card for ``step``, as Chromium renders the dashboard."""
+    from .test_jobs_ui import browse, open_ui_server
+
+    with open_ui_server([run]) as url:
         done = await anyio.to_thread.run_sync(
-            lambda: browse(command, "--window-size=1200,1600", "--dump-dom", f"{url}&step=1")
+            lambda: browse(command, "--window-size=1200,1600", "--dump-dom", f"{url}&step={step}")
         )
     assert done.returncode == 0, done.stderr[-2000:]
     card = re.search(r'<div class="card skipped">(.*?)</div>', done.stdout, re.S)
     assert card, done.stdout[-3000:]
-    shown = html.unescape(card[1])
-    assert shown.count("scored 0: its reply never fit its response_format") == 4, shown
-    assert "training example 0 scored 0" in shown and "validation example" in shown
-    assert "Last reply: I think it is fine" in shown
+    return html.unescape(card[1])

@@ -101,15 +101,22 @@ async def test_structured_must_be_true_false_or_auto() -> None:
         TGD([Parameter("x")], model="simulated", structured="yes")
 
 
+async def _readme_script(model: OpenAIChat) -> Parameter:
+    """The README's first script with ``model``: an answer, a judge, the backward, one
+    TGD step; the prompt it optimized."""
+    with use_models(model):
+        prompt = Parameter("Answer the question.", role="system prompt")
+        answer = await llm_call(prompt, Variable("What is 17 * 23?", role="question"))
+        loss = await TextLoss("Is the answer correct? Be terse.")(answer)
+        await loss.backward()
+        await TGD([prompt]).step()
+    return prompt
+
+
 async def test_the_readme_script_completes_against_a_small_local_model() -> None:
     with LocalModelTestServer() as server:
         async with _local(server) as model:
-            with use_models(model):
-                prompt = Parameter("Answer the question.", role="system prompt")
-                answer = await llm_call(prompt, Variable("What is 17 * 23?", role="question"))
-                loss = await TextLoss("Is the answer correct? Be terse.")(answer)
-                await loss.backward()
-                await TGD([prompt]).step()
+            prompt = await _readme_script(model)
         assert prompt.data == "Answer the question. Be precise."
         sizes = [r.body.get("max_tokens") for r in server.requests]
         assert None not in sizes  # every request says how long a reply it wants
@@ -122,12 +129,7 @@ async def test_each_kind_of_request_asks_for_a_reply_of_its_size() -> None:
     update about twice the value's length (``update_tokens``)."""
     with LocalModelTestServer(n_ctx=32768) as server:
         async with _local(server) as model:
-            with use_models(model):
-                prompt = Parameter("Answer the question.", role="system prompt")
-                answer = await llm_call(prompt, Variable("What is 17 * 23?", role="question"))
-                loss = await TextLoss("Is the answer correct? Be terse.")(answer)
-                await loss.backward()
-                await TGD([prompt]).step()
+            await _readme_script(model)
         sizes = [r.body["max_tokens"] for r in server.requests]
         firsts = [r.body["messages"][0]["content"] for r in server.requests]
     assert sizes == [
