@@ -369,6 +369,11 @@ async def test_the_streamed_first_request_reads_as_the_same_answer(structured: b
     assert streamed.completion_tokens == len(reply.split())
 
 
+def _event(kind: str, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """One server-sent event of Anthropic's stream: its name, and its data of that type."""
+    return kind, {"type": kind, **fields}
+
+
 def test_a_stream_of_documented_events_is_put_together() -> None:
     """Anthropic's documented stream, with a thinking block, a ping, an event type not
     known here, and message_delta's final usage."""
@@ -385,68 +390,23 @@ def test_a_stream_of_documented_events_is_put_together() -> None:
         "usage": {"input_tokens": 25, "cache_read_input_tokens": 1000, "output_tokens": 1},
     }
     events = [
-        ("message_start", {"type": "message_start", "message": start}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "thinking", "thinking": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "thinking_delta", "thinking": "Let me"},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "signature_delta", "signature": "sig"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        ("ping", {"type": "ping"}),
-        (
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 1,
-                "content_block": {"type": "text", "text": ""},
-            },
-        ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 1,
-                "delta": {"type": "text_delta", "text": "Hello"},
-            },
-        ),
-        ("something_new", {"type": "something_new", "index": 1}),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 1,
-                "delta": {"type": "text_delta", "text": ", world"},
-            },
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
-        (
+        _event("message_start", message=start),
+        _event("content_block_start", index=0, content_block={"type": "thinking", "thinking": ""}),
+        _event("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": "Let me"}),
+        _event("content_block_delta", index=0, delta={"type": "signature_delta", "signature": "sig"}),
+        _event("content_block_stop", index=0),
+        _event("ping"),
+        _event("content_block_start", index=1, content_block={"type": "text", "text": ""}),
+        _event("content_block_delta", index=1, delta={"type": "text_delta", "text": "Hello"}),
+        _event("something_new", index=1),
+        _event("content_block_delta", index=1, delta={"type": "text_delta", "text": ", world"}),
+        _event("content_block_stop", index=1),
+        _event(
             "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                "usage": {"output_tokens": 15},
-            },
+            delta={"stop_reason": "max_tokens", "stop_sequence": None},
+            usage={"output_tokens": 15},
         ),
-    ]
+    ]  # fmt: skip
     for name, data in events:
         stream(name, data)
     assert begun == [True]
