@@ -309,12 +309,17 @@ async def throughput(url: str, tasks: int, rounds: int = 3, guarded: bool = Fals
         await client.close()
 
 
-async def wide(url: str, n: int = 256, seconds: float = 0.2, guarded: bool = False) -> float:
-    """The wide pass (``Client.wide``), after a small warm-up one."""
+async def wide(
+    url: str, n: int = 256, seconds: float = 0.2, guarded: bool = False
+) -> tuple[float, float]:
+    """The wide pass (``Client.wide``), after a small warm-up one: its wall time over
+    ``seconds``, and this process's CPU seconds a task (``time.process_time()``)."""
     client = Client(url, guarded)
     try:
         await client.wide(16, 0.01)
-        return await client.wide(n, seconds)
+        cpu = time.process_time()
+        ratio = await client.wide(n, seconds)
+        return ratio, (time.process_time() - cpu) / n
     finally:
         await client.close()
 
