@@ -52,6 +52,44 @@ Contribution = tuple[tuple[Seq, int], int, Variable | None]
 WorkItem = tuple[Node, tuple[Variable | None, ...]]
 
 
+# NOTE [Submitted nodes]
+# A node that waits on something outside this process (a remote backward: a reply from a
+# worker) needs no task of its own while it waits. For an executor with the protocol's
+# submission methods (``SubmittingExecutor`` in ``_executor``), ``_dispatch`` hands each
+# node the executor ``submits(node)`` to ``submit_backward(node, grads, done)`` at once, from
+# the task that made it ready: the executor encodes and queues it and returns a handle.
+# ``_drain`` then awaits ``send_submitted()`` once, before it returns: a whole ready level
+# leaves in one batch, a lone node (a chain) at once. When a node's outcome is in (result,
+# failure, timeout with its diagnosis), the executor calls ``done.put(handle)``; one
+# collector task per pass (``_collect``) finishes each node with ``collect_backward(handle)``
+# (the backward's result, or its error raised), finishes together the nodes that came
+# together, then drains once. Each submitted node has a context of its own, a copy of the
+# submitting task's (as its own task would have had): its "started" listeners and its
+# submission run in it, later its result and its "finished" or "failed" listeners, so that
+# what a listener makes current there (a tracing span, which the task carries to the
+# worker) is the node's alone. Order rules are untouched: gradients are summed in graph
+# order, whatever the order of the replies. A pass that ends with handles out (it failed,
+# or its caller was cancelled) awaits ``abandon_submitted(handles)``, shielded: the
+# executor cancels them where they run and collects what they report. Against a task
+# per waiting node (the runner's), this saves the task, its cancel scope and its frames:
+# about a third of the client's CPU per remote node and most of its garbage collector's
+# work in a wide remote pass (docs/guide/benchmarks.md).
+class _Completions:
+    """Where an executor puts the handles of submitted nodes whose outcome is in (NOTE
+    [Submitted nodes]); not the engine itself, so that a handle never refers to it."""
+
+    __slots__ = ("ready", "wakeup")
+
+    def __init__(self) -> None:
+        self.ready: list[Any] = []
+        self.wakeup: anyio.Event | None = None
+
+    def put(self, handle: Any) -> None:
+        self.ready.append(handle)
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+
 @dataclass(frozen=True, slots=True)
 class NodeEvent:
     """What listeners of a backward pass receive for every node that runs.
@@ -371,6 +409,14 @@ class Engine:
     ) -> None:
         self.executor = executor
         self._batched = getattr(executor, "run_backward_batched", None)
+        # The protocol's submission methods: nodes that wait without a task each (NOTE
+        # [Submitted nodes]).
+        self._submits = hasattr(executor, "submit_backward")
+        # Submitted, not collected: handle -> (node, the node's own context).
+        self._flight: dict[Any, tuple[Node, contextvars.Context]] = {}
+        self._done = _Completions()
+        self._unsent = False  # a node was submitted since the last send_submitted
+        self._collecting = False
         # GradManager's recording window: nodes created before sequence number ``since``
         # are not differentiated through (their gradients may still be captured).
         self._since = since
@@ -476,6 +522,9 @@ class Engine:
             _CURRENT_NODE.reset(cell_token)
             _GRAD_ENABLED.reset(token)
             self._tg = self._start_soon = None
+            if self._flight:  # submitted before the pass failed or was cancelled, and its
+                # collector never started (NOTE [Submitted nodes])
+                await self._abandon()
         if self._error is not None:
             raise self._error
         # Free saved variables only now: a pass that failed can be retried.
@@ -553,7 +602,101 @@ class Engine:
                 await anyio.lowlevel.checkpoint()
         if self._slow:
             self._grow()
+        if self._unsent:
+            await self._send_submitted()
         return keep if self._error is None else None
+
+    async def _send_submitted(self) -> None:
+        """The nodes submitted since the last send leave together (NOTE [Submitted nodes])."""
+        self._unsent = False
+        if self._error is None:  # else they are abandoned unsent
+            await self.executor.send_submitted()  # type: ignore[attr-defined]
+
+    def _submitted(
+        self, node: Node, grads: tuple[Variable | None, ...], cell: list[Node | None]
+    ) -> bool:
+        """Hand ``node`` to the executor's ``submit_backward`` if it takes such nodes (NOTE
+        [Submitted nodes]); True when it did, or the submission failed the pass.
+
+        The node gets a context of its own (a copy of this task's, as a task of its own
+        would): its "started" listeners, its submission, and later its result and its
+        "finished" (or "failed") listeners run in it, so that what a listener sets there
+        (a tracing span) is current for the node alone, from start to finish.
+        """
+        if not self.executor.submits(node):  # type: ignore[attr-defined]
+            return False
+        context = contextvars.copy_context()
+        cell[0] = node
+        try:
+            context.run(self._submit_in_context, node, grads, context)
+        finally:
+            cell[0] = None
+        if self._flight and not self._collecting:  # started from this task's context
+            self._collecting = True
+            self._spawn(self._collect)
+        return True
+
+    def _submit_in_context(
+        self, node: Node, grads: tuple[Variable | None, ...], context: contextvars.Context
+    ) -> None:
+        if self.listeners:
+            self._emit("started", node, grads=grads)
+        try:
+            handle = self.executor.submit_backward(node, grads, self._done)  # type: ignore[attr-defined]
+        except Exception as exc:
+            self._fail(node, exc)
+            return
+        self._suspended = True
+        self._unsent = True
+        self._flight[handle] = (node, context)
+
+    def _collected(self, node: Node, handle: Any) -> None:
+        """Finish a submitted node whose outcome is in (in its own context)."""
+        try:
+            grads_in = normalize_grads(node, self.executor.collect_backward(handle))  # type: ignore[attr-defined]
+        except Exception as exc:
+            self._fail(node, exc)
+            return
+        self._finish(node, grads_in)
+
+    async def _collect(self) -> None:
+        """Finish the submitted nodes as their outcomes come (NOTE [Submitted nodes]); if the
+        pass ends first (failed, cancelled), abandon those still out."""
+        cell: list[Node | None] = [None]  # this task's own: see NOTE [Current node]
+        _CURRENT_NODE.set(cell)
+        done = self._done
+        try:
+            while self._flight and self._error is None:
+                if not done.ready:
+                    done.wakeup = anyio.Event()
+                    await done.wakeup.wait()
+                ready, done.ready = done.ready, []
+                for handle in ready:
+                    entry = self._flight.pop(handle, None)
+                    if entry is None:
+                        continue
+                    node, context = entry
+                    cell[0] = node
+                    try:
+                        context.run(self._collected, node, handle)
+                    finally:
+                        cell[0] = None
+                    if self._error is not None:
+                        return
+                item = await self._drain(cell)
+                if item is not None:
+                    self._slow.append(item)
+                    self._grow()
+        finally:
+            self._collecting = False
+            if self._flight:
+                await self._abandon()
+
+    async def _abandon(self) -> None:
+        """The pass ends with submitted nodes still out: the executor cancels them."""
+        flight, self._flight = list(self._flight), {}
+        with anyio.CancelScope(shield=True):
+            await self.executor.abandon_submitted(flight)  # type: ignore[attr-defined]
 
     def _grow(self) -> None:
         """Start runner tasks for waiting slow nodes, doubling the pool while it is short.
@@ -610,6 +753,8 @@ class Engine:
             return None
         try:
             if not self.executor.inline(node):
+                if self._submits and self._submitted(node, grads, cell):
+                    return None
                 return (node, grads)
             if self.listeners:
                 self._emit("started", node, grads=grads)

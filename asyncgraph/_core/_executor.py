@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchingExecutor",
     "Executor",
+    "SubmittingExecutor",
     "current_executor",
     "use_executor",
 ]
@@ -67,6 +68,36 @@ class BatchingExecutor(Executor, Protocol):
         grad_outputs: tuple[Variable | None, ...],
         more_coming: Callable[[], bool],
     ) -> Any: ...
+
+
+@runtime_checkable
+class SubmittingExecutor(Executor, Protocol):
+    """An ``Executor`` whose nodes wait without a task each: the other optional methods.
+
+    For the nodes it ``submits(node)`` (ones that wait on something outside the process,
+    as a worker's reply), the engine calls ``submit_backward(node, grads, done)`` from the
+    task that made the node ready, instead of starting a task that awaits
+    ``run_backward``: the executor queues the node and returns a handle (raising fails the
+    pass, naming the node). Once the engine has handed over what is ready, it awaits
+    ``send_submitted()``: what was queued leaves as one batch. When a node's outcome is in
+    (and anything it must wait for, such as a timeout's diagnosis, is done), the executor
+    calls ``done.put(handle)``; the engine then calls ``collect_backward(handle)``, which
+    returns what the Function's backward returned or raises its error. A pass that ends
+    first (failed, cancelled) awaits ``abandon_submitted(handles)`` (shielded) for the
+    handles still out. NOTE [Submitted nodes] in ``_engine``.
+    """
+
+    def submits(self, node: Node) -> bool: ...
+
+    def submit_backward(
+        self, node: Node, grad_outputs: tuple[Variable | None, ...], done: Any
+    ) -> Any: ...
+
+    async def send_submitted(self) -> None: ...
+
+    def collect_backward(self, handle: Any) -> Any: ...
+
+    async def abandon_submitted(self, handles: list[Any]) -> None: ...
 
 
 _CURRENT: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(

@@ -71,6 +71,16 @@ from asyncgraph.resp import Connection, Oversize, Pool, RedisConnectionLost, Rep
 
 __all__ = ["RedisExecutorStats", "TaskChannel"]
 
+
+class _NoEvent:
+    """The event of a submitted task: nobody waits on it (its ``done`` is told)."""
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT: Any = _NoEvent()
+
 log = logging.getLogger("asyncgraph.distributed")
 
 _READ_COUNT = 1024
@@ -102,6 +112,8 @@ class _Pending:
     reported: anyio.Event | None = (
         None  # cancelled: set once its worker's report came, or none will
     )
+    done: Any = None  # submitted without a waiter: ``done.put(self)`` when it is over
+    node: Any = None  # the node a submitted task runs the backward of
 
 
 @dataclass(slots=True)
@@ -157,6 +169,8 @@ class TaskChannel:
         self._reporting: dict[str, _Pending] = {}  # cancelled, waiting for their workers' reports
         self.on_report = on_report
         """Takes the metadata a cancelled task's worker reported, in its caller's context."""
+        self.on_timeout: Callable[[_Pending], None] = lambda pending: pending.done.put(pending)
+        """Told of a submitted task that timed out (its executor diagnoses it)."""
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
@@ -213,28 +227,72 @@ class TaskChannel:
                     self._waking -= 1
         except BaseException:
             self._cancel(pending)
-            await self._collect_report(pending)
+            await self._collect_reports([pending])
             raise
         if pending.reply is not None:
             self.stats.completed += 1
         return pending
 
-    async def _collect_report(self, pending: _Pending) -> None:
-        """For a task its caller stopped waiting for: wait (shielded, ``redis_timeout_s`` at
-        most) for what the worker that held it reports, and hand its metadata (the model
-        usage of the task's calls) to ``on_report``; also when the reply came just before."""
-        if pending.reported is not None:
+    def submit(
+        self, task_id: str, function: str, packed: bytes, signature: bytes, done: Any
+    ) -> _Pending:
+        """Queue one task with no task waiting for it: ``done.put(pending)`` once it is
+        answered, failed or timed out; ``send_submitted`` sends what was queued."""
+        pending = _Pending(
+            task_id,
+            function,
+            _NO_EVENT,
+            packed,
+            signature,
+            anyio.current_time() + self.timeout_s,
+            done=done,
+        )
+        self._pending[task_id] = pending
+        self._outbox.append(pending)
+        self.stats.submitted += 1
+        self._submitted.set()
+        return pending
+
+    async def send_submitted(self) -> None:
+        """Send the queued tasks now, unless a flush is on its way or woken waiters may
+        add to the batch (then the flusher sends them together)."""
+        if self._waking or self._flushing:
+            self._flush_wanted.set()
+        else:
+            await self._flush(inline=True)
+
+    def completed(self, pending: _Pending) -> None:
+        if pending.reply is not None:
+            self.stats.completed += 1
+
+    async def abandon(self, pendings: list[_Pending]) -> None:
+        """Stop waiting for submitted tasks (their pass ended first): cancel those not over
+        on the workers, and hand what their workers report to ``on_report``."""
+        for pending in pendings:
+            self._cancel(pending)
+        await self._collect_reports(pendings)
+
+    async def _collect_reports(self, pendings: list[_Pending]) -> None:
+        """For tasks their callers stopped waiting for: wait (shielded, ``redis_timeout_s``
+        at most in all) for what the workers that held them report, and hand its metadata
+        (the model usage of the tasks' calls) to ``on_report``; also when the reply came
+        just before."""
+        waiting = [p for p in pendings if p.reported is not None]
+        if waiting:
             with anyio.move_on_after(self._pool.timeout_s, shield=True):
-                await pending.reported.wait()
-            self._reporting.pop(pending.task_id, None)
-        reply = pending.reply
-        if reply is not None and reply.meta:
-            try:
-                self.on_report(reply.meta)
-            except Exception:  # what a worker reported must not change how the caller ends
-                log.exception(
-                    "queue %r: the report of cancelled task %s", self.queue, pending.task_id
-                )
+                for pending in waiting:
+                    await pending.reported.wait()  # type: ignore[union-attr]
+            for pending in waiting:
+                self._reporting.pop(pending.task_id, None)
+        for pending in pendings:
+            reply = pending.reply
+            if reply is not None and reply.meta:
+                try:
+                    self.on_report(reply.meta)
+                except Exception:  # what a worker reported must not change how the caller ends
+                    log.exception(
+                        "queue %r: the report of cancelled task %s", self.queue, pending.task_id
+                    )
 
     def _reported(self, pending: _Pending) -> None:
         """No (more) report to wait for from ``pending``'s worker."""
@@ -591,6 +649,12 @@ class TaskChannel:
             self._wake(pending)
 
     def _wake(self, pending: _Pending) -> None:
+        if pending.done is not None:  # submitted: no waiter (NOTE [Submitted nodes])
+            if pending.timed_out:
+                self.on_timeout(pending)  # diagnosed first, then its node is told
+            else:
+                pending.done.put(pending)
+            return
         pending.woken = True
         self._waking += 1
         pending.event.set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -131,6 +131,8 @@ class RedisExecutor:
         self._pool = pool
         self._signer = signer
         self._limits = limits
+        self.channel.on_timeout = self._timed_out
+        self._start_soon: Callable[..., object] | None = None  # the executor's task group's
 
     # -- Executor protocol -------------------------------------------------------
     def inline(self, node: Node) -> bool:
@@ -153,6 +155,63 @@ class RedisExecutor:
         fn = node.function
         if fn.dispatch != "remote":
             return await self.local.run_backward(node, grad_outputs)
+        task_id, name, packed, signature = self._backward_task(node, grad_outputs)
+        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
+        result = await self._result(pending, fn, node, node.input_roles)
+        return read_backward_result(result)
+
+    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
+        return await self.run_backward_batched(node, grad_outputs, _nothing_more)
+
+    # -- submitted nodes (the core's SubmittingExecutor protocol) -----------------------
+    def submits(self, node: Node) -> bool:
+        return node.function.dispatch == "remote"
+
+    def submit_backward(
+        self, node: Node, grad_outputs: tuple[Variable | None, ...], done: Any
+    ) -> _Pending:
+        """Queue a remote node's backward with no task waiting for it (NOTE [Submitted
+        nodes] in the engine): ``done.put(handle)`` once its reply, its failure, or its
+        timeout (diagnosed) is in."""
+        task_id, name, packed, signature = self._backward_task(node, grad_outputs)
+        pending = self.channel.submit(task_id, name, packed, signature, done)
+        pending.node = node
+        return pending
+
+    async def send_submitted(self) -> None:
+        await self.channel.send_submitted()
+
+    def collect_backward(self, pending: _Pending) -> Any:
+        """The backward result of a submitted node whose outcome is in, or its error raised."""
+        self.channel.completed(pending)
+        node = pending.node
+        result = self._reply_result(pending, node.function, node, node.input_roles)
+        return read_backward_result(result)
+
+    async def abandon_submitted(self, pendings: list[_Pending]) -> None:
+        await self.channel.abandon(pendings)
+
+    def _timed_out(self, pending: _Pending) -> None:
+        """The channel's word that a submitted task got no reply in time: diagnose it off
+        the engine's path, then tell its node."""
+        assert self._start_soon is not None  # the deadline watcher runs in the same group
+        self._start_soon(self._diagnose_timeout, pending)
+
+    async def _diagnose_timeout(self, pending: _Pending) -> None:
+        diagnosis = "the executor closed before Redis was asked why"
+        try:
+            diagnosis = await self._diagnosis(pending)
+        finally:
+            node = pending.node
+            pending.error = self._timeout_error(
+                pending, node.function, node, node.input_roles, diagnosis
+            )
+            pending.done.put(pending)
+
+    def _backward_task(
+        self, node: Node, grad_outputs: tuple[Variable | None, ...]
+    ) -> tuple[str, str, bytes, bytes]:
+        fn = node.function
         if is_grad_enabled():
             raise GraphError(
                 f"{node.describe()} has dispatch='remote', and a remote backward cannot be "
@@ -163,19 +222,13 @@ class RedisExecutor:
             payload = backward_payload(node, grad_outputs)
         except TypeError as exc:  # pragma: no cover - ctx_state only reads attributes
             raise TypeError(f"{fn.__name__}: {exc}") from None
-        task_id, name, packed, signature = self._encode(
+        return self._encode(
             fn,
             "backward",
             payload,
             node.ctx,
             lambda: {"grad_outputs": [g.data if g else None for g in grad_outputs]},
         )
-        pending = await self.channel.send_and_wait(task_id, name, packed, signature, more_coming)
-        result = await self._result(pending, fn, node, node.input_roles)
-        return read_backward_result(result)
-
-    async def run_backward(self, node: Node, grad_outputs: tuple[Variable | None, ...]) -> Any:
-        return await self.run_backward_batched(node, grad_outputs, _nothing_more)
 
     # -- remote forward -------------------------------------------------------------
     async def apply(self, fn: type[Function], *args: Any, **kwargs: Any) -> Any:
@@ -269,38 +322,28 @@ class RedisExecutor:
 
         Called once the wait is over: no frame of it is held while the task waits.
         """
+        if pending.timed_out:
+            diagnosis = await self._diagnosis(pending)
+            raise self._timeout_error(pending, fn, node, input_roles, diagnosis)
+        return self._reply_result(pending, fn, node, input_roles)
+
+    def _reply_result(
+        self,
+        pending: _Pending,
+        fn: type[Function],
+        node: Node | None,
+        input_roles: tuple[str, ...],
+    ) -> Any:
+        """The result of a task whose reply or failure is in (metadata handed to the hooks),
+        or its error raised: the failure's own, or a ``RemoteError`` for the worker's."""
         reply = pending.reply
         if reply is not None:
             if reply.meta:
                 _on_reply_metadata(reply.meta)
             if reply.error is None:
                 return reply.result
-        await self._raise_failure(pending, fn, node, input_roles)
-
-    async def _raise_failure(
-        self,
-        pending: _Pending,
-        fn: type[Function],
-        node: Node | None,
-        input_roles: tuple[str, ...],
-    ) -> NoReturn:
-        """The error that says why the task has no result (timed out, lost, failed)."""
         describe = node.describe() if node is not None else f"{fn.__name__}.forward"
         output_roles = node.output_roles if node is not None else ()
-        where = {"function": fn.__name__, "input_roles": input_roles, "output_roles": output_roles}
-        if pending.timed_out:
-            try:
-                # Asked before the task is cancelled (which deletes it from the stream), so
-                # the diagnosis sees where it was: queued, being processed, or gone.
-                diagnosis = await self.channel.diagnose(pending)
-            finally:
-                self.channel.send_cancel(pending)
-            raise RemoteTimeoutError(
-                f"{describe}: no reply from the workers of queue {self.queue!r} within "
-                f"{self.timeout_s:g}s (task {pending.task_id}, function {pending.function!r}); "
-                f"{diagnosis}",
-                **where,  # type: ignore[arg-type]
-            )
         if pending.error is not None:
             error = pending.error
             if isinstance(error, BackwardError) and not error.function:
@@ -311,17 +354,47 @@ class RedisExecutor:
                 )
                 error.args = (f"{describe}: {error.args[0]}",)
             raise error
-        assert pending.reply is not None and pending.reply.error is not None
-        info = pending.reply.error
+        assert reply is not None and reply.error is not None
+        info = reply.error
         remote = RemoteError(
-            f"{describe} failed on worker {pending.reply.worker!r} (queue {self.queue!r}): "
+            f"{describe} failed on worker {reply.worker!r} (queue {self.queue!r}): "
             + (f"{info.type}: {info.message}" if info.kind == "error" else info.message),
             remote_traceback=info.traceback,
-            **where,
+            function=fn.__name__,
+            input_roles=input_roles,
+            output_roles=output_roles,
         )
         if info.traceback:
             raise remote from _RemoteTraceback(info.traceback)
         raise remote
+
+    async def _diagnosis(self, pending: _Pending) -> str:
+        """Why a task got no reply, as Redis shows it; then the task is cancelled."""
+        try:
+            # Asked before the task is cancelled (which deletes it from the stream), so
+            # the diagnosis sees where it was: queued, being processed, or gone.
+            return await self.channel.diagnose(pending)
+        finally:
+            self.channel.send_cancel(pending)
+
+    def _timeout_error(
+        self,
+        pending: _Pending,
+        fn: type[Function],
+        node: Node | None,
+        input_roles: tuple[str, ...],
+        diagnosis: str,
+    ) -> RemoteTimeoutError:
+        """The error of a task that got no reply within ``timeout_s``."""
+        describe = node.describe() if node is not None else f"{fn.__name__}.forward"
+        return RemoteTimeoutError(
+            f"{describe}: no reply from the workers of queue {self.queue!r} within "
+            f"{self.timeout_s:g}s (task {pending.task_id}, function {pending.function!r}); "
+            f"{diagnosis}",
+            function=fn.__name__,
+            input_roles=input_roles,
+            output_roles=node.output_roles if node is not None else (),
+        )
 
     def __repr__(self) -> str:
         return (
@@ -440,6 +513,7 @@ async def open_redis_executor(
     body_error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
+            executor._start_soon = tg.start_soon
             tg.start_soon(executor.channel.listen, listener)
             tg.start_soon(executor.channel.flush_loop)
             tg.start_soon(executor.channel.watch_deadlines)
