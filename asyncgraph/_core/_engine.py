@@ -61,9 +61,13 @@ WorkItem = tuple[Node, tuple[Variable | None, ...]]
 # ``_drain`` then awaits ``send_submitted()`` once, before it returns: a whole ready level
 # leaves in one batch, a lone node (a chain) at once. When a node's outcome is in (result,
 # failure, timeout with its diagnosis), the executor calls ``done.put(handle)``; one
-# collector task per pass (``_collect``) finishes each node with ``collect_backward(handle)``
+# collector per pass (``_collect``) finishes each node with ``collect_backward(handle)``
 # (the backward's result, or its error raised), finishes together the nodes that came
-# together, then drains once. Each submitted node has a context of its own, a copy of the
+# together, then drains once. Work first, as for a chain of local nodes: while the pass has
+# nothing else to wait for, the pass's own task is the collector (no task group to open and
+# close: a lone remote round trip costs no more than with a task per node); once a node
+# makes work that needs a task (a runner, a hook), a task of the group takes over the
+# collecting. Each submitted node has a context of its own, a copy of the
 # submitting task's (as its own task would have had): its "started" listeners and its
 # submission run in it, later its result and its "finished" or "failed" listeners, so that
 # what a listener makes current there (a tracing span, which the task carries to the
@@ -446,7 +450,9 @@ class Engine:
         # a chain runs in the caller's task alone. Until then, tasks to start wait here.
         self._tg: anyio.abc.TaskGroup | None = None
         self._start_soon: Callable[..., object] | None = None  # the task group's
-        self._deferred: list[tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]] = []
+        self._deferred: list[
+            tuple[Callable[..., Coroutine[Any, Any, object]], tuple[Any, ...]]
+        ] = []
         self._suspended = False
 
     # -- planning -------------------------------------------------------------
@@ -501,6 +507,13 @@ class Engine:
             # close: that costs an event-loop pass); the rest in a task group once a
             # node or hook needs a task of its own.
             item = await self._work(await self._drain(cell), cell)
+            if item is None and self._deferred == [(self._collect, ())]:
+                # Only submitted nodes to wait for: this task collects them itself, until
+                # one of them makes work that needs a task (NOTE [Submitted nodes]).
+                self._deferred.clear()
+                if not await self._collect(cell):
+                    self._collecting = True
+                    self._deferred.append((self._collect, ()))
             if self._deferred and self._error is None:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
@@ -659,14 +672,27 @@ class Engine:
             return
         self._finish(node, grads_in)
 
-    async def _collect(self) -> None:
+    async def _collect(self, cell: list[Node | None] | None = None) -> bool:
         """Finish the submitted nodes as their outcomes come (NOTE [Submitted nodes]); if the
-        pass ends first (failed, cancelled), abandon those still out."""
-        cell: list[Node | None] = [None]  # this task's own: see NOTE [Current node]
-        _CURRENT_NODE.set(cell)
+        pass ends first (failed, cancelled), abandon those still out.
+
+        In a task of its own (``cell`` None), until none is out. Given the pass's own task's
+        ``cell`` (before the task group exists), only until something waits for a task:
+        False then, with nodes still out, for a task of the group to collect them.
+        """
+        if cell is None:
+            cell = [None]  # this task's own: see NOTE [Current node]
+            _CURRENT_NODE.set(cell)
+            alone = False
+        else:
+            alone = True
         done = self._done
+        handed_over = False
         try:
             while self._flight and self._error is None:
+                if alone and self._deferred:
+                    handed_over = True
+                    return False
                 if not done.ready:
                     done.wakeup = anyio.Event()
                     await done.wakeup.wait()
@@ -682,14 +708,15 @@ class Engine:
                     finally:
                         cell[0] = None
                     if self._error is not None:
-                        return
+                        return True
                 item = await self._drain(cell)
                 if item is not None:
                     self._slow.append(item)
                     self._grow()
+            return True
         finally:
             self._collecting = False
-            if self._flight:
+            if self._flight and not handed_over:
                 await self._abandon()
 
     async def _abandon(self) -> None:
@@ -735,7 +762,7 @@ class Engine:
         finally:
             self._runners_alive -= 1
 
-    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, object]], *args: Any) -> None:
         if self._start_soon is None:
             self._deferred.append((fn, args))  # started once run() opens the task group
         else:

@@ -35,6 +35,7 @@ class Mailbox:
         self.out: list[_Handle] = []
         self.sends: list[int] = []  # how many were out at each send_submitted
         self.submitters: set[Any] = set()  # the tasks that submitted
+        self.collectors: set[Any] = set()  # the tasks that collected
         self.abandoned: list[_Handle] = []
         self.collected: list[_Handle] = []
         self.ran_as_task: list[str] = []
@@ -67,6 +68,7 @@ class Mailbox:
 
     def collect_backward(self, handle: _Handle) -> Any:
         self.collected.append(handle)
+        self.collectors.add(anyio.get_current_task().id)
         if handle.error is not None:
             raise handle.error
         return handle.grads[0]  # what AsyncIdentity's backward returns
@@ -300,3 +302,48 @@ async def test_nodes_submitted_after_a_reply_do_not_inherit_an_earlier_nodes_con
         tg.start_soon(answer_each)
         await backward(y, grad_tensors="g", executor=box, listeners=[listener])
     assert seen == [None, None, None]
+
+
+@pytest.mark.anyio
+async def test_a_chain_is_collected_by_the_callers_own_task() -> None:
+    """Work first: with nothing but submitted nodes to wait for, the caller's task waits for
+    them itself (no task group to open and close per pass, as for a lone local node)."""
+    box = Mailbox()
+    x = Parameter("x")
+    y = AsyncIdentity.apply(AsyncIdentity.apply(x))
+
+    async def answer_each() -> None:
+        for _ in range(2):
+            await box.wait_for(1)
+            box.answer(box.out[0])
+
+    caller = anyio.get_current_task().id
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(answer_each)
+        await backward(y, grad_tensors="g", executor=box)
+    assert box.submitters == box.collectors == {caller}
+    assert x.grad is not None and x.grad.data == "g"
+
+
+class LocalSlow(AsyncIdentity):
+    """Refused by the mailbox: run by a task of the pass."""
+
+
+@pytest.mark.anyio
+async def test_work_that_needs_a_task_after_a_submitted_node_hands_over_to_the_task_group() -> None:
+    box = Mailbox(refuse=LocalSlow)
+    x = Parameter("x")
+    mid = LocalSlow.apply(AsyncIdentity.apply(x))  # submitted, then a task's node
+    y = AsyncIdentity.apply(Add.apply(mid, AsyncIdentity.apply(x)))
+
+    async def answer_all() -> None:
+        for _ in range(3):
+            await box.wait_for(1)
+            box.answer(box.out[0])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(answer_all)
+        await backward(y, grad_tensors="g", executor=box)
+    assert box.ran_as_task == ["LocalSlow"]
+    assert len(box.collected) == 3 and box.abandoned == []
+    assert x.grad is not None and x.grad.data == ["g", "g"]
