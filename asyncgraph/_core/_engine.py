@@ -58,40 +58,53 @@ WorkItem = tuple[Node, tuple[Variable | None, ...]]
 # submission methods (``SubmittingExecutor`` in ``_executor``), ``_dispatch`` hands each
 # node the executor ``submits(node)`` to ``submit_backward(node, grads, done)`` at once, from
 # the task that made it ready: the executor encodes and queues it and returns a handle.
-# ``_drain`` then awaits ``send_submitted()`` once, before it returns: a whole ready level
-# leaves in one batch, a lone node (a chain) at once. When a node's outcome is in (result,
+# ``_drain`` then awaits ``send_submitted()`` once, before it returns: a ready level leaves
+# in one batch, a lone node (a chain) at once; a level wider than ``_MAX_NEW_RUNNERS``
+# leaves that many at a time, the loop running in between (as many as runners start in one
+# pass of the loop: a wide level never holds it). When a node's outcome is in (result,
 # failure, timeout with its diagnosis), the executor calls ``done.put(handle)``; one
-# collector per pass (``_collect``) finishes each node with ``collect_backward(handle)``
+# collector at a time (``_collect``) finishes each node with ``collect_backward(handle)``
 # (the backward's result, or its error raised), finishes together the nodes that came
 # together, then drains once. Work first, as for a chain of local nodes: while the pass has
 # nothing else to wait for, the pass's own task is the collector (no task group to open and
 # close: a lone remote round trip costs no more than with a task per node); once a node
 # makes work that needs a task (a runner, a hook), a task of the group takes over the
-# collecting. Each submitted node has a context of its own, a copy of the
-# submitting task's (as its own task would have had): its "started" listeners and its
-# submission run in it, later its result and its "finished" or "failed" listeners, so that
-# what a listener makes current there (a tracing span, which the task carries to the
-# worker) is the node's alone. Order rules are untouched: gradients are summed in graph
-# order, whatever the order of the replies. A pass that ends with handles out (it failed,
-# or its caller was cancelled) awaits ``abandon_submitted(handles)``, shielded: the
-# executor cancels them where they run and collects what they report. Against a task
-# per waiting node (the runner's), this saves the task, its cancel scope and its frames:
-# about a third of the client's CPU per remote node and most of its garbage collector's
-# work in a wide remote pass (docs/guide/benchmarks.md).
+# collecting. Each submitted node has a context of its own, a copy of the submitting
+# task's (as its own task would have had) with a current-node cell of its own (NOTE
+# [Current node]): its "started" listeners and its submission run in it, later its result
+# and its "finished" or "failed" listeners, so that what a listener makes current there (a
+# tracing span, which the task carries to the worker) is the node's alone, and
+# ``current_node()`` names it, whichever task collects it. Order rules are untouched:
+# gradients are summed in graph order, whatever the order of the replies. A pass that ends
+# with handles out (it failed, or its caller was cancelled) awaits
+# ``abandon_submitted(handles)``, shielded: the executor cancels them where they run and
+# collects what they report; ``done`` is closed with the pass (a late ``put`` is dropped).
+# ``send_submitted`` and ``abandon_submitted`` report through ``done``; one that raises
+# fails the pass (or is logged, when the pass ends anyway). Against a task per waiting
+# node (the runner's), this saves the task, its cancel scope and its frames: about a third
+# of the client's CPU per remote node and most of its garbage collector's work in a wide
+# remote pass (docs/guide/benchmarks.md).
 class _Completions:
     """Where an executor puts the handles of submitted nodes whose outcome is in (NOTE
     [Submitted nodes]); not the engine itself, so that a handle never refers to it."""
 
-    __slots__ = ("ready", "wakeup")
+    __slots__ = ("closed", "ready", "wakeup")
 
     def __init__(self) -> None:
         self.ready: list[Any] = []
         self.wakeup: anyio.Event | None = None
+        self.closed = False
 
     def put(self, handle: Any) -> None:
+        if self.closed:  # the pass is over (e.g. a diagnosis that ended after it): dropped
+            return
         self.ready.append(handle)
         if self.wakeup is not None:
             self.wakeup.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,11 +428,13 @@ class Engine:
         self._batched = getattr(executor, "run_backward_batched", None)
         # The protocol's submission methods: nodes that wait without a task each (NOTE
         # [Submitted nodes]).
-        self._submits = hasattr(executor, "submit_backward")
+        self._submits = callable(getattr(executor, "submits", None)) and callable(
+            getattr(executor, "submit_backward", None)
+        )
         # Submitted, not collected: handle -> (node, the node's own context).
         self._flight: dict[Any, tuple[Node, contextvars.Context]] = {}
         self._done = _Completions()
-        self._unsent = False  # a node was submitted since the last send_submitted
+        self._unsent = 0  # nodes submitted since the last send_submitted
         self._collecting = False
         # GradManager's recording window: nodes created before sequence number ``since``
         # are not differentiated through (their gradients may still be captured).
@@ -538,6 +553,7 @@ class Engine:
             if self._flight:  # submitted before the pass failed or was cancelled, and its
                 # collector never started (NOTE [Submitted nodes])
                 await self._abandon()
+            self._done.close()
         if self._error is not None:
             raise self._error
         # Free saved variables only now: a pass that failed can be retried.
@@ -604,6 +620,12 @@ class Engine:
             if grads is None:
                 continue
             item = self._dispatch(node, grads, cell)
+            if self._unsent >= _MAX_NEW_RUNNERS:
+                # As many as the runners one pass of the loop may start: those leave now
+                # (the workers start on them while the rest are encoded), and the loop
+                # runs other tasks (heartbeats) meanwhile.
+                await self._send_submitted()
+                await anyio.lowlevel.checkpoint()
             if item is not None:
                 if keep is None:
                     keep = item
@@ -621,13 +643,16 @@ class Engine:
 
     async def _send_submitted(self) -> None:
         """The nodes submitted since the last send leave together (NOTE [Submitted nodes])."""
-        self._unsent = False
-        if self._error is None:  # else they are abandoned unsent
+        self._unsent = 0
+        if self._error is not None:  # the pass failed: they are abandoned (cancelled)
+            return
+        try:
             await self.executor.send_submitted()  # type: ignore[attr-defined]
+        except Exception as exc:  # the protocol says it reports through ``done``: a bug
+            node = next(reversed(self._flight.values()))[0]
+            self._fail(node, exc)
 
-    def _submitted(
-        self, node: Node, grads: tuple[Variable | None, ...], cell: list[Node | None]
-    ) -> bool:
+    def _submitted(self, node: Node, grads: tuple[Variable | None, ...]) -> bool:
         """Hand ``node`` to the executor's ``submit_backward`` if it takes such nodes (NOTE
         [Submitted nodes]); True when it did, or the submission failed the pass.
 
@@ -639,11 +664,7 @@ class Engine:
         if not self.executor.submits(node):  # type: ignore[attr-defined]
             return False
         context = contextvars.copy_context()
-        cell[0] = node
-        try:
-            context.run(self._submit_in_context, node, grads, context)
-        finally:
-            cell[0] = None
+        context.run(self._submit_in_context, node, grads, context)
         if self._flight and not self._collecting:  # started from this task's context
             self._collecting = True
             self._spawn(self._collect)
@@ -652,6 +673,9 @@ class Engine:
     def _submit_in_context(
         self, node: Node, grads: tuple[Variable | None, ...], context: contextvars.Context
     ) -> None:
+        # The node's own cell (NOTE [Current node]): current_node() names it in its context
+        # from its "started" listeners to its "finished" ones, whichever task runs them.
+        _CURRENT_NODE.set([node])
         if self.listeners:
             self._emit("started", node, grads=grads)
         try:
@@ -660,7 +684,7 @@ class Engine:
             self._fail(node, exc)
             return
         self._suspended = True
-        self._unsent = True
+        self._unsent += 1
         self._flight[handle] = (node, context)
 
     def _collected(self, node: Node, handle: Any) -> None:
@@ -702,11 +726,7 @@ class Engine:
                     if entry is None:
                         continue
                     node, context = entry
-                    cell[0] = node
-                    try:
-                        context.run(self._collected, node, handle)
-                    finally:
-                        cell[0] = None
+                    context.run(self._collected, node, handle)
                     if self._error is not None:
                         return True
                 item = await self._drain(cell)
@@ -723,7 +743,10 @@ class Engine:
         """The pass ends with submitted nodes still out: the executor cancels them."""
         flight, self._flight = list(self._flight), {}
         with anyio.CancelScope(shield=True):
-            await self.executor.abandon_submitted(flight)  # type: ignore[attr-defined]
+            try:
+                await self.executor.abandon_submitted(flight)  # type: ignore[attr-defined]
+            except Exception:  # the pass ends with its own error (or cancellation)
+                _log.exception("abandoning %d submitted node(s) failed", len(flight))
 
     def _grow(self) -> None:
         """Start runner tasks for waiting slow nodes, doubling the pool while it is short.
@@ -733,9 +756,10 @@ class Engine:
         few runners there are (no task per node), while nodes that wait (an LLM
         call) make every runner busy, so the pool doubles each time a runner
         starts until every waiting node has one. At most ``_MAX_NEW_RUNNERS`` start
-        in one pass of the event loop: each starts its node there (a remote node is
-        encoded and queued), and thousands at once would hold the loop for as long as
-        they take (other tasks and timers wait for the next pass).
+        in one pass of the event loop: each starts its node there, and thousands at once
+        would hold the loop for as long as they take (other tasks and timers wait for the
+        next pass). Submitted nodes (NOTE [Submitted nodes]) need no runner; ``_drain``
+        lets the loop run after each ``_MAX_NEW_RUNNERS`` of them.
         """
         if self._runners_starting:
             return
@@ -780,7 +804,7 @@ class Engine:
             return None
         try:
             if not self.executor.inline(node):
-                if self._submits and self._submitted(node, grads, cell):
+                if self._submits and self._submitted(node, grads):
                     return None
                 return (node, grads)
             if self.listeners:

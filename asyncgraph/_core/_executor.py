@@ -77,14 +77,16 @@ class SubmittingExecutor(Executor, Protocol):
     For the nodes it ``submits(node)`` (ones that wait on something outside the process,
     as a worker's reply), the engine calls ``submit_backward(node, grads, done)`` from the
     task that made the node ready, instead of starting a task that awaits
-    ``run_backward``: the executor queues the node and returns a handle (raising fails the
-    pass, naming the node). Once the engine has handed over what is ready, it awaits
-    ``send_submitted()``: what was queued leaves as one batch. When a node's outcome is in
+    ``run_backward``: the executor queues the node and returns a hashable handle (raising
+    fails the pass, naming the node). Once the engine has handed over what is ready (256
+    nodes at most), it awaits ``send_submitted()``: what was queued leaves as one batch. When a node's outcome is in
     (and anything it must wait for, such as a timeout's diagnosis, is done), the executor
     calls ``done.put(handle)``; the engine then calls ``collect_backward(handle)``, which
     returns what the Function's backward returned or raises its error. A pass that ends
     first (failed, cancelled) awaits ``abandon_submitted(handles)`` (shielded) for the
-    handles still out. NOTE [Submitted nodes] in ``_engine``.
+    handles still out. ``send_submitted`` and ``abandon_submitted`` report a failure to send
+    through ``done`` (the node's error), not by raising. NOTE [Submitted nodes] in
+    ``_engine``.
     """
 
     def submits(self, node: Node) -> bool: ...

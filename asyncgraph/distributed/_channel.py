@@ -5,14 +5,15 @@ messages in ``asyncgraph.distributed.wire._schema``). One channel owns, in its
 executor's task group:
 
 - a *flusher*: remote nodes made ready together are XADDed to the task stream
-  in one pipelined round trip. The engine's runners start a wide level of ready
-  nodes over a few ticks and say when the last one is submitted (the
-  ``more_coming`` probe of ``run_backward_batched``, the Executor protocol's optional
-  batching method): that submission sends the batch at once, from its
-  own task, unless other waiters woken with it have yet to resume (their next
+  in one pipelined round trip. The engine submits a ready level's remote nodes (``submit``,
+  no task waiting for each: NOTE [Submitted nodes] in the engine) and then asks for them to
+  leave (``send_submitted``; 256 at most at a time); a remote forward, or a node of an
+  engine that runs it in a task, says through ``send_and_wait``'s ``more_coming`` probe
+  whether more submissions are on their way. The batch leaves at once, from the
+  submitting task, unless other waiters woken with it have yet to resume (their next
   nodes join the batch) or a flush is already on its way. Then the flusher sends
-  what gathered once submissions stop arriving for two event-loop checkpoints; at
-  most 1,024 tasks per trip; cancellations ride along;
+  what gathered once submissions stop arriving for two event-loop checkpoints (or 1,024
+  are waiting); cancellations ride along;
 - a *listener*: one blocking XREAD on this client's reply stream that resolves
   the waiting tasks; a reply for a task already resolved (a task that ran
   twice) is ignored, so every task is joined exactly once; a reply it cannot
@@ -53,7 +54,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from asyncgraph import RemoteConnectionError, RemoteError, WireError
+from asyncgraph import RemoteConnectionError, RemoteError, RemoteTimeoutError, WireError
 from asyncgraph.distributed import _diagnosis as diagnosis
 from asyncgraph.distributed._liveness import redis_time_ms
 from asyncgraph.distributed._yield import let_ready_tasks_run
@@ -169,8 +170,9 @@ class TaskChannel:
         self._reporting: dict[str, _Pending] = {}  # cancelled, waiting for their workers' reports
         self.on_report = on_report
         """Takes the metadata a cancelled task's worker reported, in its caller's context."""
-        self.on_timeout: Callable[[_Pending], None] = lambda pending: pending.done.put(pending)
-        """Told of a submitted task that timed out (its executor diagnoses it)."""
+        self.on_timeout: Callable[[_Pending], None] = self._timed_out
+        """Told of a submitted task that timed out (its executor diagnoses it, then puts it
+        to its ``done``)."""
         self._outbox: list[_Pending] = []
         self._cancels: list[_Pending] = []
         self._flush_wanted = anyio.Event()
@@ -647,6 +649,13 @@ class TaskChannel:
         if self._pending.pop(pending.task_id, None) is not None:
             pending.error = error
             self._wake(pending)
+
+    def _timed_out(self, pending: _Pending) -> None:
+        pending.error = RemoteTimeoutError(
+            f"no reply from the workers of queue {self.queue!r} within {self.timeout_s:g}s "
+            f"(task {pending.task_id}, function {pending.function!r})"
+        )
+        pending.done.put(pending)
 
     def _wake(self, pending: _Pending) -> None:
         if pending.done is not None:  # submitted: no waiter (NOTE [Submitted nodes])

@@ -193,20 +193,27 @@ class RedisExecutor:
 
     def _timed_out(self, pending: _Pending) -> None:
         """The channel's word that a submitted task got no reply in time: diagnose it off
-        the engine's path, then tell its node."""
-        assert self._start_soon is not None  # the deadline watcher runs in the same group
+        the engine's path (a task of the executor's group), then tell its node."""
+        if self._start_soon is None:  # not open: nothing to ask Redis with
+            self._tell_timed_out(pending, "not diagnosed: the executor is not open")
+            return
         self._start_soon(self._diagnose_timeout, pending)
 
     async def _diagnose_timeout(self, pending: _Pending) -> None:
-        diagnosis = "the executor closed before Redis was asked why"
+        diagnosis = "not diagnosed: the executor closed first"
         try:
             diagnosis = await self._diagnosis(pending)
+        except Exception as exc:  # never the executor's other tasks' failure
+            diagnosis = f"could not ask Redis why ({type(exc).__name__}: {exc})"
         finally:
-            node = pending.node
-            pending.error = self._timeout_error(
-                pending, node.function, node, node.input_roles, diagnosis
-            )
-            pending.done.put(pending)
+            self._tell_timed_out(pending, diagnosis)
+
+    def _tell_timed_out(self, pending: _Pending, diagnosis: str) -> None:
+        node = pending.node
+        pending.error = self._timeout_error(
+            pending, node.function, node, node.input_roles, diagnosis
+        )
+        pending.done.put(pending)
 
     def _backward_task(
         self, node: Node, grad_outputs: tuple[Variable | None, ...]
@@ -513,7 +520,7 @@ async def open_redis_executor(
     body_error: Exception | None = None
     try:
         async with anyio.create_task_group() as tg:
-            executor._start_soon = tg.start_soon
+            executor._start_soon = tg.start_soon  # (a timed-out node's diagnosis)
             tg.start_soon(executor.channel.listen, listener)
             tg.start_soon(executor.channel.flush_loop)
             tg.start_soon(executor.channel.watch_deadlines)
@@ -526,6 +533,7 @@ async def open_redis_executor(
             finally:
                 tg.cancel_scope.cancel()
     finally:
+        executor._start_soon = None
         await executor.channel.close()
     if body_error is not None:
         raise body_error

@@ -14,7 +14,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncgraph import BackwardError, Function, Node, NodeEvent, Parameter, Variable, backward
+from asyncgraph import (
+    BackwardError,
+    Function,
+    Node,
+    NodeEvent,
+    Parameter,
+    Variable,
+    backward,
+    current_node,
+)
 from asyncgraph._core._executor import SubmittingExecutor
 
 from ._ops import Add, AsyncIdentity
@@ -347,3 +356,100 @@ async def test_work_that_needs_a_task_after_a_submitted_node_hands_over_to_the_t
     assert box.ran_as_task == ["LocalSlow"]
     assert len(box.collected) == 3 and box.abandoned == []
     assert x.grad is not None and x.grad.data == ["g", "g"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("hand_over", [False, True])
+async def test_current_node_names_the_submitted_node_from_start_to_finish(hand_over: bool) -> None:
+    """Whichever task collects it (the caller's own, or a task of the pass's group while
+    the caller's runs a slow local node), current_node() is the submitted node in its
+    collection and its listeners."""
+    box = Mailbox(refuse=LocalSlow)
+    seen: list[tuple[str, Node | None, Node | None]] = []
+
+    def listener(event: NodeEvent) -> None:
+        if event.node is not None and event.node.name == "AsyncIdentity":
+            seen.append((event.kind, event.node, current_node()))
+
+    collect = box.collect_backward
+
+    def collect_and_look(handle: _Handle) -> Any:
+        seen.append(("collected", handle.node, current_node()))
+        return collect(handle)
+
+    box.collect_backward = collect_and_look  # type: ignore[method-assign]
+    a, b = Parameter(1.0), Parameter(2.0)
+    outs = [AsyncIdentity.apply(a)]
+    if hand_over:
+        outs.append(LocalSlow.apply(b))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_answer_all_reversed, box, 1)
+        await backward(outs, executor=box, listeners=[listener])
+    assert [kind for kind, _, _ in seen] == ["started", "collected", "finished"]
+    assert all(node is current for _, node, current in seen)
+
+
+@pytest.mark.anyio
+async def test_a_failed_submitted_node_is_reported_to_listeners() -> None:
+    box = Mailbox()
+    events: list[NodeEvent] = []
+    outs = [AsyncIdentity.apply(Parameter(1.0)), Unsendable.apply(Parameter(2.0))]
+    with pytest.raises(BackwardError):
+        await backward(outs, executor=box, listeners=[events.append])
+    failed = [e for e in events if e.kind == "failed"]
+    assert [e.function for e in failed] == ["Unsendable"]
+    assert isinstance(failed[0].error, TypeError)  # what the submission raised, as for any node
+
+    box, events = Mailbox(), []
+    leaf = Parameter(1.0)
+
+    async def refuse() -> None:
+        await box.wait_for(1)
+        box.answer(box.out[0], RuntimeError("refused"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(refuse)
+        with pytest.raises(BackwardError, match="refused"):
+            await backward(AsyncIdentity.apply(leaf), executor=box, listeners=[events.append])
+    assert [e.kind for e in events] == ["started", "failed"]
+
+
+class SendFails(Mailbox):
+    async def send_submitted(self) -> None:
+        raise RuntimeError("the queue is gone")
+
+
+@pytest.mark.anyio
+async def test_an_executor_that_fails_to_send_fails_the_pass_naming_a_node() -> None:
+    box = SendFails()
+    leaves = [Parameter(1.0) for _ in range(2)]
+    with pytest.raises(BackwardError, match="the queue is gone") as info:
+        await backward([AsyncIdentity.apply(p) for p in leaves], executor=box)
+    assert info.value.function == "AsyncIdentity"
+    assert len(box.abandoned) == 2
+    assert all(p.grad is None for p in leaves)
+
+
+@pytest.mark.anyio
+async def test_a_level_wider_than_one_loop_pass_leaves_in_parts_and_lets_the_loop_run() -> None:
+    """At most 256 nodes are encoded between two passes of the event loop (as many as
+    runners once started): the first 256 leave while the rest are encoded, and other
+    tasks (a heartbeat) run in between."""
+    box = Mailbox()
+    ticks: list[int] = []
+
+    async def heartbeat() -> None:
+        while True:
+            ticks.append(len(box.out))
+            await anyio.lowlevel.checkpoint()
+
+    leaves = [Parameter(1.0) for _ in range(600)]
+    outs = [AsyncIdentity.apply(p) for p in leaves]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        tg.start_soon(_answer_all_reversed, box, 600)
+        await backward(outs, executor=box)
+        tg.cancel_scope.cancel()
+    assert box.sends == [256, 512, 600]
+    assert any(0 < n < 600 for n in ticks)  # the loop ran while the level was submitted
+    assert all(p.grad is not None for p in leaves)
