@@ -8,6 +8,7 @@ test says so, in any order, as a worker fleet's replies come.
 from __future__ import annotations
 
 import contextvars
+import random
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ import pytest
 from asyncgraph import (
     BackwardError,
     Function,
+    LocalExecutor,
     Node,
     NodeEvent,
     Parameter,
@@ -453,3 +455,78 @@ async def test_a_level_wider_than_one_loop_pass_leaves_in_parts_and_lets_the_loo
     assert box.sends == [256, 512, 600]
     assert any(0 < n < 600 for n in ticks)  # the loop ran while the level was submitted
     assert all(p.grad is not None for p in leaves)
+
+
+class Tag(Function):
+    """Marks the gradient with its name: text gradients that tell the order they met."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Variable, name: str) -> Variable:
+        ctx.name = name
+        return Variable(x.data)
+
+    @staticmethod
+    def backward(ctx: Any, g: Variable) -> tuple[Variable, None]:
+        return Variable(f"{g.data}>{ctx.name}"), None
+
+
+class ShuffledReplies(Mailbox):
+    """Submits every Tag node (the rest run inline) and answers them in a random order."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.rng = rng
+
+    def inline(self, node: Node) -> bool:
+        return node.function is not Tag
+
+    def submits(self, node: Node) -> bool:
+        return node.function is Tag
+
+    def collect_backward(self, handle: _Handle) -> Any:
+        return Tag.backward(handle.node.ctx, *handle.grads)
+
+    async def answer_at_random(self) -> None:
+        while True:
+            if self.out:
+                picked = self.rng.sample(self.out, self.rng.randint(1, len(self.out)))
+                for handle in picked:
+                    self.answer(handle)
+                    if self.rng.random() < 0.3:
+                        await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
+
+
+def _random_text_graph(seed: int) -> tuple[list[Parameter], list[Variable]]:
+    rng = random.Random(seed)
+    leaves = [Parameter(f"x{i}") for i in range(rng.randint(1, 3))]
+    values: list[Variable] = list(leaves)
+    for i in range(rng.randint(3, 25)):
+        if rng.random() < 0.6:
+            values.append(Tag.apply(rng.choice(values[-6:]), f"t{i}"))
+        else:
+            values.append(Add.apply(rng.choice(values), rng.choice(values[-4:])))
+    outputs = rng.sample(values[len(leaves) :], rng.randint(1, min(3, len(values) - len(leaves))))
+    return leaves, outputs
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("seed", range(40))
+async def test_random_graphs_get_the_sequential_gradients_whatever_the_order_of_replies(
+    seed: int,
+) -> None:
+    """Exactly as a sequential run (the local executor): text gradients record the order
+    of every sum, so any reply order leaking into the result shows."""
+    leaves, outputs = _random_text_graph(seed)
+    seeds = [f"s{k}" for k in range(len(outputs))]
+    await backward(outputs, seeds, executor=LocalExecutor())
+    expected = [None if p.grad is None else p.grad.data for p in leaves]
+
+    leaves, outputs = _random_text_graph(seed)
+    box = ShuffledReplies(random.Random(seed))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(box.answer_at_random)
+        await backward(outputs, seeds, executor=box)
+        tg.cancel_scope.cancel()
+    assert [None if p.grad is None else p.grad.data for p in leaves] == expected
+    assert box.out == [] and box.abandoned == []
