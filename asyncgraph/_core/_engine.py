@@ -649,6 +649,8 @@ class Engine:
         try:
             await self.executor.send_submitted()  # type: ignore[attr-defined]
         except Exception as exc:  # the protocol says it reports through ``done``: a bug
+            if not self._flight:
+                raise
             node = next(reversed(self._flight.values()))[0]
             self._fail(node, exc)
 
