@@ -54,7 +54,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from asyncgraph import RemoteConnectionError, RemoteError, RemoteTimeoutError, WireError
+from asyncgraph import RemoteConnectionError, RemoteError, WireError
 from asyncgraph.distributed import _diagnosis as diagnosis
 from asyncgraph.distributed._liveness import redis_time_ms
 from asyncgraph.distributed._yield import let_ready_tasks_run
@@ -149,6 +149,7 @@ class TaskChannel:
         limits: Limits,
         run_id: bytes | None,
         on_report: Callable[[dict[str, Any]], None] = lambda meta: None,
+        on_timeout: Callable[[_Pending], None],
     ) -> None:
         self.queue = queue
         self.client_id = uuid.uuid4().hex
@@ -170,7 +171,7 @@ class TaskChannel:
         self._reporting: dict[str, _Pending] = {}  # cancelled, waiting for their workers' reports
         self.on_report = on_report
         """Takes the metadata a cancelled task's worker reported, in its caller's context."""
-        self.on_timeout: Callable[[_Pending], None] = self._timed_out
+        self.on_timeout = on_timeout
         """Told of a submitted task that timed out (its executor diagnoses it, then puts it
         to its ``done``)."""
         self._outbox: list[_Pending] = []
@@ -649,13 +650,6 @@ class TaskChannel:
         if self._pending.pop(pending.task_id, None) is not None:
             pending.error = error
             self._wake(pending)
-
-    def _timed_out(self, pending: _Pending) -> None:
-        pending.error = RemoteTimeoutError(
-            f"no reply from the workers of queue {self.queue!r} within {self.timeout_s:g}s "
-            f"(task {pending.task_id}, function {pending.function!r})"
-        )
-        pending.done.put(pending)
 
     def _wake(self, pending: _Pending) -> None:
         if pending.done is not None:  # submitted: no waiter (NOTE [Submitted nodes])

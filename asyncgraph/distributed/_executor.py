@@ -122,6 +122,7 @@ class RedisExecutor:
             limits=limits,
             run_id=run_id,
             on_report=_on_reply_metadata,
+            on_timeout=self._timed_out,
         )
         self.queue = queue
         self.client_id = self.channel.client_id
@@ -131,7 +132,6 @@ class RedisExecutor:
         self._pool = pool
         self._signer = signer
         self._limits = limits
-        self.channel.on_timeout = self._timed_out
         self._start_soon: Callable[..., object] | None = None  # the executor's task group's
 
     # -- Executor protocol -------------------------------------------------------

@@ -93,6 +93,12 @@ class Mailbox:
         handle.error = error
         handle.done.put(handle)
 
+    async def answer_in_turn(self, count: int) -> None:
+        """Answer ``count`` nodes one at a time, each once it is out (a chain's pace)."""
+        for _ in range(count):
+            await self.wait_for(1)
+            self.answer(self.out[0])
+
     async def wait_for(self, count: int) -> None:
         with anyio.fail_after(DEADLINE_S):
             while len(self.out) < count:
@@ -137,13 +143,8 @@ async def test_a_chain_of_submitted_nodes_sends_each_at_once() -> None:
     for _ in range(4):
         y = AsyncIdentity.apply(y)
 
-    async def answer_each() -> None:
-        for _ in range(4):
-            await box.wait_for(1)
-            box.answer(box.out[0])
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(answer_each)
+        tg.start_soon(box.answer_in_turn, 4)
         await backward(y, grad_tensors="g", executor=box)
     assert box.sends == [1, 1, 1, 1]  # a lone node never waits for company
     assert x.grad is not None and x.grad.data == "g"
@@ -304,13 +305,8 @@ async def test_nodes_submitted_after_a_reply_do_not_inherit_an_earlier_nodes_con
     x = Parameter("x")
     y = AsyncIdentity.apply(AsyncIdentity.apply(AsyncIdentity.apply(x)))
 
-    async def answer_each() -> None:
-        for _ in range(3):
-            await box.wait_for(1)
-            box.answer(box.out[0])
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(answer_each)
+        tg.start_soon(box.answer_in_turn, 3)
         await backward(y, grad_tensors="g", executor=box, listeners=[listener])
     assert seen == [None, None, None]
 
@@ -323,14 +319,9 @@ async def test_a_chain_is_collected_by_the_callers_own_task() -> None:
     x = Parameter("x")
     y = AsyncIdentity.apply(AsyncIdentity.apply(x))
 
-    async def answer_each() -> None:
-        for _ in range(2):
-            await box.wait_for(1)
-            box.answer(box.out[0])
-
     caller = anyio.get_current_task().id
     async with anyio.create_task_group() as tg:
-        tg.start_soon(answer_each)
+        tg.start_soon(box.answer_in_turn, 2)
         await backward(y, grad_tensors="g", executor=box)
     assert box.submitters == box.collectors == {caller}
     assert x.grad is not None and x.grad.data == "g"
@@ -347,13 +338,8 @@ async def test_work_that_needs_a_task_after_a_submitted_node_hands_over_to_the_t
     mid = LocalSlow.apply(AsyncIdentity.apply(x))  # submitted, then a task's node
     y = AsyncIdentity.apply(Add.apply(mid, AsyncIdentity.apply(x)))
 
-    async def answer_all() -> None:
-        for _ in range(3):
-            await box.wait_for(1)
-            box.answer(box.out[0])
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(answer_all)
+        tg.start_soon(box.answer_in_turn, 3)
         await backward(y, grad_tensors="g", executor=box)
     assert box.ran_as_task == ["LocalSlow"]
     assert len(box.collected) == 3 and box.abandoned == []

@@ -58,9 +58,8 @@ async def test_tasks_whose_send_lost_its_reply_are_sent_again_and_run_once(
         # Connections to spare in the pool: the send finds one there even while the
         # heartbeat holds another (a send on a new connection is never sent again: a new
         # connection that fails says Redis is gone; the pool's docstring).
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):
-                tg.start_soon(ex._pool.pipeline, [["BLPOP", "agdist:never", "0.2"]])
+        async with ex._pool.connection(), ex._pool.connection(), ex._pool.connection():
+            pass  # three held at once, then all three back in the pool
         before = proxy.accepted
         proxy.drop_next_reply(after=b"XADD")
         x.grad = None
