@@ -20,11 +20,12 @@ import subprocess
 import sys
 import time
 
+from asyncgraph.cli import SUBCOMMANDS  # every subcommand the command has (imports none)
+
 HEAVY = ("httpx", "redis", "msgpack", "numpy", "rich")
 # As installed code runs: with cached bytecode (a PYTHONDONTWRITEBYTECODE environment
 # would recompile every module on every start, which is not what an import costs).
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-SUBCOMMANDS = ("worker", "demo", "run", "eval", "status", "ui")
 
 
 def _commands() -> dict[str, list[str]]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
 import pytest
+
+from asyncgraph.cli import SUBCOMMANDS
 
 pytestmark = pytest.mark.slow  # every test runs the command in a subprocess
 
@@ -110,3 +113,33 @@ def test_worker_log_level_is_checked_and_documented() -> None:
         timeout=60,
     )
     assert "--log-level LEVEL" in helped.stdout and "DEBUG, INFO, WARNING" in helped.stdout
+
+
+# What answering --help or a usage error may not load (#35): the clients of a model or a
+# fleet load when one is first used, not to print a usage.
+NOT_FOR_A_USAGE = ("httpx", "redis", "hiredis", "msgpack", "numpy", "rich", "asyncgraph.resp")
+
+
+def _loaded_answering(argv: list[str]) -> tuple[int, list[str]]:
+    """Run ``asyncgraph *argv`` in a fresh process: its exit code, and which of
+    ``NOT_FOR_A_USAGE`` it had loaded when it exited."""
+    done = run(
+        "import sys",
+        "from asyncgraph.cli import main",
+        "try:",
+        f"    code = main({argv!r})",
+        "except SystemExit as exc:",
+        "    code = exc.code",
+        f"names = {NOT_FOR_A_USAGE!r}",
+        "print(code)",
+        "print(sorted(n for n in names if any(m == n or m.startswith(n + '.') for m in sys.modules)))",
+    )
+    assert done.stdout, done.stderr
+    code, loaded = done.stdout.splitlines()[-2:]
+    return int(code), ast.literal_eval(loaded)
+
+
+@pytest.mark.parametrize("sub", sorted(SUBCOMMANDS))
+def test_a_subcommands_help_and_usage_error_load_no_client(sub: str) -> None:
+    assert _loaded_answering([sub, "--help"]) == (0, [])
+    assert _loaded_answering([sub, "--no-such-flag"]) == (2, [])

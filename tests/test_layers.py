@@ -162,6 +162,43 @@ def test_import_asyncgraph_text_loads_no_http_or_redis_client() -> None:
 
 
 @pytest.mark.slow
+def test_a_text_step_on_the_simulated_model_loads_no_http_or_redis_client() -> None:
+    """Not only the import: a whole offline step (the README's first example: a call, a
+    judge, backward, a TGD update, on ``SimulatedModel``) loads neither httpx nor the Redis
+    client nor msgpack, nor a provider's module (#35)."""
+    code = "\n".join(
+        [
+            "import anyio, sys",
+            "from asyncgraph import Parameter, Variable",
+            "from asyncgraph.models import SimulatedModel",
+            "from asyncgraph.optim import TGD",
+            "from asyncgraph.text import TextLoss, llm_call, use_models",
+            "async def main():",
+            "    with use_models(SimulatedModel(latency_s=0.0)):",
+            "        prompt = Parameter('Answer the question.', role='system prompt')",
+            "        answer = await llm_call(prompt, Variable('What is 17 * 23?', role='question'))",
+            "        loss = await TextLoss('Is the answer correct?')(answer)",
+            "        await loss.backward()",
+            "        await TGD([prompt]).step()",
+            "    assert prompt.data != 'Answer the question.', prompt.data",
+            "anyio.run(main)",
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r}))",
+            "print(sorted(m for m in sys.modules if m.startswith('asyncgraph.')))",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    heavy, ours = done.stdout.splitlines()[-2:]
+    assert heavy == "[]"
+    for name in ("distributed", "resp", "jobs"):
+        assert f"'asyncgraph.{name}" not in ours, ours
+    for name in ("_http", "_openai", "_anthropic", "_azure", "_litellm"):
+        assert f"'asyncgraph.models.{name}'" not in ours, ours
+
+
+@pytest.mark.slow
 def test_numpy_is_summed_once_it_is_used() -> None:
     code = (
         "import asyncgraph, sys; assert 'numpy' not in sys.modules; import numpy as np; "

@@ -23,15 +23,18 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from asyncgraph import RemoteConnectionError
+from asyncgraph._exceptions import RedisConnectionLost, ReplyError
 from asyncgraph._redact import redact
 from asyncgraph.distributed._liveness import live_consumers, redis_time_ms
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.resp import Pool, RedisConnectionLost, ReplyError, parse_redis_url
+
+if TYPE_CHECKING:
+    from asyncgraph.resp import Pool
 
 __all__ = ["add_arguments", "fleet_status", "format_status", "run"]
 
@@ -195,6 +198,8 @@ async def fleet_status(url: str, queue: str, *, timeout_s: float = 5.0) -> dict[
     ``ValueError`` for a bad URL or queue name.
     """
     keys.check_queue_name(queue)
+    from asyncgraph.resp import Pool, parse_redis_url  # the client loads to read, not for --help
+
     address = parse_redis_url(url)
     pool = Pool(address, timeout_s=timeout_s)
     try:

@@ -21,10 +21,9 @@ import sys
 
 import anyio
 
-from asyncgraph._exceptions import ConfigError
+from asyncgraph._exceptions import ConfigError, RedisConnectionLost
 from asyncgraph._redact import RedactingFormatter, url_secrets
 from asyncgraph.distributed.worker._config import WorkerConfig, add_arguments, log_level
-from asyncgraph.resp import RedisConnectionLost
 
 __all__ = ["add_arguments", "log_level", "run"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,12 +25,12 @@ from urllib.parse import urlsplit
 from asyncgraph._exceptions import ConfigError
 from asyncgraph._redact import redact_url
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
-from asyncgraph.resp import parse_redis_url
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["SETTINGS", "ConfigError", "Setting", "WorkerConfig", "log_level"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def log_level(text: str) -> str:
@@ -89,7 +90,7 @@ SETTINGS: tuple[Setting, ...] = (
         "redis_url",
         "--redis",
         "Redis URL: redis://, rediss:// (TLS), redis+sentinel://, redis+cluster://, "
-        "user:password@ for ACLs; default redis://127.0.0.1:6379/0",
+        f"user:password@ for ACLs; default {DEFAULT_REDIS_URL}",
         secret=True,
     ),
     Setting("queue", "--queue", "queue name"),
@@ -261,7 +262,10 @@ class WorkerConfig:
             raise ConfigError("health_port", f"must be 0 to 65535, got {self.health_port!r}")
 
     def _check_texts(self) -> None:
-        _check("redis_url", parse_redis_url, self.redis_url)
+        if self.redis_url != DEFAULT_REDIS_URL:  # the default is valid: --help needs no client
+            from asyncgraph.resp import parse_redis_url
+
+            _check("redis_url", parse_redis_url, self.redis_url)
         _check("queue", keys.check_queue_name, self.queue)
         if self.secret is not None and len(self.secret.encode()) < 16:
             raise ConfigError(
@@ -329,7 +333,7 @@ class WorkerConfig:
         through the environment. Settings left at their default are not written.
         """
         argv: list[str] = []
-        default = _DEFAULTS
+        default = _defaults()
         for setting in SETTINGS:
             if setting.secret:
                 continue
@@ -396,7 +400,7 @@ def _parsed(setting: Setting, raw: str, name: str) -> Any:
 
 
 def _build(values: dict[str, Any], name_of: Callable[[Setting], str]) -> WorkerConfig:
-    values.setdefault("redis_url", _DEFAULTS.redis_url)
+    values.setdefault("redis_url", _defaults().redis_url)
     try:
         if "max_message_bytes" in values:
             size = values.pop("max_message_bytes")
@@ -408,7 +412,10 @@ def _build(values: dict[str, Any], name_of: Callable[[Setting], str]) -> WorkerC
         raise exc.with_name(name_of(_BY_FIELD[exc.field])) from None
 
 
-_DEFAULTS = WorkerConfig(redis_url="redis://127.0.0.1:6379/0")
+@functools.cache
+def _defaults() -> WorkerConfig:
+    """The defaults ``--help`` shows and the flags fall back on (made when first asked)."""
+    return WorkerConfig(redis_url=DEFAULT_REDIS_URL)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -419,7 +426,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 setting.flag, dest=setting.field, type=setting.parse, help=argparse.SUPPRESS
             )
             continue
-        default = _value(_DEFAULTS, setting.field)
+        default = _value(_defaults(), setting.field)
         shown = "" if setting.secret or default in (None, ()) else f"; default: {default}"
         kwargs: dict[str, Any] = {
             "dest": setting.field,
