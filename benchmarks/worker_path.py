@@ -37,7 +37,7 @@ from asyncgraph.distributed import Worker, WorkerConfig
 from asyncgraph.distributed._executor import RedisExecutor
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._payload import backward_payload
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._registry import build_registry

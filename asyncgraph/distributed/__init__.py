@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # loaded on first use (``asyncgraph._lazy``): the Redis clien
         wait_for_workers,
     )
     from asyncgraph.distributed._redis_server import RedisServer
-    from asyncgraph.distributed.wire._codec import Limits
     from asyncgraph.distributed.wire._keys import check_queue_name
+    from asyncgraph.distributed.wire._limits import Limits
     from asyncgraph.distributed.worker._config import ConfigError, WorkerConfig
     from asyncgraph.distributed.worker._registry import build_registry
     from asyncgraph.distributed.worker._worker import Worker
@@ -54,7 +54,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "ConfigError": ".worker._config",
         "FleetError": "._fleet",
-        "Limits": ".wire._codec",
+        "Limits": ".wire._limits",
         "RedisExecutor": "._executor",
         "RedisServer": "._redis_server",
         "Worker": ".worker._worker",

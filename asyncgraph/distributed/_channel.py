@@ -59,7 +59,7 @@ from asyncgraph.distributed import _diagnosis as diagnosis
 from asyncgraph.distributed._liveness import redis_time_ms
 from asyncgraph.distributed._yield import let_ready_tasks_run
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._limits import Limits
 from asyncgraph.distributed.wire._schema import (
     CancelMessage,
     ReplyMessage,

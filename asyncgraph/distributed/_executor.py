@@ -32,7 +32,7 @@ from asyncgraph import (
 )
 from asyncgraph.distributed._channel import RedisExecutorStats, TaskChannel, _Pending
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import (
     backward_payload,
     diagnose_unpackable,

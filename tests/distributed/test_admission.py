@@ -10,7 +10,7 @@ import pytest
 
 from asyncgraph.distributed._liveness import ClientLiveness
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._schema import ReplyMessage, TaskMessage, decode, encode
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._admission import (

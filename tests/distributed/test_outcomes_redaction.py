@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._schema import TaskMessage
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._metrics import Metrics

@@ -6,6 +6,8 @@ and ``asyncgraph.distributed.worker`` (the server):
 - ``_keys``: every Redis key, stream, group and stream-entry field name;
 - ``_codec``: msgpack with size, length and depth limits (numpy arrays as an
   extension type with a dtype whitelist; never pickle);
+- ``_limits``: those limits (``Limits``), apart from msgpack, so that a worker's
+  options are read (``--help``) without loading it;
 - ``_schema``: the versioned task, reply and cancel messages, each field declared once
   (key, type, bound, presence) on its class and validated on receipt;
 - ``_fields``: what reads, writes and documents a record from those declarations;

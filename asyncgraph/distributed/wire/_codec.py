@@ -28,7 +28,7 @@ import msgpack
 from asyncgraph import WireError
 from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "check_packable", "pack", "unpack"]
+__all__ = ["check_packable", "pack", "unpack"]
 
 EXT_TUPLE = 1
 EXT_NDARRAY = 2

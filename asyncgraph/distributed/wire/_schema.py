@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal, cast, get_args
 import msgpack
 
 from asyncgraph import WireError
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, Limits, pack, unpack
+from asyncgraph.distributed.wire._codec import pack, unpack
 from asyncgraph.distributed.wire._fields import (
     Field,
     check,
@@ -42,6 +42,7 @@ from asyncgraph.distributed.wire._fields import (
     wire,
 )
 from asyncgraph.distributed.wire._keys import MAX_TTL_MS, PROTOCOL_VERSION
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS, Limits
 from asyncgraph.distributed.wire._payload import BACKWARD_RESULT, PAYLOADS
 from asyncgraph.distributed.wire._signing import Signer
 

@@ -48,7 +48,7 @@ from typing import Any
 
 from asyncgraph import WireError
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._limits import Limits
 from asyncgraph.distributed.wire._schema import ErrorInfo, TaskMessage, decode, peek_ids
 from asyncgraph.distributed.wire._signing import Signer
 from asyncgraph.distributed.worker._outcomes import Held, Memory, Replies, Settled

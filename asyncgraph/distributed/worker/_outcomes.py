@@ -17,7 +17,7 @@ import anyio
 from asyncgraph import WireError
 from asyncgraph._redact import redact
 from asyncgraph.distributed.wire import _keys as keys
-from asyncgraph.distributed.wire._codec import Limits
+from asyncgraph.distributed.wire._limits import Limits
 from asyncgraph.distributed.wire._schema import (
     ErrorInfo,
     ReplyMessage,

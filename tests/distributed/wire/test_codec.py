@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from asyncgraph import WireError
-from asyncgraph.distributed.wire._codec import EXT_NDARRAY, Limits, check_packable, pack, unpack
+from asyncgraph.distributed.wire._codec import EXT_NDARRAY, check_packable, pack, unpack
+from asyncgraph.distributed.wire._limits import Limits
 
 
 def test_round_trip_keeps_types_exactly() -> None:

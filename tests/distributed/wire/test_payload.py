@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from asyncgraph import Function, FunctionCtx, GraphError, Node, Parameter, Variable, WireError
-from asyncgraph.distributed.wire._codec import DEFAULT_LIMITS, pack, unpack
+from asyncgraph.distributed.wire._codec import pack, unpack
 from asyncgraph.distributed.wire._fields import from_map, table_rows, to_map, wire
+from asyncgraph.distributed.wire._limits import DEFAULT_LIMITS
 from asyncgraph.distributed.wire._payload import (
     BackwardTask,
     CtxState,

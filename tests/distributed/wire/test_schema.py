@@ -108,7 +108,7 @@ def test_a_task_without_its_signed_expiry_is_refused() -> None:
 
 
 def test_too_large_message_is_refused_on_send() -> None:
-    from asyncgraph.distributed.wire._codec import Limits
+    from asyncgraph.distributed.wire._limits import Limits
 
     big = TaskMessage(
         "q", CLIENT, "1", "m:F", "0", "backward", 1, {"g": ["x" * 2000]}, expiry_ms=EXPIRY_MS
