@@ -154,3 +154,15 @@ def test_max_abandoned_is_checked() -> None:
     assert WorkerConfig("redis://127.0.0.1:6379/0").max_abandoned == 0  # as many as concurrency
     with pytest.raises(ConfigError, match="ASYNCGRAPH_MAX_ABANDONED"):
         WorkerConfig.from_env({"ASYNCGRAPH_MAX_ABANDONED": "-1"})
+
+
+def test_the_default_redis_url_parses_and_is_what_help_shows() -> None:
+    """The default URL is not parsed to be shown (--help loads no Redis client): it must
+    parse when the worker runs, and the flags must fall back on it."""
+    from asyncgraph.distributed.worker._config import DEFAULT_REDIS_URL
+    from asyncgraph.resp import parse_redis_url
+
+    address = parse_redis_url(DEFAULT_REDIS_URL)
+    assert (address.host, address.port, address.db) == ("127.0.0.1", 6379, 0)
+    assert WorkerConfig.from_args(parse([]), {}).redis_url == DEFAULT_REDIS_URL
+    assert DEFAULT_REDIS_URL in next(s.help for s in SETTINGS if s.field == "redis_url")
