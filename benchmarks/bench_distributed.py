@@ -248,6 +248,7 @@ def report(
                 f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2{goals}"
             )
         print(f"  asyncgraph ({name}) " + "; ".join(parts))
+    nan = float("nan")
     for peer in ("arq", "saq"):  # the peers, against the same baselines (no goal)
         if f"{peer}_one" not in figures:
             continue
@@ -261,6 +262,13 @@ def report(
                 f"throughput {t1:.0%} with 1 worker, {t2:.0%} with 2"
             )
         print(f"  {peer} (tuned; checks no signature, claims nothing) " + "; ".join(parts))
+        ours = [
+            f"{backend}: throughput {figures[f'ag_{backend}_one'] / figures[f'{peer}_one']:.1f}x"
+            f" with 1 worker, {figures[f'ag_{backend}_two'] / figures.get(f'{peer}_two', nan):.1f}x"
+            f" with 2, round trip {figures[f'ag_{backend}_median'] / figures[f'{peer}_median']:.2f}x"
+            for backend in ("asyncio", "trio")
+        ]
+        print(f"  asyncgraph against {peer}: " + "; ".join(ours))
     for backend in ("asyncio", "trio"):
         c1, c2 = figures[f"ag_{backend}_cpu1"], figures[f"ag_{backend}_cpu2"]
         g1, g2 = figures["guarded_cpu1"], figures["guarded_cpu2"]

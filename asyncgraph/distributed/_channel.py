@@ -232,8 +232,7 @@ class TaskChannel:
             self._cancel(pending)
             await self._collect_reports([pending])
             raise
-        if pending.reply is not None:
-            self.stats.completed += 1
+        self.completed(pending)
         return pending
 
     def submit(
@@ -265,6 +264,7 @@ class TaskChannel:
             await self._flush(inline=True)
 
     def completed(self, pending: _Pending) -> None:
+        """Count a task whose wait is over as completed, if a reply ended it."""
         if pending.reply is not None:
             self.stats.completed += 1
 
